@@ -1,0 +1,41 @@
+"""Errors of the kenning domain: a shallow tree, intent expressed by type."""
+
+
+class KenningError(Exception):
+    """Base of every error kenning raises on purpose."""
+
+
+class ConfigError(KenningError):
+    """The settings are invalid: raised at startup, never at the first request."""
+
+
+class InputError(KenningError):
+    """A data item cannot be processed: recorded against that item, the rest proceeds."""
+
+
+class StoreError(KenningError):
+    """A store failed; driver errors are translated into this at the adapter boundary."""
+
+
+class TransientStoreError(StoreError):
+    """A store failed in a way that a retry may fix (connection lost, timeout)."""
+
+
+class DimensionMismatch(StoreError):
+    """A vector collection exists with another dimension than the embedder's."""
+
+
+class LLMError(KenningError):
+    """The LLM call failed after its retries, or answered something unusable."""
+
+
+class TransientLLMError(LLMError):
+    """The LLM call failed in a way that a later retry may fix (429, 5xx, timeout)."""
+
+
+class NoLLMConfigured(KenningError):
+    """A completion was asked for but no LLM endpoint is configured."""
+
+
+class LockLost(KenningError):
+    """The dataset lock was lost or taken by another run: the holder must abort."""

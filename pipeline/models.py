@@ -1,0 +1,340 @@
+"""Domain model: the data points the pipeline produces and the records it keeps."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAMESPACE = uuid.UUID("6f1e4c1a-9a5e-4d2b-8a3c-4b656e6e696e")
+DEFAULT_TENANT = "default"
+DEFAULT_DATASET = "main"
+
+
+def stable_id(*parts: str) -> str:
+    """A UUID5 string derived from the parts: same parts, same id, in any process."""
+    return str(uuid.uuid5(NAMESPACE, "\x1f".join(parts)))
+
+
+def content_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def normalize_name(name: str) -> str:
+    """The identity form of a name: case-folded, single-spaced, stripped."""
+    return re.sub(r"\s+", " ", name).strip().casefold()
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Scope(BaseModel):
+    """Every store call is scoped to one tenant and one dataset."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant: str = DEFAULT_TENANT
+    dataset: str = DEFAULT_DATASET
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}/{self.dataset}"
+
+
+class Provenance(BaseModel):
+    """Which data item, run and task last wrote a data point."""
+
+    data_id: str
+    content_hash: str = ""
+    run_id: str = ""
+    task: str = ""
+
+
+class DataPoint(BaseModel):
+    """Base of every graph node: deterministic id, times, provenance, scope, node sets."""
+
+    identity: ClassVar[tuple[str, ...]] = ()
+    index_fields: ClassVar[tuple[str, ...]] = ()
+    structural: ClassVar[tuple[str, ...]] = (
+        "id", "tenant", "dataset", "created_at", "updated_at", "source", "data_ids", "node_sets",
+    )
+
+    id: str = ""
+    tenant: str = DEFAULT_TENANT
+    dataset: str = DEFAULT_DATASET
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    source: Provenance | None = None
+    data_ids: list[str] = Field(default_factory=list)
+    node_sets: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _assign_id(self) -> DataPoint:
+        if not self.id:
+            parts = [normalize_name(str(getattr(self, name))) for name in self.identity]
+            self.id = stable_id(self.tenant, self.dataset, self.type_name(), *parts)
+        if self.source and self.source.data_id not in self.data_ids:
+            self.data_ids.append(self.source.data_id)
+        return self
+
+    @classmethod
+    def type_name(cls) -> str:
+        return cls.__name__
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(tenant=self.tenant, dataset=self.dataset)
+
+    def properties(self) -> dict[str, Any]:
+        """The node's own fields as flat values a graph store can hold."""
+        values = self.model_dump(exclude={"id", "tenant", "dataset", "source"}, mode="json")
+        if self.source:
+            values.update(
+                source_data_id=self.source.data_id,
+                source_hash=self.source.content_hash,
+                source_run=self.source.run_id,
+                source_task=self.source.task,
+            )
+        return values
+
+
+class Document(DataPoint):
+    identity = ("data_id",)
+
+    name: str
+    kind: str
+    data_id: str
+    mime: str = "text/plain"
+
+
+class Chunk(DataPoint):
+    identity = ("document_id", "index")
+    index_fields = ("text",)
+
+    text: str
+    index: int
+    document_id: str
+    token_count: int
+
+    @classmethod
+    def type_name(cls) -> str:
+        return "DocumentChunk"
+
+
+class EntityType(DataPoint):
+    identity = ("name",)
+    index_fields = ("name",)
+
+    name: str
+    description: str = ""
+
+
+class Entity(DataPoint):
+    identity = ("name",)
+    index_fields = ("name",)
+
+    name: str
+    entity_type: str = ""
+    description: str = ""
+
+
+class TextSummary(DataPoint):
+    identity = ("chunk_id",)
+    index_fields = ("text",)
+
+    text: str
+    chunk_id: str
+
+
+class Edge(BaseModel):
+    """A relationship between two nodes; `description` is one sentence about it."""
+
+    index_fields: ClassVar[tuple[str, ...]] = ("description",)
+
+    id: str = ""
+    tenant: str = DEFAULT_TENANT
+    dataset: str = DEFAULT_DATASET
+    source_id: str
+    target_id: str
+    relationship: str
+    description: str = ""
+    data_ids: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _assign_id(self) -> Edge:
+        if not self.id:
+            self.id = stable_id(
+                self.tenant, self.dataset, "Edge", self.source_id, self.relationship, self.target_id
+            )
+        return self
+
+
+# The schema the LLM (or the offline extractor) fills for one chunk.
+
+
+class KnowledgeNode(BaseModel):
+    id: str = Field(description="A short key for the node, unique within this graph")
+    name: str
+    type: str = Field(description="The entity type, e.g. Person, Organization, Place, Date")
+    description: str = ""
+
+
+class KnowledgeEdge(BaseModel):
+    source: str = Field(description="The id of the source node")
+    target: str = Field(description="The id of the target node")
+    relationship: str = Field(description="A snake_case relation name")
+    description: str = Field(default="", description="One sentence stating the fact")
+
+
+class KnowledgeGraph(BaseModel):
+    nodes: list[KnowledgeNode] = Field(default_factory=list)
+    edges: list[KnowledgeEdge] = Field(default_factory=list)
+
+
+class Extraction(BaseModel):
+    """What extraction produces for one chunk: its graph and a short summary."""
+
+    graph: KnowledgeGraph
+    summary: str
+
+
+# Records kept in the metadata store.
+
+
+class Dataset(BaseModel):
+    id: str
+    tenant: str
+    name: str
+    created_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(tenant=self.tenant, dataset=self.name)
+
+    @classmethod
+    def of(cls, scope: Scope) -> Dataset:
+        return cls(id=stable_id(scope.tenant, scope.dataset), tenant=scope.tenant, name=scope.dataset)
+
+
+class ItemStatus(enum.StrEnum):
+    PENDING = "pending"
+    CLASSIFIED = "classified"
+    CHUNKED = "chunked"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class DataItem(BaseModel):
+    """One added piece of data: a file, a text, an object from a bucket."""
+
+    id: str
+    dataset_id: str
+    name: str
+    source: str
+    content_hash: str
+    size: int
+    mime: str = ""
+    status: ItemStatus = ItemStatus.PENDING
+    error: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+
+    @classmethod
+    def of(cls, dataset: Dataset, name: str, source: str, data: bytes, mime: str = "") -> DataItem:
+        digest = content_hash(data)
+        return cls(
+            id=stable_id(dataset.id, digest),
+            dataset_id=dataset.id,
+            name=name,
+            source=source,
+            content_hash=digest,
+            size=len(data),
+            mime=mime,
+        )
+
+
+class RunStatus(enum.StrEnum):
+    INITIATED = "initiated"
+    STARTED = "started"
+    COMPLETED = "completed"
+    ERRORED = "errored"
+
+
+class PipelineRun(BaseModel):
+    id: str
+    dataset_id: str
+    status: RunStatus = RunStatus.INITIATED
+    step: str = ""
+    error: str = ""
+    stats: dict[str, int] = Field(default_factory=dict)
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class ChunkStatus(enum.StrEnum):
+    PENDING = "pending"
+    EXTRACTED = "extracted"
+    LOADED = "loaded"
+    FAILED = "failed"
+
+
+class ChunkRecord(BaseModel):
+    """A chunk as the metadata store keeps it between steps."""
+
+    id: str
+    dataset_id: str
+    document_id: str
+    data_id: str
+    index: int
+    text: str
+    token_count: int
+    text_hash: str
+    status: ChunkStatus = ChunkStatus.PENDING
+    error: str = ""
+
+
+class DocumentRecord(BaseModel):
+    id: str
+    dataset_id: str
+    data_id: str
+    name: str
+    kind: str
+    mime: str = ""
+
+
+# What the graph and vector stores hold.
+
+
+class GraphNode(BaseModel):
+    id: str
+    type: str
+    properties: dict[str, Any] = Field(default_factory=dict)
+    data_ids: list[str] = Field(default_factory=list)
+
+
+class GraphEdge(BaseModel):
+    id: str
+    source_id: str
+    target_id: str
+    relationship: str
+    properties: dict[str, Any] = Field(default_factory=dict)
+    data_ids: list[str] = Field(default_factory=list)
+
+
+class VectorPoint(BaseModel):
+    id: str
+    vector: list[float]
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScoredPoint(BaseModel):
+    """A search hit; `score` is a distance (lower is closer), in [0, 2] for cosine."""
+
+    id: str
+    score: float
+    payload: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,150 @@
+"""Ports: the narrow interfaces the pipeline needs from the outside world.
+
+Adapters in `storage/` implement them; in-memory twins ship beside the real
+adapters and pass the same contract suites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from pipeline.models import (
+    ChunkRecord,
+    ChunkStatus,
+    DataItem,
+    Dataset,
+    DocumentRecord,
+    Extraction,
+    GraphEdge,
+    GraphNode,
+    ItemStatus,
+    PipelineRun,
+    Scope,
+    ScoredPoint,
+    VectorPoint,
+)
+
+
+class MetadataStore(Protocol):
+    """Datasets, data items and pipeline runs."""
+
+    def ensure_dataset(self, scope: Scope) -> Dataset: ...
+    def get_dataset(self, scope: Scope) -> Dataset | None: ...
+    def list_datasets(self, tenant: str) -> list[Dataset]: ...
+    def add_item(self, item: DataItem) -> bool:
+        """Store the item; False when the dataset already holds the same content."""
+        ...
+    def list_items(self, dataset_id: str, status: ItemStatus | None = None) -> list[DataItem]: ...
+    def get_items(self, item_ids: Sequence[str]) -> list[DataItem]: ...
+    def set_item_status(self, item_id: str, status: ItemStatus, error: str = "") -> None: ...
+    def save_run(self, run: PipelineRun) -> None: ...
+    def get_run(self, run_id: str) -> PipelineRun | None: ...
+    def list_runs(self, dataset_id: str) -> list[PipelineRun]: ...
+
+
+class ChunkStore(Protocol):
+    """Documents and chunks between steps, with per-chunk status."""
+
+    def save_documents(self, documents: Sequence[DocumentRecord]) -> None: ...
+    def list_documents(self, dataset_id: str, data_ids: Sequence[str] | None = None) -> list[DocumentRecord]: ...
+    def save_chunks(self, chunks: Sequence[ChunkRecord]) -> None:
+        """Insert new chunks; chunks already stored keep their status."""
+        ...
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[ChunkRecord]: ...
+    def list_chunk_ids(self, dataset_id: str, status: ChunkStatus | None = None) -> list[str]: ...
+    def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None: ...
+
+
+class ExtractionCache(Protocol):
+    """LLM responses keyed by (model, prompt version, chunk hash)."""
+
+    def get_extractions(self, keys: Sequence[str]) -> dict[str, Extraction]: ...
+    def put_extractions(self, extractions: dict[str, Extraction]) -> None: ...
+
+
+class BlobStore(Protocol):
+    """Raw bytes of data items, by content hash."""
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def exists(self, key: str) -> bool: ...
+
+
+class GraphStore(Protocol):
+    """Nodes and edges of one or more scoped graphs.
+
+    Upserts merge: properties are overwritten, `data_ids` are unioned. Edges whose
+    endpoints are missing are skipped, never half-written.
+    """
+
+    def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None: ...
+    def upsert_edges(self, scope: Scope, edges: Sequence[GraphEdge]) -> None: ...
+    def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]: ...
+    def get_edges(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphEdge]:
+        """Every edge with at least one endpoint among `node_ids`."""
+        ...
+    def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]: ...
+    def counts(self, scope: Scope) -> tuple[int, int]:
+        """(node count, edge count) of the scope."""
+        ...
+    def close(self) -> None: ...
+
+
+class VectorStore(Protocol):
+    """One collection per indexed field; points scoped by tenant and dataset payload."""
+
+    def ensure_collection(self, name: str, dimension: int) -> None:
+        """Create the collection, or check that an existing one has this dimension."""
+        ...
+    def upsert(self, scope: Scope, collection: str, points: Sequence[VectorPoint]) -> None: ...
+    def search(
+        self, scope: Scope, collection: str, vector: Sequence[float], limit: int
+    ) -> list[ScoredPoint]:
+        """Closest points first; an unknown collection gives no hits."""
+        ...
+    def list_collections(self) -> list[str]: ...
+    def count(self, scope: Scope, collection: str) -> int: ...
+    def close(self) -> None: ...
+
+
+class Embedder(Protocol):
+    @property
+    def dimension(self) -> int: ...
+    @property
+    def model(self) -> str: ...
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+class Extractor(Protocol):
+    """Turns one chunk of text into a knowledge graph and a summary."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def prompt_version(self) -> str: ...
+    def extract(self, text: str) -> Extraction: ...
+
+
+class Completer(Protocol):
+    """Answers a question from a context with an LLM."""
+
+    def complete(self, system: str, prompt: str) -> str: ...
+
+
+class Lock(Protocol):
+    """A cross-process lock per dataset."""
+
+    def hold(self, name: str) -> AbstractContextManager[str]:
+        """Hold the lock for the block; yields a fencing token."""
+        ...
+
+
+class Progress(Protocol):
+    def advance(self, step: str, done: int, total: int) -> None: ...
+
+
+def chunked(items: Sequence[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
