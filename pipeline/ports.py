@@ -7,7 +7,6 @@ adapters and pass the same contract suites.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
 from typing import Protocol
 
 from pipeline.models import (
@@ -48,7 +47,9 @@ class ChunkStore(Protocol):
     """Documents and chunks between steps, with per-chunk status."""
 
     def save_documents(self, documents: Sequence[DocumentRecord]) -> None: ...
-    def list_documents(self, dataset_id: str, data_ids: Sequence[str] | None = None) -> list[DocumentRecord]: ...
+    def list_documents(
+        self, dataset_id: str, data_ids: Sequence[str] | None = None
+    ) -> list[DocumentRecord]: ...
     def save_chunks(self, chunks: Sequence[ChunkRecord]) -> None:
         """Insert new chunks; chunks already stored keep their status."""
         ...
@@ -134,10 +135,16 @@ class Completer(Protocol):
 
 
 class Lock(Protocol):
-    """A cross-process lock per dataset."""
+    """A cross-process lock per dataset, with a fencing token that grows with every acquisition."""
 
-    def hold(self, name: str) -> AbstractContextManager[str]:
-        """Hold the lock for the block; yields a fencing token."""
+    def acquire(self, name: str, ttl_s: float) -> int | None:
+        """Take the lock if it is free: its fencing token, or None when someone holds it."""
+        ...
+    def extend(self, name: str, token: int, ttl_s: float) -> bool:
+        """Push the expiry back; False when the lock is no longer held with this token."""
+        ...
+    def release(self, name: str, token: int) -> None:
+        """Let go, only if still held with this token."""
         ...
 
 

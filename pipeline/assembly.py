@@ -1,0 +1,189 @@
+"""Turn chunk extractions into deduplicated data points, edges and vector points."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.models import (
+    Chunk,
+    ChunkRecord,
+    DataPoint,
+    Document,
+    DocumentRecord,
+    Edge,
+    Entity,
+    EntityType,
+    Extraction,
+    GraphEdge,
+    GraphNode,
+    Provenance,
+    Scope,
+    TextSummary,
+    normalize_name,
+)
+
+_RELATION = re.compile(r"[^a-z0-9]+")
+MAX_RELATION_CHARS = 64
+
+
+def relation_name(text: str) -> str:
+    """A safe snake_case relationship name; anything else becomes `related_to`."""
+    name = _RELATION.sub("_", text.casefold()).strip("_")[:MAX_RELATION_CHARS]
+    return name or "related_to"
+
+
+@dataclass
+class Assembly:
+    """Everything one load batch writes, deduplicated by id in first-seen order."""
+
+    nodes: dict[str, DataPoint] = field(default_factory=dict)
+    edges: dict[str, Edge] = field(default_factory=dict)
+    chunk_of: dict[str, str] = field(default_factory=dict)
+
+    def add_node(self, node: DataPoint, chunk_id: str) -> str:
+        existing = self.nodes.setdefault(node.id, node)
+        if existing is not node:
+            _merge_sources(existing.data_ids, node.data_ids)
+        self.chunk_of.setdefault(node.id, chunk_id)
+        return node.id
+
+    def add_edge(self, edge: Edge, chunk_id: str) -> None:
+        existing = self.edges.setdefault(edge.id, edge)
+        if existing is not edge:
+            _merge_sources(existing.data_ids, edge.data_ids)
+        self.chunk_of.setdefault(edge.id, chunk_id)
+
+
+def _merge_sources(target: list[str], extra: Iterable[str]) -> None:
+    for data_id in extra:
+        if data_id not in target:
+            target.append(data_id)
+
+
+def assemble(
+    run_id: str,
+    scope: Scope,
+    chunks: list[tuple[ChunkRecord, DocumentRecord, Extraction]],
+    content_hashes: dict[str, str],
+) -> Assembly:
+    """Build the graph of a batch of extracted chunks, in chunk order."""
+    assembly = Assembly()
+    for record, document, extraction in chunks:
+        source = Provenance(
+            data_id=record.data_id, content_hash=content_hashes.get(record.data_id, ""),
+            run_id=run_id, task="load",
+        )
+        _add_chunk(assembly, scope, source, record, document, extraction)
+    return assembly
+
+
+def _add_chunk(
+    assembly: Assembly, scope: Scope, source: Provenance,
+    record: ChunkRecord, document: DocumentRecord, extraction: Extraction,
+) -> None:
+    common: dict[str, Any] = {"tenant": scope.tenant, "dataset": scope.dataset, "source": source}
+    doc = Document(name=document.name, kind=document.kind, data_id=document.data_id, mime=document.mime, **common)
+    chunk = Chunk(
+        text=record.text, index=record.index, document_id=doc.id, token_count=record.token_count, **common
+    )
+    assembly.add_node(doc, record.id)
+    assembly.add_node(chunk, record.id)
+    _link(assembly, scope, source, chunk.id, doc.id, "is_part_of", record.id)
+    if extraction.summary.strip():
+        summary = TextSummary(text=extraction.summary.strip(), chunk_id=chunk.id, **common)
+        assembly.add_node(summary, record.id)
+        _link(assembly, scope, source, summary.id, chunk.id, "made_from", record.id)
+    _add_knowledge(assembly, scope, source, chunk.id, extraction, common)
+
+
+def _add_knowledge(
+    assembly: Assembly, scope: Scope, source: Provenance,
+    chunk_id: str, extraction: Extraction, common: dict[str, Any],
+) -> None:
+    ids: dict[str, str] = {}
+    for node in extraction.graph.nodes:
+        name = node.name.strip() or node.id.strip()
+        if not name:
+            continue
+        entity = Entity(name=name, entity_type=node.type.strip(), description=node.description, **common)
+        ids[node.id] = assembly.add_node(entity, chunk_id)
+        ids.setdefault(normalize_name(name), entity.id)
+        _link(assembly, scope, source, chunk_id, entity.id, "contains", chunk_id)
+        if node.type.strip():
+            kind = EntityType(name=node.type.strip(), **common)
+            assembly.add_node(kind, chunk_id)
+            _link(assembly, scope, source, entity.id, kind.id, "is_a", chunk_id)
+    for fact in extraction.graph.edges:
+        source_id = ids.get(fact.source) or ids.get(normalize_name(fact.source))
+        target_id = ids.get(fact.target) or ids.get(normalize_name(fact.target))
+        if source_id and target_id and source_id != target_id:
+            edge = Edge(
+                source_id=source_id, target_id=target_id, relationship=relation_name(fact.relationship),
+                description=fact.description.strip(), data_ids=[source.data_id],
+                tenant=scope.tenant, dataset=scope.dataset,
+            )
+            assembly.add_edge(edge, chunk_id)
+
+
+def _link(
+    assembly: Assembly, scope: Scope, source: Provenance,
+    source_id: str, target_id: str, relationship: str, chunk_id: str,
+) -> None:
+    edge = Edge(
+        source_id=source_id, target_id=target_id, relationship=relationship,
+        data_ids=[source.data_id], tenant=scope.tenant, dataset=scope.dataset,
+    )
+    assembly.add_edge(edge, chunk_id)
+
+
+def graph_node(node: DataPoint) -> GraphNode:
+    return GraphNode(id=node.id, type=node.type_name(), properties=node.properties(), data_ids=node.data_ids)
+
+
+def graph_edge(edge: Edge, chunk_id: str) -> GraphEdge:
+    properties: dict[str, Any] = {"description": edge.description, "chunk_id": chunk_id}
+    return GraphEdge(
+        id=edge.id, source_id=edge.source_id, target_id=edge.target_id,
+        relationship=edge.relationship, properties=properties, data_ids=edge.data_ids,
+    )
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One text to embed into one collection, with the payload its point carries."""
+
+    collection: str
+    point_id: str
+    text: str
+    payload: dict[str, Any]
+
+
+def index_entries(assembly: Assembly) -> list[IndexEntry]:
+    """The texts of every indexed field of the batch's nodes and edges."""
+    entries: list[IndexEntry] = []
+    for node in assembly.nodes.values():
+        for field_name in node.index_fields:
+            text = str(getattr(node, field_name) or "").strip()
+            if text:
+                payload = _payload(node, text, assembly.chunk_of[node.id])
+                entries.append(IndexEntry(f"{node.type_name()}_{field_name}", node.id, text, payload))
+    for edge in assembly.edges.values():
+        if edge.description:
+            payload = {
+                "text": edge.description, "type": "Edge", "source_id": edge.source_id,
+                "target_id": edge.target_id, "relationship": edge.relationship,
+                "chunk_id": assembly.chunk_of[edge.id], "data_ids": edge.data_ids,
+            }
+            entries.append(IndexEntry("Edge_description", edge.id, edge.description, payload))
+    return entries
+
+
+def _payload(node: DataPoint, text: str, chunk_id: str) -> dict[str, Any]:
+    payload: dict[str, Any] = {"text": text, "type": node.type_name(), "chunk_id": chunk_id,
+                               "data_ids": node.data_ids}
+    if isinstance(node, Chunk):
+        payload.update(document_id=node.document_id, index=node.index)
+    return payload

@@ -1,0 +1,80 @@
+"""Token-aware chunking: sentences packed into chunks, paragraph boundaries preferred."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pydantic import BaseModel, Field, model_validator
+
+from pipeline.text import count_tokens, paragraphs, sentences, split_words
+
+
+class ChunkingConfig(BaseModel):
+    size: int = Field(default=256, ge=16, description="Most tokens in one chunk")
+    overlap: int = Field(default=24, ge=0, description="Tokens repeated from the previous chunk")
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> ChunkingConfig:
+        if self.overlap >= self.size // 2:
+            raise ValueError("chunk overlap must be less than half the chunk size")
+        return self
+
+
+class TextPiece(BaseModel):
+    text: str
+    token_count: int
+
+
+def units(text: str, max_tokens: int) -> Iterator[tuple[str, int, bool]]:
+    """Sentences with their token counts; the flag marks the last one of a paragraph."""
+    for paragraph in paragraphs(text):
+        parts = sentences(paragraph)
+        for position, sentence in enumerate(parts):
+            last = position == len(parts) - 1
+            tokens = count_tokens(sentence)
+            if tokens <= max_tokens:
+                yield sentence, tokens, last
+                continue
+            pieces = list(split_words(sentence, max_tokens))
+            for number, piece in enumerate(pieces):
+                yield piece, count_tokens(piece), last and number == len(pieces) - 1
+
+
+def chunk_text(text: str, config: ChunkingConfig) -> list[TextPiece]:
+    """Pack sentences into chunks of at most `config.size` tokens.
+
+    A chunk closes early at a paragraph end once it is three quarters full; the next
+    chunk starts with the trailing sentences of the previous one, up to
+    `config.overlap` tokens.
+    """
+    chunks: list[TextPiece] = []
+    current: list[tuple[str, int]] = []
+    size = 0
+    for sentence, tokens, paragraph_end in units(text, config.size - config.overlap):
+        if current and size + tokens > config.size:
+            chunks.append(_piece(current))
+            current = _tail(current, config.overlap)
+            size = sum(count for _, count in current)
+        current.append((sentence, tokens))
+        size += tokens
+        if paragraph_end and size >= config.size * 3 // 4:
+            chunks.append(_piece(current))
+            current, size = [], 0
+    if current:
+        chunks.append(_piece(current))
+    return chunks
+
+
+def _piece(parts: list[tuple[str, int]]) -> TextPiece:
+    return TextPiece(text=" ".join(text for text, _ in parts), token_count=sum(n for _, n in parts))
+
+
+def _tail(parts: list[tuple[str, int]], overlap: int) -> list[tuple[str, int]]:
+    tail: list[tuple[str, int]] = []
+    size = 0
+    for text, tokens in reversed(parts):
+        if size + tokens > overlap:
+            break
+        tail.insert(0, (text, tokens))
+        size += tokens
+    return tail

@@ -1,0 +1,65 @@
+"""What a pipeline task is given: its services (ports) and its job (ids only)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, Field
+
+from pipeline.chunking import ChunkingConfig
+from pipeline.models import Scope
+from pipeline.ports import (
+    BlobStore,
+    ChunkStore,
+    Embedder,
+    ExtractionCache,
+    Extractor,
+    GraphStore,
+    MetadataStore,
+    VectorStore,
+)
+
+
+class PipelineConfig(BaseModel):
+    """Batch sizes and limits of the ECL steps."""
+
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+    extract_batch: int = Field(default=8, ge=1, description="Chunks per extraction task")
+    load_batch: int = Field(default=256, ge=1, description="Chunks written per load batch")
+    max_document_bytes: int = Field(default=64 * 2**20, ge=1)
+
+
+class Services(Protocol):
+    """The ports a task may use; the wiring opens each one lazily, on first use."""
+
+    @property
+    def config(self) -> PipelineConfig: ...
+    @property
+    def metadata(self) -> MetadataStore: ...
+    @property
+    def chunks(self) -> ChunkStore: ...
+    @property
+    def cache(self) -> ExtractionCache: ...
+    @property
+    def blobs(self) -> BlobStore: ...
+    @property
+    def graph(self) -> GraphStore: ...
+    @property
+    def vectors(self) -> VectorStore: ...
+    @property
+    def embedder(self) -> Embedder: ...
+    @property
+    def extractor(self) -> Extractor: ...
+
+
+class Job(BaseModel):
+    """The ids a pipeline step needs: this is what a task message carries."""
+
+    run_id: str
+    dataset_id: str
+    tenant: str
+    dataset: str
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(tenant=self.tenant, dataset=self.dataset)

@@ -1,0 +1,87 @@
+"""`add`: data into a named dataset, deduplicated by content hash."""
+
+from __future__ import annotations
+
+import mimetypes
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from pipeline.errors import InputError
+from pipeline.models import DataItem, Scope
+from pipeline.ports import BlobStore, MetadataStore
+
+
+class Source(BaseModel):
+    """One thing to add: a name, where it came from, and its bytes."""
+
+    name: str
+    uri: str
+    data: bytes
+    mime: str = ""
+
+
+class AddResult(BaseModel):
+    added: list[DataItem] = []
+    unchanged: list[DataItem] = []
+    errors: dict[str, str] = {}
+
+
+def add(metadata: MetadataStore, blobs: BlobStore, scope: Scope, sources: Sequence[Source]) -> AddResult:
+    """Store each source's bytes and a data item for it; the same bytes twice is a no-op."""
+    dataset = metadata.ensure_dataset(scope)
+    result = AddResult()
+    for source in sources:
+        item = DataItem.of(dataset, source.name, source.uri, source.data, source.mime)
+        blobs.put(item.content_hash, source.data)
+        if metadata.add_item(item):
+            result.added.append(item)
+        else:
+            result.unchanged.append(item)
+    return result
+
+
+def text_source(text: str, name: str = "text") -> Source:
+    data = text.encode("utf-8")
+    return Source(name=name, uri=f"text:{name}", data=data, mime="text/plain")
+
+
+def path_sources(paths: Sequence[str], errors: dict[str, str]) -> Iterator[Source]:
+    """Sources for files, directories (recursively, hidden files skipped) and `-` for stdin.
+
+    A path that cannot be read is reported in `errors` and the others proceed.
+    """
+    for raw in paths:
+        if raw == "-":
+            yield Source(name="stdin", uri="stdin:", data=sys.stdin.buffer.read())
+            continue
+        path = Path(raw)
+        if not path.exists():
+            errors[raw] = "no such file or directory"
+            continue
+        for file in _files(path):
+            try:
+                yield file_source(file)
+            except InputError as error:
+                errors[str(file)] = str(error)
+
+
+def file_source(path: Path) -> Source:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
+    mime = mimetypes.guess_type(path.name)[0] or ""
+    return Source(name=path.name, uri=path.resolve().as_uri(), data=data, mime=mime)
+
+
+def _files(path: Path) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+        return
+    for file in sorted(path.rglob("*")):
+        relative = file.relative_to(path)
+        if file.is_file() and not any(part.startswith(".") for part in relative.parts):
+            yield file

@@ -1,0 +1,35 @@
+"""Holding a dataset lock for the length of a block, waiting a bounded time to get it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pipeline.errors import KenningError
+from pipeline.models import Scope
+from pipeline.ports import Lock
+
+
+class LockBusy(KenningError):
+    """Another run holds the dataset lock and did not let go within the wait."""
+
+
+def lock_name(scope: Scope) -> str:
+    return f"dataset:{scope.tenant}:{scope.dataset}"
+
+
+@contextmanager
+def held(lock: Lock, name: str, ttl_s: float, wait_s: float = 3600.0, poll_s: float = 0.2) -> Iterator[int]:
+    """Wait for the lock (at most `wait_s`), hold it for the block, release it after."""
+    deadline = time.monotonic() + wait_s
+    token = lock.acquire(name, ttl_s)
+    while token is None:
+        if time.monotonic() >= deadline:
+            raise LockBusy(f"{name} is held by another run")
+        time.sleep(poll_s)
+        token = lock.acquire(name, ttl_s)
+    try:
+        yield token
+    finally:
+        lock.release(name, token)

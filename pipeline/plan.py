@@ -1,0 +1,113 @@
+"""The pipeline plan: which steps run, in what order, how they fan out. Both runners execute it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from pipeline import tasks
+from pipeline.context import Job, PipelineConfig, Services
+from pipeline.models import Dataset, PipelineRun, RunStatus, Scope, stable_id, utcnow
+
+
+class StepResult(BaseModel):
+    """What a step reports: counters for the run, and the work items of a fan-out step."""
+
+    counts: dict[str, int] = Field(default_factory=dict)
+    items: list[str] = Field(default_factory=list)
+
+
+StepFunction = Callable[[Services, Job, Sequence[str]], StepResult]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: StepFunction
+    fan_out: bool = False
+
+    def batch_size(self, config: PipelineConfig) -> int:
+        return config.extract_batch if self.fan_out else 1
+
+
+def _classify(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
+    return StepResult(counts=tasks.classify(services, job))
+
+
+def _chunk(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
+    pending = tasks.chunk(services, job)
+    return StepResult(counts={"chunks_to_extract": len(pending)}, items=pending)
+
+
+def _extract(services: Services, job: Job, items: Sequence[str]) -> StepResult:
+    return StepResult(counts=tasks.extract(services, job, items))
+
+
+def _load(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
+    return StepResult(counts=tasks.load(services, job))
+
+
+def _fk_edges(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
+    run = services.metadata.get_run(job.run_id)
+    structured = run.stats.get("structured", 0) if run else 0
+    counts = tasks.fk_edges(services, job, structured)
+    return StepResult(counts={f"fk_{name}": value for name, value in counts.items()})
+
+
+PLAN: tuple[Step, ...] = (
+    Step("classify", _classify),
+    Step("chunk", _chunk),
+    Step("extract", _extract, fan_out=True),
+    Step("load", _load),
+    Step("fk_edges", _fk_edges),
+)
+STEPS = {step.name: step for step in PLAN}
+
+
+def start_run(services: Services, scope: Scope) -> Job:
+    """Create the dataset if needed and a new pipeline run for it."""
+    dataset: Dataset = services.metadata.ensure_dataset(scope)
+    run_id = stable_id(dataset.id, "run", utcnow().isoformat())
+    services.metadata.save_run(PipelineRun(id=run_id, dataset_id=dataset.id, status=RunStatus.STARTED))
+    return Job(run_id=run_id, dataset_id=dataset.id, tenant=scope.tenant, dataset=scope.dataset)
+
+
+def record_step(services: Services, job: Job, step: str, counts: dict[str, int]) -> PipelineRun:
+    """Add a finished step's counters to its run. Steps of one run never record concurrently."""
+    run = _run(services, job)
+    for name, value in counts.items():
+        run.stats[name] = run.stats.get(name, 0) + value
+    run.step = step
+    services.metadata.save_run(run)
+    return run
+
+
+def finish_run(services: Services, job: Job) -> PipelineRun:
+    run = _run(services, job)
+    run.status, run.finished_at = RunStatus.COMPLETED, utcnow()
+    services.metadata.save_run(run)
+    return run
+
+
+def fail_run(services: Services, job: Job, error: str) -> PipelineRun:
+    run = _run(services, job)
+    run.status, run.error, run.finished_at = RunStatus.ERRORED, error[:2000], utcnow()
+    services.metadata.save_run(run)
+    return run
+
+
+def _run(services: Services, job: Job) -> PipelineRun:
+    run = services.metadata.get_run(job.run_id)
+    if run is None:
+        raise LookupError(f"pipeline run {job.run_id} does not exist")
+    return run
+
+
+def merge_counts(results: Sequence[StepResult]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for result in results:
+        for name, value in result.counts.items():
+            total[name] = total.get(name, 0) + value
+    return total

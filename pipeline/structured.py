@@ -1,0 +1,172 @@
+"""Structured sources: rows of CSV/JSON tables as Records, and the foreign-key edges between them.
+
+No LLM is involved: a column named `<x>_id` (or `<x>id`) whose value is a key of the
+table `<x>`, `<x>s` or `<x>es` is a reference from one row to another.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from pipeline.loaders import format_row
+from pipeline.models import DataPoint, Edge, Provenance, normalize_name
+
+
+class Record(DataPoint):
+    """One row of a table; its text is the row as "col: value; ..." (graph properties stay flat)."""
+
+    identity = ("table", "key")
+    index_fields = ("text",)
+
+    table: str
+    key: str
+    text: str
+
+    @classmethod
+    def type_name(cls) -> str:
+        return "Record"
+
+
+class Table(BaseModel):
+    """The rows of one structured data item; `name` is the file stem, e.g. `customers`."""
+
+    name: str
+    data_id: str
+    rows: list[dict[str, str]] = Field(default_factory=list)
+
+
+REFERENCE_COLUMN = re.compile(r"^(?P<target>.+?)_?id$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class KeyedTable:
+    """A table with its Records, indexed by normalized key for reference lookup."""
+
+    table: Table
+    key_column: str | None
+    records: list[Record]
+    by_key: dict[str, Record]
+
+
+def foreign_key_graph(tables: list[Table], tenant: str, dataset: str) -> tuple[list[Record], list[Edge]]:
+    """Records for every row of every table, and an edge for every resolvable foreign key.
+
+    Ids are deterministic and the output order does not depend on the order of `tables`.
+    A reference to a key that no table holds gives no edge.
+    """
+    keyed = [key_table(table, tenant, dataset) for table in sorted(tables, key=table_order)]
+    by_name: dict[str, KeyedTable] = {}
+    for item in keyed:
+        by_name.setdefault(table_token(item.table.name), item)
+    records = [record for item in keyed for record in item.records]
+    edges = [edge for item in keyed for edge in reference_edges(item, by_name)]
+    return records, edges
+
+
+def table_order(table: Table) -> tuple[str, str, str]:
+    return table_token(table.name), table.name, table.data_id
+
+
+def table_token(name: str) -> str:
+    return re.sub(r"[\s\-]+", "_", name.strip().casefold())
+
+
+# Keys.
+
+
+def key_table(table: Table, tenant: str, dataset: str) -> KeyedTable:
+    key_column = pick_key_column(table)
+    keys = row_keys(table.rows, key_column)
+    source = Provenance(data_id=table.data_id)
+    records = [
+        Record(tenant=tenant, dataset=dataset, table=table.name, key=key, text=format_row(row), source=source)
+        for key, row in zip(keys, table.rows, strict=True)
+    ]
+    by_key = {
+        normalize_name(record.key): record
+        for record, row in zip(records, table.rows, strict=True)
+        if key_column and record.key == row.get(key_column, "").strip()
+    }
+    return KeyedTable(table=table, key_column=key_column, records=records, by_key=by_key)
+
+
+def pick_key_column(table: Table) -> str | None:
+    columns = table_columns(table)
+    stems = singulars(table.name)
+    wanted = {"id", *(f"{stem}_id" for stem in stems), *(f"{stem}id" for stem in stems)}
+    named = next((column for column in columns if column.casefold() in wanted), None)
+    return named or next((column for column in columns if is_unique_key(table.rows, column)), None)
+
+
+def table_columns(table: Table) -> list[str]:
+    return list(dict.fromkeys(column for row in table.rows for column in row))
+
+
+def singulars(name: str) -> list[str]:
+    token = table_token(name)
+    return [token, *(token[: -len(suffix)] for suffix in ("es", "s") if token.endswith(suffix))]
+
+
+def is_unique_key(rows: list[dict[str, str]], column: str) -> bool:
+    values = [normalize_name(row.get(column, "")) for row in rows]
+    return all(values) and len(set(values)) == len(values)
+
+
+def row_keys(rows: list[dict[str, str]], key_column: str | None) -> list[str]:
+    """Each row's key; a row with no key, or a key an earlier row took, is keyed by its row number."""
+    taken: set[str] = set()
+    keys: list[str] = []
+    for number, row in enumerate(rows, start=1):
+        key = row.get(key_column, "").strip() if key_column else ""
+        if not key or normalize_name(key) in taken:
+            key = row_number(number)
+        taken.add(normalize_name(key))
+        keys.append(key)
+    return keys
+
+
+def row_number(number: int) -> str:
+    return f"#{number}"
+
+
+# References.
+
+
+def reference_edges(item: KeyedTable, by_name: dict[str, KeyedTable]) -> Iterator[Edge]:
+    for column in table_columns(item.table):
+        target = reference_target(column, by_name)
+        if target is None or (target is item and column == item.key_column):
+            continue
+        for record, row in zip(item.records, item.table.rows, strict=True):
+            referenced = target.by_key.get(normalize_name(row.get(column, "")))
+            if referenced is not None:
+                yield reference_edge(item, record, column, target, referenced)
+
+
+def reference_target(column: str, by_name: dict[str, KeyedTable]) -> KeyedTable | None:
+    match = REFERENCE_COLUMN.match(column.strip())
+    if match is None:
+        return None
+    stem = table_token(match.group("target")).rstrip("_")
+    candidates = (stem, f"{stem}s", f"{stem}es") if stem else ()
+    return next((by_name[name] for name in candidates if name in by_name), None)
+
+
+def reference_edge(
+    item: KeyedTable, record: Record, column: str, target: KeyedTable, referenced: Record
+) -> Edge:
+    return Edge(
+        tenant=record.tenant,
+        dataset=record.dataset,
+        source_id=record.id,
+        target_id=referenced.id,
+        relationship=column,
+        description=(
+            f"{item.table.name} row {record.key} {column} refers to {target.table.name} row {referenced.key}"
+        ),
+        data_ids=sorted({item.table.data_id, target.table.data_id}),
+    )

@@ -1,0 +1,228 @@
+"""The five ECL steps as plain functions over ports: classify, chunk, extract, load, fk-edges.
+
+Each step reads its input from the stores by id and writes its output back, so a
+step can run in any process, be retried, or be re-run, with the same result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+
+from pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
+from pipeline.chunking import chunk_text
+from pipeline.context import Job, Services
+from pipeline.errors import InputError, LLMError
+from pipeline.loaders import detect_kind, extract_rows, extract_text
+from pipeline.models import (
+    Chunk,
+    ChunkRecord,
+    ChunkStatus,
+    DataItem,
+    Document,
+    DocumentRecord,
+    Extraction,
+    ItemStatus,
+    VectorPoint,
+    content_hash,
+)
+from pipeline.ports import chunked
+from pipeline.structured import Table, foreign_key_graph
+
+log = logging.getLogger(__name__)
+
+STRUCTURED_KINDS = frozenset({"csv", "json"})
+INDEXED_COLLECTIONS = (
+    "DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name", "Edge_description",
+)
+
+
+def classify(services: Services, job: Job) -> dict[str, int]:
+    """Data items -> typed documents; unreadable items are marked failed with the reason."""
+    items = services.metadata.list_items(job.dataset_id, ItemStatus.PENDING)
+    documents: list[DocumentRecord] = []
+    for item in items:
+        try:
+            documents.append(_classify_item(services, job, item))
+        except InputError as error:
+            services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
+    services.chunks.save_documents(documents)
+    for document in documents:
+        services.metadata.set_item_status(document.data_id, ItemStatus.CLASSIFIED)
+    structured = sum(1 for document in documents if document.kind in STRUCTURED_KINDS)
+    return {"documents": len(documents), "failed_items": len(items) - len(documents), "structured": structured}
+
+
+def _classify_item(services: Services, job: Job, item: DataItem) -> DocumentRecord:
+    limit = services.config.max_document_bytes
+    if item.size > limit:
+        raise InputError(f"{item.name}: {item.size} bytes is over the limit of {limit} bytes")
+    data = services.blobs.get(item.content_hash)
+    kind = detect_kind(item.name, data)
+    document = Document(
+        name=item.name, kind=kind, data_id=item.id, mime=item.mime, tenant=job.tenant, dataset=job.dataset
+    )
+    return DocumentRecord(
+        id=document.id, dataset_id=job.dataset_id, data_id=item.id, name=item.name, kind=kind, mime=item.mime
+    )
+
+
+def chunk(services: Services, job: Job) -> list[str]:
+    """Documents -> chunks; returns the ids of every chunk still waiting for extraction."""
+    items = {item.id: item for item in services.metadata.list_items(job.dataset_id, ItemStatus.CLASSIFIED)}
+    for document in services.chunks.list_documents(job.dataset_id, list(items)):
+        item = items[document.data_id]
+        try:
+            records = _chunk_document(services, job, item, document)
+        except InputError as error:
+            services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
+            continue
+        services.chunks.save_chunks(records)
+        services.metadata.set_item_status(item.id, ItemStatus.CHUNKED)
+    pending = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.PENDING)
+    return pending + services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.FAILED)
+
+
+def _chunk_document(services: Services, job: Job, item: DataItem, document: DocumentRecord) -> list[ChunkRecord]:
+    text = extract_text(document.kind, services.blobs.get(item.content_hash))
+    pieces = chunk_text(text, services.config.chunking)
+    records = []
+    for index, piece in enumerate(pieces):
+        chunk_id = Chunk(
+            text="", index=index, document_id=document.id, token_count=0, tenant=job.tenant, dataset=job.dataset
+        ).id
+        records.append(ChunkRecord(
+            id=chunk_id, dataset_id=job.dataset_id, document_id=document.id, data_id=item.id, index=index,
+            text=piece.text, token_count=piece.token_count, text_hash=content_hash(piece.text.encode()),
+        ))
+    return records
+
+
+def extraction_key(model: str, prompt_version: str, text_hash: str) -> str:
+    return f"{model}|{prompt_version}|{text_hash}"
+
+
+def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str, int]:
+    """Chunks -> knowledge graph + summary each, through the response cache.
+
+    Only chunks not already extracted are sent to the extractor; a chunk whose
+    extraction fails is marked failed with the error and the others proceed.
+    """
+    chunks = [c for c in services.chunks.get_chunks(chunk_ids) if c.status in _EXTRACTABLE]
+    extractor = services.extractor
+    keys = {c.id: extraction_key(extractor.model, extractor.prompt_version, c.text_hash) for c in chunks}
+    cached = services.cache.get_extractions(list(set(keys.values())))
+    fresh: dict[str, Extraction] = {}
+    failed = 0
+    for record in chunks:
+        key = keys[record.id]
+        if key in cached or key in fresh:
+            continue
+        try:
+            fresh[key] = extractor.extract(record.text)
+        except LLMError as error:
+            failed += 1
+            services.chunks.set_chunk_status([record.id], ChunkStatus.FAILED, str(error))
+    services.cache.put_extractions(fresh)
+    done = [c.id for c in chunks if keys[c.id] in cached or keys[c.id] in fresh]
+    services.chunks.set_chunk_status(done, ChunkStatus.EXTRACTED)
+    return {"llm_calls": len(fresh) + failed, "cache_hits": len(done) - len(fresh), "failed_chunks": failed}
+
+
+_EXTRACTABLE = frozenset({ChunkStatus.PENDING, ChunkStatus.FAILED})
+
+
+def load(services: Services, job: Job) -> dict[str, int]:
+    """Extracted chunks -> graph (nodes, then edges) and vector points, batch by batch."""
+    chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
+    totals: Counter[str] = Counter()
+    if chunk_ids:
+        for name in INDEXED_COLLECTIONS:
+            services.vectors.ensure_collection(name, services.embedder.dimension)
+    for batch in chunked(chunk_ids, services.config.load_batch):
+        totals.update(_load_batch(services, job, batch))
+        services.chunks.set_chunk_status(batch, ChunkStatus.LOADED)
+    _mark_items_done(services, job)
+    return dict(totals)
+
+
+def _load_batch(services: Services, job: Job, chunk_ids: list[str]) -> Counter[str]:
+    records = services.chunks.get_chunks(chunk_ids)
+    documents = {d.id: d for d in services.chunks.list_documents(job.dataset_id, list({r.data_id for r in records}))}
+    extractor = services.extractor
+    keys = {r.id: extraction_key(extractor.model, extractor.prompt_version, r.text_hash) for r in records}
+    extractions = services.cache.get_extractions(list(set(keys.values())))
+    data_ids = [document.data_id for document in documents.values()]
+    items = {item.id: item.content_hash for item in services.metadata.get_items(data_ids)}
+    batch = [(r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions]
+    assembly = assemble(job.run_id, job.scope, batch, items)
+    return _write(services, job, assembly)
+
+
+def _write(services: Services, job: Job, assembly: Assembly) -> Counter[str]:
+    services.graph.upsert_nodes(job.scope, [graph_node(node) for node in assembly.nodes.values()])
+    services.graph.upsert_edges(
+        job.scope, [graph_edge(edge, assembly.chunk_of[edge.id]) for edge in assembly.edges.values()]
+    )
+    embedded = _index(services, job, assembly)
+    return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=embedded)
+
+
+def _index(services: Services, job: Job, assembly: Assembly) -> int:
+    entries = index_entries(assembly)
+    texts = list(dict.fromkeys(entry.text for entry in entries))
+    vectors = dict(zip(texts, services.embedder.embed(texts), strict=True))
+    by_collection: dict[str, list[VectorPoint]] = {}
+    for entry in entries:
+        point = VectorPoint(id=entry.point_id, vector=vectors[entry.text], payload=entry.payload)
+        by_collection.setdefault(entry.collection, []).append(point)
+    for collection, points in by_collection.items():
+        services.vectors.ensure_collection(collection, services.embedder.dimension)
+        services.vectors.upsert(job.scope, collection, points)
+    return len(texts)
+
+
+def _mark_items_done(services: Services, job: Job) -> None:
+    """Items whose chunks are all loaded are done; failed chunks keep theirs open for a retry."""
+    chunked_items = services.metadata.list_items(job.dataset_id, ItemStatus.CHUNKED)
+    if not chunked_items:
+        return
+    open_ids: list[str] = []
+    for status in (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED):
+        open_ids += services.chunks.list_chunk_ids(job.dataset_id, status)
+    unfinished = {record.data_id for record in services.chunks.get_chunks(open_ids)}
+    for item in chunked_items:
+        if item.id not in unfinished:
+            services.metadata.set_item_status(item.id, ItemStatus.DONE)
+
+
+def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
+    """CSV/JSON rows -> records linked by deterministic foreign-key edges, no LLM call."""
+    if not structured:
+        return {}
+    documents = [d for d in services.chunks.list_documents(job.dataset_id) if d.kind in STRUCTURED_KINDS]
+    items = {item.id: item for item in services.metadata.get_items([d.data_id for d in documents])}
+    tables = []
+    for document in documents:
+        item = items[document.data_id]
+        if item.status == ItemStatus.FAILED:
+            continue
+        try:
+            rows = extract_rows(document.kind, services.blobs.get(item.content_hash)) or []
+        except InputError as error:
+            log.warning("no rows from %s: %s", item.name, error)
+            continue
+        tables.append(Table(name=_table_name(item.name), data_id=item.id, rows=rows))
+    records, edges = foreign_key_graph(tables, job.tenant, job.dataset)
+    assembly = Assembly()
+    for record in records:
+        assembly.add_node(record, "")
+    for edge in edges:
+        assembly.add_edge(edge, "")
+    return dict(_write(services, job, assembly))
+
+
+def _table_name(name: str) -> str:
+    stem = name.rsplit("/", 1)[-1]
+    return stem.rsplit(".", 1)[0] if "." in stem else stem

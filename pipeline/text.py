@@ -1,0 +1,42 @@
+"""Text primitives shared by chunking and the offline extractor."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+_PARAGRAPH = re.compile(r"\n\s*\n")
+
+
+def count_tokens(text: str) -> int:
+    """An estimate of model tokens: words and punctuation marks."""
+    return sum(1 for _ in _TOKEN.finditer(text))
+
+
+def paragraphs(text: str) -> Iterator[str]:
+    for block in _PARAGRAPH.split(text):
+        block = " ".join(block.split())
+        if block:
+            yield block
+
+
+def sentences(paragraph: str) -> list[str]:
+    return [part.strip() for part in _SENTENCE_END.split(paragraph) if part.strip()]
+
+
+def split_words(text: str, max_tokens: int) -> Iterator[str]:
+    """Cut an over-long sentence into pieces of at most `max_tokens` tokens."""
+    words = text.split()
+    piece: list[str] = []
+    size = 0
+    for word in words:
+        cost = count_tokens(word)
+        if piece and size + cost > max_tokens:
+            yield " ".join(piece)
+            piece, size = [], 0
+        piece.append(word)
+        size += cost
+    if piece:
+        yield " ".join(piece)

@@ -1,0 +1,117 @@
+"""GRAPH_COMPLETION: brute-force triplet search over every indexed collection.
+
+The query is embedded once; each collection is searched with a wide top-k; the graph
+fragment around the hits is projected; every edge is scored by the sum of its two
+endpoints' distances and its own, where anything not hit costs a fixed penalty; the
+best edges, rendered as triplets, are the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pipeline.models import GraphEdge, GraphNode, Scope
+from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+
+NODE_COLLECTIONS = ("DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name")
+EDGE_COLLECTION = "Edge_description"
+WIDE_TOP_K = 100
+MISS_PENALTY = 6.5
+TOP_EDGES = 15
+NODE_TEXT_CHARS = 300
+
+
+@dataclass
+class Fragment:
+    """A projected piece of the graph with the distances the vector search gave it."""
+
+    nodes: dict[str, GraphNode] = field(default_factory=dict)
+    edges: dict[str, GraphEdge] = field(default_factory=dict)
+    node_distance: dict[str, float] = field(default_factory=dict)
+    edge_distance: dict[str, float] = field(default_factory=dict)
+
+    def score(self, edge: GraphEdge, penalty: float) -> float:
+        return (
+            self.node_distance.get(edge.source_id, penalty)
+            + self.node_distance.get(edge.target_id, penalty)
+            + self.edge_distance.get(edge.id, penalty)
+        )
+
+
+class GraphCompletionRetriever:
+    def __init__(self, ports: SearchPorts) -> None:
+        self._ports = ports
+
+    def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
+        vector = self._ports.embedder.embed([request.query])[0]
+        top = int(request.options.get("top_edges", TOP_EDGES))
+        penalty = float(request.options.get("penalty", MISS_PENALTY))
+        wide = int(request.options.get("wide_top_k", WIDE_TOP_K))
+        hits: list[Hit] = []
+        for scope in request.scopes:
+            fragment = self._project(scope, vector, wide)
+            ranked = sorted(fragment.edges.values(), key=lambda e: (fragment.score(e, penalty), e.id))
+            hits += [self._hit(scope, fragment, edge, fragment.score(edge, penalty)) for edge in ranked[:top]]
+        return sorted(hits, key=lambda hit: hit.score)[:top]
+
+    def _project(self, scope: Scope, vector: Sequence[float], wide: int) -> Fragment:
+        fragment = Fragment()
+        for collection in NODE_COLLECTIONS:
+            for point in self._ports.vectors.search(scope, collection, vector, wide):
+                previous = fragment.node_distance.get(point.id, point.score)
+                fragment.node_distance[point.id] = min(previous, point.score)
+        endpoints: set[str] = set()
+        for point in self._ports.vectors.search(scope, EDGE_COLLECTION, vector, wide):
+            fragment.edge_distance[point.id] = point.score
+            endpoints.update(str(point.payload.get(key, "")) for key in ("source_id", "target_id"))
+        seeds = sorted((set(fragment.node_distance) | endpoints) - {""})
+        for edge in self._ports.graph.get_edges(scope, seeds):
+            fragment.edges[edge.id] = edge
+        node_ids = {e.source_id for e in fragment.edges.values()} | {e.target_id for e in fragment.edges.values()}
+        fragment.nodes = {node.id: node for node in self._ports.graph.get_nodes(scope, sorted(node_ids))}
+        return fragment
+
+    def _hit(self, scope: Scope, fragment: Fragment, edge: GraphEdge, score: float) -> Hit:
+        chunk_id = str(edge.properties.get("chunk_id") or "") or _chunk_endpoint(fragment, edge)
+        chunk = fragment.nodes.get(chunk_id) if chunk_id else None
+        document_id = chunk.properties.get("document_id") if chunk else None
+        return Hit(
+            text=render_triplet(fragment, edge), score=score, kind="edge", dataset=scope.dataset,
+            data_id=edge.data_ids[0] if edge.data_ids else None,
+            document_id=str(document_id) if document_id else None, chunk_id=chunk_id or None,
+            extra={"source_id": edge.source_id, "target_id": edge.target_id, "relationship": edge.relationship},
+        )
+
+    def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
+        return "\n".join(hit.text for hit in objects)
+
+    def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
+        return answer_from_context(self._ports.completer, request.query, context)
+
+
+def _chunk_endpoint(fragment: Fragment, edge: GraphEdge) -> str:
+    for node_id in (edge.source_id, edge.target_id):
+        node = fragment.nodes.get(node_id)
+        if node is not None and node.type == "DocumentChunk":
+            return node_id
+    return ""
+
+
+def node_text(node: GraphNode | None) -> str:
+    if node is None:
+        return "?"
+    for key in ("name", "text"):
+        value = node.properties.get(key)
+        if value:
+            text = " ".join(str(value).split())
+            return text if len(text) <= NODE_TEXT_CHARS else text[: NODE_TEXT_CHARS - 1] + "…"
+    return node.type
+
+
+def render_triplet(fragment: Fragment, edge: GraphEdge) -> str:
+    source = node_text(fragment.nodes.get(edge.source_id))
+    target = node_text(fragment.nodes.get(edge.target_id))
+    line = f"{source} --[{edge.relationship}]--> {target}"
+    description = str(edge.properties.get("description") or "")
+    return f"{line}: {description}" if description else line

@@ -1,0 +1,35 @@
+"""One registry from search type to retriever, and the dispatcher that runs them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipeline.errors import NoLLMConfigured
+from retrieval.chunks import ChunksRetriever
+from retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
+from retrieval.graph_completion import GraphCompletionRetriever
+
+RetrieverFactory = Callable[[SearchPorts], Retriever]
+
+REGISTRY: dict[SearchType, RetrieverFactory] = {
+    SearchType.CHUNKS: ChunksRetriever,
+    SearchType.GRAPH_COMPLETION: GraphCompletionRetriever,
+}
+
+
+def search(ports: SearchPorts, request: SearchRequest) -> SearchResult:
+    """Run the request's retriever: objects, then context, then (unless only_context) an answer.
+
+    With no LLM configured the answer is None and `notice` says why; context still comes back.
+    """
+    retriever = REGISTRY[request.type](ports)
+    objects = retriever.get_retrieved_objects(request)
+    context = retriever.get_context_from_objects(request, objects)
+    result = SearchResult(query=request.query, type=request.type, results=objects, context=context)
+    if request.only_context:
+        return result
+    try:
+        result.answer = retriever.get_completion_from_context(request, context)
+    except NoLLMConfigured as error:
+        result.notice = str(error)
+    return result

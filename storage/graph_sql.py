@@ -1,0 +1,251 @@
+"""The graph as SQL tables on SQLite or PostgreSQL: the embedded default graph store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from pipeline.errors import StoreError, TransientStoreError
+from pipeline.models import GraphEdge, GraphNode, Scope
+from pipeline.ports import chunked
+from storage.memory_graph import unique_edges, unique_nodes
+
+BATCH_SIZE = 500
+NODE = "node"
+EDGE = "edge"
+
+metadata = sa.MetaData()
+
+nodes_table = sa.Table(
+    "graph_nodes",
+    metadata,
+    sa.Column("tenant", sa.String, primary_key=True),
+    sa.Column("dataset", sa.String, primary_key=True),
+    sa.Column("id", sa.String, primary_key=True),
+    sa.Column("type", sa.String, nullable=False),
+    sa.Column("properties", sa.Text, nullable=False),
+)
+
+edges_table = sa.Table(
+    "graph_edges",
+    metadata,
+    sa.Column("tenant", sa.String, primary_key=True),
+    sa.Column("dataset", sa.String, primary_key=True),
+    sa.Column("id", sa.String, primary_key=True),
+    sa.Column("source_id", sa.String, nullable=False),
+    sa.Column("target_id", sa.String, nullable=False),
+    sa.Column("relationship", sa.String, nullable=False),
+    sa.Column("properties", sa.Text, nullable=False),
+    sa.Index("ix_graph_edges_source", "tenant", "dataset", "source_id"),
+    sa.Index("ix_graph_edges_target", "tenant", "dataset", "target_id"),
+)
+
+# One row per (node or edge, data item): upserts union provenance by inserting rows.
+provenance_table = sa.Table(
+    "graph_provenance",
+    metadata,
+    sa.Column("tenant", sa.String, primary_key=True),
+    sa.Column("dataset", sa.String, primary_key=True),
+    sa.Column("kind", sa.String(8), primary_key=True),
+    sa.Column("item_id", sa.String, primary_key=True),
+    sa.Column("data_id", sa.String, primary_key=True),
+)
+
+
+class SqlGraphStore:
+    """A GraphStore in `graph_*` tables, created on construction when missing."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        if engine.dialect.name not in ("sqlite", "postgresql"):
+            raise StoreError(f"the SQL graph store supports SQLite and PostgreSQL, not {engine.dialect.name}")
+        self._engine = engine
+        with _translated():
+            metadata.create_all(engine)
+
+    def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
+        unique = unique_nodes(nodes)
+        rows = [_node_row(scope, node) for node in unique]
+        with _translated(), self._engine.begin() as conn:
+            self._upsert(conn, nodes_table, rows, update=("type", "properties"))
+            self._add_provenance(conn, _provenance_rows(scope, NODE, unique))
+
+    def upsert_edges(self, scope: Scope, edges: Sequence[GraphEdge]) -> None:
+        unique = unique_edges(edges)
+        with _translated(), self._engine.begin() as conn:
+            endpoints = {node_id for edge in unique for node_id in (edge.source_id, edge.target_id)}
+            present = _existing_node_ids(conn, scope, endpoints)
+            kept = [edge for edge in unique if edge.source_id in present and edge.target_id in present]
+            rows = [_edge_row(scope, edge) for edge in kept]
+            update = ("source_id", "target_id", "relationship", "properties")
+            self._upsert(conn, edges_table, rows, update=update)
+            self._add_provenance(conn, _provenance_rows(scope, EDGE, kept))
+
+    def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
+        found: list[sa.Row[Any]] = []
+        with _translated(), self._engine.connect() as conn:
+            for batch in chunked(list(dict.fromkeys(node_ids)), BATCH_SIZE):
+                query = sa.select(nodes_table).where(_in_scope(nodes_table, scope), nodes_table.c.id.in_(batch))
+                found.extend(conn.execute(query))
+            data_ids = _provenance(conn, scope, NODE, [row.id for row in found])
+        return [_node(row, data_ids) for row in found]
+
+    def get_edges(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphEdge]:
+        found: dict[str, sa.Row[Any]] = {}
+        table = edges_table
+        with _translated(), self._engine.connect() as conn:
+            for batch in chunked(list(dict.fromkeys(node_ids)), BATCH_SIZE):
+                touching = sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
+                query = sa.select(table).where(_in_scope(table, scope), touching)
+                found.update((row.id, row) for row in conn.execute(query))
+            data_ids = _provenance(conn, scope, EDGE, list(found))
+        return [_edge(row, data_ids) for row in found.values()]
+
+    def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
+        with _translated(), self._engine.connect() as conn:
+            node_rows = conn.execute(sa.select(nodes_table).where(_in_scope(nodes_table, scope))).all()
+            edge_rows = conn.execute(sa.select(edges_table).where(_in_scope(edges_table, scope))).all()
+            node_data = _provenance(conn, scope, NODE, None)
+            edge_data = _provenance(conn, scope, EDGE, None)
+        return [_node(row, node_data) for row in node_rows], [_edge(row, edge_data) for row in edge_rows]
+
+    def counts(self, scope: Scope) -> tuple[int, int]:
+        with _translated(), self._engine.connect() as conn:
+            nodes = conn.scalar(sa.select(sa.func.count()).where(_in_scope(nodes_table, scope)))
+            edges = conn.scalar(sa.select(sa.func.count()).where(_in_scope(edges_table, scope)))
+        return int(nodes or 0), int(edges or 0)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _upsert(
+        self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]], update: tuple[str, ...]
+    ) -> None:
+        if not rows:
+            return
+        stmt = self._insert(table)
+        keys = [column.name for column in table.primary_key.columns]
+        upsert = stmt.on_conflict_do_update(
+            index_elements=keys, set_={name: stmt.excluded[name] for name in update}
+        )
+        for batch in _batches(rows):
+            conn.execute(upsert, batch)
+
+    def _add_provenance(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        stmt = self._insert(provenance_table).on_conflict_do_nothing()
+        for batch in _batches(rows):
+            conn.execute(stmt, batch)
+
+    def _insert(self, table: sa.Table) -> Any:
+        if self._engine.dialect.name == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+
+def _batches(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(rows), BATCH_SIZE):
+        yield rows[start : start + BATCH_SIZE]
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Driver errors become store errors; lost connections and locks are worth a retry."""
+    try:
+        yield
+    except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
+        raise TransientStoreError(f"graph database unavailable: {exc}") from exc
+    except sa.exc.DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise TransientStoreError(f"graph database connection lost: {exc}") from exc
+        raise StoreError(f"graph database error: {exc}") from exc
+    except sa.exc.SQLAlchemyError as exc:
+        raise StoreError(f"graph database error: {exc}") from exc
+
+
+def _in_scope(table: sa.Table, scope: Scope) -> sa.ColumnElement[bool]:
+    return sa.and_(table.c.tenant == scope.tenant, table.c.dataset == scope.dataset)
+
+
+def _existing_node_ids(conn: sa.Connection, scope: Scope, node_ids: set[str]) -> set[str]:
+    present: set[str] = set()
+    for batch in chunked(sorted(node_ids), BATCH_SIZE):
+        query = sa.select(nodes_table.c.id).where(_in_scope(nodes_table, scope), nodes_table.c.id.in_(batch))
+        present.update(conn.scalars(query))
+    return present
+
+
+def _provenance(
+    conn: sa.Connection, scope: Scope, kind: str, item_ids: list[str] | None
+) -> dict[str, list[str]]:
+    """Data ids per item, sorted; every item of the kind in the scope when `item_ids` is None."""
+    table = provenance_table
+    base = sa.select(table.c.item_id, table.c.data_id).where(_in_scope(table, scope), table.c.kind == kind)
+    queries = [base] if item_ids is None else [
+        base.where(table.c.item_id.in_(batch)) for batch in chunked(item_ids, BATCH_SIZE)
+    ]
+    data_ids: dict[str, list[str]] = {}
+    for query in queries:
+        for item_id, data_id in conn.execute(query):
+            data_ids.setdefault(item_id, []).append(data_id)
+    # Sorted here, not in SQL: a database collation would order differently from the other stores.
+    return {item_id: sorted(found) for item_id, found in data_ids.items()}
+
+
+def _json(properties: dict[str, Any]) -> str:
+    try:
+        return json.dumps(properties, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"graph properties must be JSON-serializable: {exc}") from exc
+
+
+def _node_row(scope: Scope, node: GraphNode) -> dict[str, Any]:
+    return {
+        "tenant": scope.tenant,
+        "dataset": scope.dataset,
+        "id": node.id,
+        "type": node.type,
+        "properties": _json(node.properties),
+    }
+
+
+def _edge_row(scope: Scope, edge: GraphEdge) -> dict[str, Any]:
+    return {
+        "tenant": scope.tenant,
+        "dataset": scope.dataset,
+        "id": edge.id,
+        "source_id": edge.source_id,
+        "target_id": edge.target_id,
+        "relationship": edge.relationship,
+        "properties": _json(edge.properties),
+    }
+
+
+def _provenance_rows(scope: Scope, kind: str, items: Sequence[GraphNode | GraphEdge]) -> list[dict[str, Any]]:
+    return [
+        {"tenant": scope.tenant, "dataset": scope.dataset, "kind": kind, "item_id": item.id, "data_id": data_id}
+        for item in items
+        for data_id in item.data_ids
+    ]
+
+
+def _node(row: sa.Row[Any], data_ids: dict[str, list[str]]) -> GraphNode:
+    return GraphNode(
+        id=row.id, type=row.type, properties=json.loads(row.properties), data_ids=data_ids.get(row.id, [])
+    )
+
+
+def _edge(row: sa.Row[Any], data_ids: dict[str, list[str]]) -> GraphEdge:
+    return GraphEdge(
+        id=row.id,
+        source_id=row.source_id,
+        target_id=row.target_id,
+        relationship=row.relationship,
+        properties=json.loads(row.properties),
+        data_ids=data_ids.get(row.id, []),
+    )

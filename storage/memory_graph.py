@@ -1,0 +1,130 @@
+"""The in-memory graph store: the twin every graph adapter is measured against.
+
+It also holds the batch rules the other graph adapters share, so that every
+adapter treats duplicates in one call the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.errors import StoreError
+from pipeline.models import GraphEdge, GraphNode, Scope
+
+
+def union(*groups: Iterable[str]) -> list[str]:
+    """The distinct data ids of all groups, sorted: the order every graph store returns."""
+    return sorted({data_id for group in groups for data_id in group})
+
+
+def unique_nodes(nodes: Sequence[GraphNode]) -> list[GraphNode]:
+    """One node per id: the last one given wins, the data ids of all are unioned."""
+    merged: dict[str, GraphNode] = {}
+    for node in nodes:
+        earlier = merged.get(node.id)
+        data_ids = union(earlier.data_ids if earlier else (), node.data_ids)
+        merged[node.id] = node.model_copy(update={"data_ids": data_ids})
+    return list(merged.values())
+
+
+def unique_edges(edges: Sequence[GraphEdge]) -> list[GraphEdge]:
+    """One edge per id: the last one given wins, the data ids of all are unioned."""
+    merged: dict[str, GraphEdge] = {}
+    for edge in edges:
+        earlier = merged.get(edge.id)
+        data_ids = union(earlier.data_ids if earlier else (), edge.data_ids)
+        merged[edge.id] = edge.model_copy(update={"data_ids": data_ids})
+    return list(merged.values())
+
+
+def copy_properties(properties: dict[str, Any]) -> dict[str, Any]:
+    """A detached copy of JSON-serializable properties, as a real store would give back."""
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(properties))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"graph properties must be JSON-serializable: {exc}") from exc
+    return copied
+
+
+@dataclass
+class _Graph:
+    nodes: dict[str, GraphNode] = field(default_factory=dict)
+    edges: dict[str, GraphEdge] = field(default_factory=dict)
+
+
+class MemoryGraphStore:
+    """A GraphStore held in process memory; thread-safe, lost on exit."""
+
+    def __init__(self) -> None:
+        # Keyed by the Scope itself: "a/b" + "c" and "a" + "b/c" are different scopes.
+        self._graphs: dict[Scope, _Graph] = {}
+        self._lock = threading.Lock()
+
+    def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
+        stored = [_stored_node(node) for node in unique_nodes(nodes)]
+        with self._lock:
+            graph = self._graphs.setdefault(scope, _Graph())
+            for node in stored:
+                earlier = graph.nodes.get(node.id)
+                if earlier:
+                    node.data_ids = union(earlier.data_ids, node.data_ids)
+                graph.nodes[node.id] = node
+
+    def upsert_edges(self, scope: Scope, edges: Sequence[GraphEdge]) -> None:
+        stored = [_stored_edge(edge) for edge in unique_edges(edges)]
+        with self._lock:
+            graph = self._graphs.setdefault(scope, _Graph())
+            for edge in stored:
+                if edge.source_id not in graph.nodes or edge.target_id not in graph.nodes:
+                    continue
+                earlier = graph.edges.get(edge.id)
+                if earlier:
+                    edge.data_ids = union(earlier.data_ids, edge.data_ids)
+                graph.edges[edge.id] = edge
+
+    def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
+        with self._lock:
+            nodes = self._graph(scope).nodes
+            found = [nodes[node_id] for node_id in dict.fromkeys(node_ids) if node_id in nodes]
+            return [node.model_copy(deep=True) for node in found]
+
+    def get_edges(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphEdge]:
+        wanted = set(node_ids)
+        with self._lock:
+            edges = self._graph(scope).edges.values()
+            return [
+                edge.model_copy(deep=True)
+                for edge in edges
+                if edge.source_id in wanted or edge.target_id in wanted
+            ]
+
+    def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
+        with self._lock:
+            graph = self._graph(scope)
+            nodes = [node.model_copy(deep=True) for node in graph.nodes.values()]
+            edges = [edge.model_copy(deep=True) for edge in graph.edges.values()]
+            return nodes, edges
+
+    def counts(self, scope: Scope) -> tuple[int, int]:
+        with self._lock:
+            graph = self._graph(scope)
+            return len(graph.nodes), len(graph.edges)
+
+    def close(self) -> None:
+        with self._lock:
+            self._graphs.clear()
+
+    def _graph(self, scope: Scope) -> _Graph:
+        return self._graphs.get(scope) or _Graph()
+
+
+def _stored_node(node: GraphNode) -> GraphNode:
+    return node.model_copy(update={"properties": copy_properties(node.properties)}, deep=True)
+
+
+def _stored_edge(edge: GraphEdge) -> GraphEdge:
+    return edge.model_copy(update={"properties": copy_properties(edge.properties)}, deep=True)

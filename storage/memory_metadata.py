@@ -1,0 +1,160 @@
+"""The in-memory twin of the SQL metadata store: same contract, no database."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from pipeline.models import (
+    ChunkRecord,
+    ChunkStatus,
+    DataItem,
+    Dataset,
+    DocumentRecord,
+    Extraction,
+    ItemStatus,
+    PipelineRun,
+    Scope,
+)
+
+
+class MemoryMetadataStore:
+    """MetadataStore, ChunkStore and ExtractionCache in dictionaries, safe across threads.
+
+    Records go in and come out as copies, so callers never share state with the store.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._datasets: dict[str, Dataset] = {}
+        self._items: dict[str, DataItem] = {}
+        self._item_hashes: set[tuple[str, str]] = set()
+        self._runs: dict[str, PipelineRun] = {}
+        self._documents: dict[str, DocumentRecord] = {}
+        self._chunks: dict[str, ChunkRecord] = {}
+        self._extractions: dict[str, Extraction] = {}
+
+    # Datasets
+
+    def ensure_dataset(self, scope: Scope) -> Dataset:
+        dataset = Dataset.of(scope)
+        with self._lock:
+            stored = self._datasets.setdefault(dataset.id, dataset)
+            return stored.model_copy()
+
+    def get_dataset(self, scope: Scope) -> Dataset | None:
+        with self._lock:
+            stored = self._datasets.get(Dataset.of(scope).id)
+            return None if stored is None else stored.model_copy()
+
+    def list_datasets(self, tenant: str) -> list[Dataset]:
+        with self._lock:
+            found = [dataset.model_copy() for dataset in self._datasets.values() if dataset.tenant == tenant]
+        return sorted(found, key=lambda dataset: dataset.name)
+
+    # Data items
+
+    def add_item(self, item: DataItem) -> bool:
+        """Store the item; False when the dataset already holds the same content."""
+        content = (item.dataset_id, item.content_hash)
+        with self._lock:
+            if item.id in self._items or content in self._item_hashes:
+                return False
+            self._items[item.id] = item.model_copy(deep=True)
+            self._item_hashes.add(content)
+            return True
+
+    def list_items(self, dataset_id: str, status: ItemStatus | None = None) -> list[DataItem]:
+        with self._lock:
+            found = [
+                item.model_copy()
+                for item in self._items.values()
+                if item.dataset_id == dataset_id and (status is None or item.status == status)
+            ]
+        return sorted(found, key=lambda item: (item.created_at, item.id))
+
+    def get_items(self, item_ids: Sequence[str]) -> list[DataItem]:
+        """The items found, in the order of `item_ids`."""
+        with self._lock:
+            return [self._items[item_id].model_copy() for item_id in item_ids if item_id in self._items]
+
+    def set_item_status(self, item_id: str, status: ItemStatus, error: str = "") -> None:
+        """Set the item's status and error; an unknown id changes nothing."""
+        with self._lock:
+            item = self._items.get(item_id)
+            if item is not None:
+                self._items[item_id] = item.model_copy(update={"status": status, "error": error})
+
+    # Pipeline runs
+
+    def save_run(self, run: PipelineRun) -> None:
+        with self._lock:
+            self._runs[run.id] = run.model_copy(deep=True)
+
+    def get_run(self, run_id: str) -> PipelineRun | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return None if run is None else run.model_copy(deep=True)
+
+    def list_runs(self, dataset_id: str) -> list[PipelineRun]:
+        with self._lock:
+            found = [run.model_copy(deep=True) for run in self._runs.values() if run.dataset_id == dataset_id]
+        return sorted(found, key=lambda run: (run.started_at, run.id))
+
+    # Documents and chunks
+
+    def save_documents(self, documents: Sequence[DocumentRecord]) -> None:
+        """Insert or overwrite the documents, by id."""
+        with self._lock:
+            self._documents.update((document.id, document.model_copy()) for document in documents)
+
+    def list_documents(self, dataset_id: str, data_ids: Sequence[str] | None = None) -> list[DocumentRecord]:
+        """The dataset's documents (of those data items only, when given), by data id then id."""
+        wanted = None if data_ids is None else set(data_ids)
+        with self._lock:
+            found = [
+                document.model_copy()
+                for document in self._documents.values()
+                if document.dataset_id == dataset_id and (wanted is None or document.data_id in wanted)
+            ]
+        return sorted(found, key=lambda document: (document.data_id, document.id))
+
+    def save_chunks(self, chunks: Sequence[ChunkRecord]) -> None:
+        """Insert new chunks; chunks already stored keep their text and status."""
+        with self._lock:
+            for chunk in chunks:
+                self._chunks.setdefault(chunk.id, chunk.model_copy())
+
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[ChunkRecord]:
+        """The chunks found, in the order of `chunk_ids`."""
+        with self._lock:
+            return [self._chunks[chunk_id].model_copy() for chunk_id in chunk_ids if chunk_id in self._chunks]
+
+    def list_chunk_ids(self, dataset_id: str, status: ChunkStatus | None = None) -> list[str]:
+        """The dataset's chunk ids ordered by (document id, index)."""
+        with self._lock:
+            found = [
+                chunk
+                for chunk in self._chunks.values()
+                if chunk.dataset_id == dataset_id and (status is None or chunk.status == status)
+            ]
+        return [chunk.id for chunk in sorted(found, key=lambda chunk: (chunk.document_id, chunk.index))]
+
+    def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None:
+        """Set status and error of every chunk listed; unknown ids are skipped."""
+        with self._lock:
+            for chunk_id in chunk_ids:
+                chunk = self._chunks.get(chunk_id)
+                if chunk is not None:
+                    self._chunks[chunk_id] = chunk.model_copy(update={"status": status, "error": error})
+
+    # Extraction cache
+
+    def get_extractions(self, keys: Sequence[str]) -> dict[str, Extraction]:
+        """The cached extractions of those keys that are present."""
+        with self._lock:
+            return {key: self._extractions[key].model_copy(deep=True) for key in keys if key in self._extractions}
+
+    def put_extractions(self, extractions: dict[str, Extraction]) -> None:
+        with self._lock:
+            self._extractions.update((key, value.model_copy(deep=True)) for key, value in extractions.items())

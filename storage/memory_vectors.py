@@ -1,0 +1,144 @@
+"""In-memory vector store: the twin of the Qdrant adapter, brute force over numpy arrays."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.errors import DimensionMismatch, StoreError
+from pipeline.models import Scope, ScoredPoint, VectorPoint
+
+Vector = npt.NDArray[np.float64]
+
+
+def scoped_payload(scope: Scope, payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload as stored: the caller's fields plus the scope, which always wins."""
+    return {**payload, "tenant": scope.tenant, "dataset": scope.dataset}
+
+
+def require_dimension(collection: str, expected: int, vector: Sequence[float]) -> None:
+    if len(vector) != expected:
+        raise DimensionMismatch(
+            f"collection {collection!r} holds vectors of dimension {expected}, got one of {len(vector)}"
+        )
+
+
+def mismatch(collection: str, existing: int, requested: int) -> DimensionMismatch:
+    return DimensionMismatch(
+        f"collection {collection!r} exists with dimension {existing}, but dimension {requested} was "
+        "requested; the embedding model changed: re-index into a fresh store or configure the old model"
+    )
+
+
+def distance_of(similarity: float) -> float:
+    """Cosine distance from cosine similarity, clamped to [0, 2] against rounding."""
+    return min(2.0, max(0.0, 1.0 - similarity))
+
+
+@dataclass
+class _Point:
+    vector: Vector
+    payload: dict[str, Any]
+
+
+@dataclass
+class _Collection:
+    dimension: int
+    points: dict[str, _Point] = field(default_factory=dict)
+
+
+class MemoryVectorStore:
+    """A `VectorStore` held in memory, with the same semantics as `QdrantVectorStore`."""
+
+    def __init__(self) -> None:
+        self._collections: dict[str, _Collection] = {}
+        self._lock = threading.Lock()
+
+    def ensure_collection(self, name: str, dimension: int) -> None:
+        with self._lock:
+            existing = self._collections.get(name)
+            if existing is None:
+                self._collections[name] = _Collection(dimension)
+            elif existing.dimension != dimension:
+                raise mismatch(name, existing.dimension, dimension)
+
+    def upsert(self, scope: Scope, collection: str, points: Sequence[VectorPoint]) -> None:
+        with self._lock:
+            target = self._collections.get(collection)
+            if target is None:
+                raise StoreError(f"collection {collection!r} does not exist; ensure_collection creates it")
+            staged = {_point_id(p.id): self._stage(scope, collection, target.dimension, p) for p in points}
+            target.points.update(staged)
+
+    def search(self, scope: Scope, collection: str, vector: Sequence[float], limit: int) -> list[ScoredPoint]:
+        """Closest points of the scope first; `score` is the cosine distance."""
+        with self._lock:
+            target = self._collections.get(collection)
+            if target is None or limit <= 0:
+                return []
+            require_dimension(collection, target.dimension, vector)
+            rows = [(pid, p) for pid, p in target.points.items() if _in_scope(p.payload, scope)]
+        if not rows:
+            return []
+        similarities = np.stack([p.vector for _, p in rows]) @ _normalized(vector)
+        order = np.argsort(-similarities, kind="stable")[:limit]
+        return [
+            ScoredPoint(
+                id=rows[i][0],
+                score=distance_of(float(similarities[i])),
+                payload=_json_copy(rows[i][1].payload),
+            )
+            for i in order
+        ]
+
+    def list_collections(self) -> list[str]:
+        with self._lock:
+            return sorted(self._collections)
+
+    def count(self, scope: Scope, collection: str) -> int:
+        with self._lock:
+            target = self._collections.get(collection)
+            if target is None:
+                return 0
+            return sum(1 for p in target.points.values() if _in_scope(p.payload, scope))
+
+    def close(self) -> None:
+        """Nothing to release; the data stays for the life of the object."""
+
+    def _stage(self, scope: Scope, collection: str, dimension: int, point: VectorPoint) -> _Point:
+        require_dimension(collection, dimension, point.vector)
+        return _Point(_normalized(point.vector), _json_copy(scoped_payload(scope, point.payload)))
+
+
+def _point_id(raw: str) -> str:
+    # Qdrant accepts UUIDs only and answers them in canonical form; the twin does the same.
+    try:
+        return str(uuid.UUID(raw))
+    except ValueError as exc:
+        raise StoreError(f"point id {raw!r} is not a UUID") from exc
+
+
+def _json_copy(payload: dict[str, Any]) -> dict[str, Any]:
+    # A JSON round trip stores what Qdrant would store and detaches it from the caller's objects.
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(payload))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"payload is not JSON: {exc}") from exc
+    return copied
+
+
+def _normalized(vector: Sequence[float]) -> Vector:
+    array = np.asarray(vector, dtype=np.float64)
+    norm = float(np.linalg.norm(array))
+    return array / norm if norm > 0.0 else array
+
+
+def _in_scope(payload: dict[str, Any], scope: Scope) -> bool:
+    return payload.get("tenant") == scope.tenant and payload.get("dataset") == scope.dataset

@@ -1,0 +1,117 @@
+"""The relational metadata tables, shared by the SQL store and its migrations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out, on SQLite (no zone support) as on PostgreSQL."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def json_type() -> sa.types.TypeEngine[Any]:
+    return sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+metadata = sa.MetaData()
+
+datasets = sa.Table(
+    "datasets",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(255), nullable=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.UniqueConstraint("tenant", "name", name="uq_datasets_tenant_name"),
+)
+
+data_items = sa.Table(
+    "data_items",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("dataset_id", sa.String(64), nullable=False),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("source", sa.Text(), nullable=False),
+    sa.Column("content_hash", sa.String(128), nullable=False),
+    sa.Column("size", sa.BigInteger(), nullable=False),
+    sa.Column("mime", sa.String(255), nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("error", sa.Text(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    # Content dedup within a dataset: the same bytes in another dataset is a new item.
+    sa.UniqueConstraint("dataset_id", "content_hash", name="uq_data_items_dataset_hash"),
+    sa.Index("ix_data_items_dataset_status", "dataset_id", "status"),
+)
+
+pipeline_runs = sa.Table(
+    "pipeline_runs",
+    metadata,
+    sa.Column("id", sa.String(255), primary_key=True),
+    sa.Column("dataset_id", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("step", sa.String(255), nullable=False),
+    sa.Column("error", sa.Text(), nullable=False),
+    sa.Column("stats", json_type(), nullable=False),
+    sa.Column("started_at", UtcDateTime(), nullable=False),
+    sa.Column("finished_at", UtcDateTime(), nullable=True),
+    sa.Index("ix_pipeline_runs_dataset", "dataset_id", "started_at"),
+)
+
+documents = sa.Table(
+    "documents",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("dataset_id", sa.String(64), nullable=False),
+    sa.Column("data_id", sa.String(64), nullable=False),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("mime", sa.String(255), nullable=False),
+    sa.Index("ix_documents_dataset_data", "dataset_id", "data_id"),
+)
+
+chunks = sa.Table(
+    "chunks",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("dataset_id", sa.String(64), nullable=False),
+    sa.Column("document_id", sa.String(64), nullable=False),
+    sa.Column("data_id", sa.String(64), nullable=False),
+    # "index" is a reserved word in SQL; the column keeps its meaning under another name.
+    sa.Column("chunk_index", sa.Integer(), nullable=False),
+    sa.Column("text", sa.Text(), nullable=False),
+    sa.Column("token_count", sa.Integer(), nullable=False),
+    sa.Column("text_hash", sa.String(128), nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("error", sa.Text(), nullable=False),
+    sa.Index("ix_chunks_dataset_order", "dataset_id", "document_id", "chunk_index"),
+    sa.Index("ix_chunks_dataset_status", "dataset_id", "status"),
+)
+
+extractions = sa.Table(
+    "extractions",
+    metadata,
+    sa.Column("key", sa.String(512), primary_key=True),
+    sa.Column("value", json_type(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)

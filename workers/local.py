@@ -1,0 +1,67 @@
+"""The embedded runner: the pipeline plan in one process, fan-out steps on a bounded thread pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from pipeline.context import Job, Services
+from pipeline.locking import held, lock_name
+from pipeline.models import PipelineRun, Scope
+from pipeline.plan import PLAN, Step, StepResult, fail_run, finish_run, merge_counts, record_step, start_run
+from pipeline.ports import Lock, chunked
+
+# (step name, done, total): called as work advances, from the runner's thread.
+ProgressCallback = Callable[[str, int, int], None]
+
+
+def _quiet(_step: str, _done: int, _total: int) -> None:
+    return None
+
+
+class LocalRunner:
+    """Runs the pipeline plan for one dataset at a time, under the dataset lock."""
+
+    def __init__(
+        self, services: Services, lock: Lock, *, concurrency: int = 4, lock_ttl_s: float = 600.0,
+        plan: Sequence[Step] = PLAN, progress: ProgressCallback = _quiet,
+    ) -> None:
+        self._services = services
+        self._lock = lock
+        self._concurrency = concurrency
+        self._lock_ttl_s = lock_ttl_s
+        self._plan = plan
+        self._progress = progress
+
+    def run(self, scope: Scope) -> PipelineRun:
+        """Cognify the dataset; the returned run holds the counters of every step."""
+        with held(self._lock, lock_name(scope), self._lock_ttl_s):
+            job = start_run(self._services, scope)
+            try:
+                self._run_steps(job)
+            except BaseException as error:
+                fail_run(self._services, job, f"{type(error).__name__}: {error}")
+                raise
+            return finish_run(self._services, job)
+
+    def _run_steps(self, job: Job) -> None:
+        items: list[str] = []
+        for step in self._plan:
+            result = self._fan_out(step, job, items) if step.fan_out else step.run(self._services, job, items)
+            record_step(self._services, job, step.name, result.counts)
+            self._progress(step.name, 1, 1)
+            if not step.fan_out:
+                items = result.items
+
+    def _fan_out(self, step: Step, job: Job, items: list[str]) -> StepResult:
+        batches = list(chunked(items, step.batch_size(self._services.config)))
+        results: list[StepResult] = []
+        self._progress(step.name, 0, len(items))
+        with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix=step.name) as pool:
+            done = 0
+            for batch, result in zip(batches, pool.map(lambda b: step.run(self._services, job, b), batches),
+                                     strict=True):
+                results.append(result)
+                done += len(batch)
+                self._progress(step.name, done, len(items))
+        return StepResult(counts=merge_counts(results))

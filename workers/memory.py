@@ -1,0 +1,99 @@
+"""The Python API: add, cognify, search and status over one set of settings."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.ingest import AddResult, Source, add, path_sources, text_source
+from pipeline.models import PipelineRun, Scope
+from retrieval.contract import SearchRequest, SearchResult, SearchType
+from retrieval.registry import search
+from workers.local import LocalRunner, ProgressCallback, _quiet
+from workers.settings import Settings, load_settings
+from workers.wiring import Wiring
+
+
+class Kenning:
+    """Long-term memory over one configuration: embedded by default, or on shared servers.
+
+    >>> memory = Kenning(load_settings(home=tmp_home, embedding_provider="hash"))
+    >>> memory.add_text("Ada Lovelace wrote the first program.").added[0].name
+    'text'
+    >>> memory.cognify().status.value
+    'completed'
+    >>> memory.search("Who wrote the first program?", type="CHUNKS").results[0].text
+    'Ada Lovelace wrote the first program.'
+    >>> memory.close()
+    """
+
+    def __init__(self, settings: Settings | None = None, wiring: Wiring | None = None) -> None:
+        self.settings = settings or load_settings()
+        self.wiring = wiring or Wiring(self.settings)
+
+    def scope(self, dataset: str | None = None) -> Scope:
+        return Scope(tenant=self.settings.tenant, dataset=dataset or self.settings.dataset)
+
+    def add(self, sources: Sequence[Source], dataset: str | None = None) -> AddResult:
+        return add(self.wiring.metadata, self.wiring.blobs, self.scope(dataset), sources)
+
+    def add_text(self, text: str, dataset: str | None = None, name: str = "text") -> AddResult:
+        return self.add([text_source(text, name)], dataset)
+
+    def add_paths(self, paths: Sequence[str], dataset: str | None = None) -> AddResult:
+        """Add files, directories and `-` (stdin); unreadable paths are reported, not raised."""
+        errors: dict[str, str] = {}
+        result = self.add(list(path_sources(paths, errors)), dataset)
+        result.errors.update(errors)
+        return result
+
+    def cognify(self, dataset: str | None = None, progress: ProgressCallback = _quiet) -> PipelineRun:
+        runner = LocalRunner(
+            self.wiring, self.wiring.lock, concurrency=self.settings.concurrency,
+            lock_ttl_s=self.settings.lock_ttl_s, progress=progress,
+        )
+        return runner.run(self.scope(dataset))
+
+    def search(
+        self, query: str, type: str | SearchType = SearchType.GRAPH_COMPLETION, *,
+        datasets: Sequence[str] | None = None, top_k: int = 10, only_context: bool = False,
+        session_id: str | None = None,
+    ) -> SearchResult:
+        scopes = [self.scope(name) for name in (datasets or [self.settings.dataset])]
+        request = SearchRequest(
+            query=query, type=SearchType(type), scopes=scopes, top_k=top_k,
+            only_context=only_context, session_id=session_id,
+        )
+        return search(self.wiring, request)
+
+    def status(self, dataset: str | None = None) -> list[dict[str, Any]]:
+        """Datasets with their items by status, recent runs and graph size."""
+        metadata = self.wiring.metadata
+        datasets = metadata.list_datasets(self.settings.tenant)
+        if dataset:
+            datasets = [d for d in datasets if d.name == dataset]
+        return [self._dataset_status(d.scope, d.id) for d in datasets]
+
+    def _dataset_status(self, scope: Scope, dataset_id: str) -> dict[str, Any]:
+        metadata = self.wiring.metadata
+        items = metadata.list_items(dataset_id)
+        runs = sorted(metadata.list_runs(dataset_id), key=lambda r: r.started_at, reverse=True)
+        nodes, edges = self.wiring.graph.counts(scope)
+        return {
+            "dataset": scope.dataset,
+            "tenant": scope.tenant,
+            "items": dict(Counter(item.status.value for item in items)),
+            "errors": {item.name: item.error for item in items if item.error},
+            "graph": {"nodes": nodes, "edges": edges},
+            "runs": [run.model_dump(mode="json") for run in runs[:5]],
+        }
+
+    def close(self) -> None:
+        self.wiring.close()
+
+    def __enter__(self) -> Kenning:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

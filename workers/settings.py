@@ -1,0 +1,106 @@
+"""The one validated settings object, read from `KENNING_*` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.chunking import ChunkingConfig
+from pipeline.context import PipelineConfig
+from pipeline.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    """Every setting of kenning. Bad values fail here, at startup, never at first use."""
+
+    model_config = SettingsConfigDict(env_prefix="KENNING_", extra="ignore", frozen=True)
+
+    home: Path = Field(default=Path(".kenning"), description="Where embedded data lives")
+    tenant: str = "default"
+    dataset: str = "main"
+
+    metadata_url: str = Field(default="", description="SQLAlchemy URL; default SQLite under home")
+    graph_backend: Literal["sql", "memgraph", "falkordb"] = "sql"
+    graph_url: str = Field(default="", description="sql: SQLAlchemy URL (default metadata_url); "
+                           "memgraph: bolt://host:7687; falkordb: redis://host:port")
+    graph_user: str = ""
+    graph_password: str = ""
+    graph_name: str = "kenning"
+    vector_backend: Literal["qdrant"] = "qdrant"
+    qdrant_url: str = Field(default="", description="A Qdrant server; empty = local mode under home")
+    qdrant_api_key: str = ""
+
+    embedding_provider: Literal["local", "openai", "hash"] = "local"
+    embedding_url: str = ""
+    embedding_api_key: str = ""
+    embedding_model: str = "text-embedding-3-small"
+    embedding_dimension: int = Field(default=384, ge=8)
+    embedding_batch: int = Field(default=32, ge=1)
+
+    llm_url: str = Field(default="", description="OpenAI-compatible base URL (with /v1); empty = offline")
+    llm_api_key: str = ""
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_s: float = Field(default=60.0, gt=0)
+    llm_max_retries: int = Field(default=4, ge=0)
+
+    chunk_size: int = Field(default=256, ge=16)
+    chunk_overlap: int = Field(default=24, ge=0)
+    extract_batch: int = Field(default=8, ge=1)
+    load_batch: int = Field(default=256, ge=1)
+    max_document_bytes: int = Field(default=64 * 2**20, ge=1)
+    concurrency: int = Field(default=4, ge=1, le=256, description="Extractions in flight, embedded")
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    result_backend: str = "redis://127.0.0.1:6379/1"
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Locks and coordination")
+    lock_ttl_s: float = Field(default=600.0, gt=0)
+    queue_prefix: str = "kenning"
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        ChunkingConfig(size=self.chunk_size, overlap=self.chunk_overlap)
+        if self.graph_backend in ("memgraph", "falkordb") and not self.graph_url:
+            raise ValueError(f"graph_backend {self.graph_backend!r} needs KENNING_GRAPH_URL")
+        if self.embedding_provider == "openai" and not self.embedding_url:
+            raise ValueError("embedding_provider 'openai' needs KENNING_EMBEDDING_URL")
+        return self
+
+    @property
+    def metadata_dsn(self) -> str:
+        return self.metadata_url or f"sqlite:///{(self.home / 'kenning.db').resolve()}"
+
+    @property
+    def graph_dsn(self) -> str:
+        return self.graph_url or self.metadata_dsn
+
+    @property
+    def qdrant_path(self) -> Path:
+        return (self.home / "qdrant").resolve()
+
+    @property
+    def blob_dir(self) -> Path:
+        return (self.home / "blobs").resolve()
+
+    @property
+    def pipeline(self) -> PipelineConfig:
+        return PipelineConfig(
+            chunking=ChunkingConfig(size=self.chunk_size, overlap=self.chunk_overlap),
+            extract_batch=self.extract_batch,
+            load_batch=self.load_batch,
+            max_document_bytes=self.max_document_bytes,
+        )
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment (and overrides); a bad value is a `ConfigError`."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"KENNING_{'_'.join(str(p) for p in error['loc']).upper() or 'SETTINGS'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc

@@ -1,0 +1,197 @@
+"""The composition root: build every adapter from the settings, lazily, in the process that uses it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from pipeline.context import PipelineConfig
+from pipeline.errors import NoLLMConfigured
+from pipeline.offline import OfflineExtractor
+from pipeline.ports import (
+    BlobStore,
+    ChunkStore,
+    Completer,
+    Embedder,
+    ExtractionCache,
+    Extractor,
+    GraphStore,
+    Lock,
+    MetadataStore,
+    VectorStore,
+)
+from storage.blob import FileBlobStore
+from storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+from storage.lock import FileLock
+from storage.metadata_sql import SqlMetadataStore, migrate
+from storage.sql_engine import open_engine
+from workers.settings import Settings
+
+T = TypeVar("T")
+
+
+class Wiring:
+    """Implements `pipeline.context.Services`: each port is opened on first use, once.
+
+    Opening lazily matters: Qdrant local mode allows one client per path, so a worker
+    that never loads or queries must never open it.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._made: dict[str, Any] = {}
+        self._mutex = threading.RLock()
+        self._closers: list[Callable[[], None]] = []
+
+    def _once(self, name: str, make: Callable[[], T]) -> T:
+        with self._mutex:
+            if name not in self._made:
+                self._made[name] = make()
+            return self._made[name]  # type: ignore[no-any-return]
+
+    @property
+    def config(self) -> PipelineConfig:
+        return self.settings.pipeline
+
+    @property
+    def engine(self) -> sa.Engine:
+        return self._once("engine", self._open_engine)
+
+    def _open_engine(self) -> sa.Engine:
+        engine = open_engine(self.settings.metadata_dsn)
+        migrate(engine)
+        self._closers.append(engine.dispose)
+        return engine
+
+    @property
+    def metadata(self) -> MetadataStore:
+        return self._sql_metadata()
+
+    @property
+    def chunks(self) -> ChunkStore:
+        return self._sql_metadata()
+
+    @property
+    def cache(self) -> ExtractionCache:
+        return self._sql_metadata()
+
+    def _sql_metadata(self) -> SqlMetadataStore:
+        return self._once("metadata", lambda: SqlMetadataStore(self.engine))
+
+    @property
+    def blobs(self) -> BlobStore:
+        return self._once("blobs", lambda: FileBlobStore(self.settings.blob_dir))
+
+    @property
+    def graph(self) -> GraphStore:
+        return self._once("graph", self._open_graph)
+
+    def _open_graph(self) -> GraphStore:
+        store = open_graph(self.settings, self.engine)
+        self._closers.append(store.close)
+        return store
+
+    @property
+    def vectors(self) -> VectorStore:
+        return self._once("vectors", self._open_vectors)
+
+    def _open_vectors(self) -> VectorStore:
+        from storage.vector_qdrant import QdrantVectorStore
+
+        settings = self.settings
+        if settings.qdrant_url:
+            store = QdrantVectorStore(url=settings.qdrant_url, api_key=settings.qdrant_api_key or None)
+        else:
+            store = QdrantVectorStore(path=settings.qdrant_path)
+        check_dimensions(store, self.embedder)
+        self._closers.append(store.close)
+        return store
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._once("embedder", lambda: CachingEmbedder(open_embedder(self.settings)))
+
+    @property
+    def extractor(self) -> Extractor:
+        return self._once("extractor", lambda: open_extractor(self.settings))
+
+    @property
+    def completer(self) -> Completer:
+        return self._once("completer", lambda: open_completer(self.settings))
+
+    @property
+    def lock(self) -> Lock:
+        return self._once("lock", self._open_lock)
+
+    def _open_lock(self) -> Lock:
+        return FileLock(self.settings.home.resolve() / "locks")
+
+    def close(self) -> None:
+        with self._mutex:
+            for close in reversed(self._closers):
+                close()
+            self._closers.clear()
+            self._made.clear()
+
+
+def open_graph(settings: Settings, engine: sa.Engine) -> GraphStore:
+    if settings.graph_backend == "memgraph":
+        from storage.graph_memgraph import MemgraphGraphStore
+
+        return MemgraphGraphStore(settings.graph_url, settings.graph_user, settings.graph_password)
+    if settings.graph_backend == "falkordb":
+        from storage.graph_falkordb import FalkorGraphStore
+
+        return FalkorGraphStore(settings.graph_url, graph_name=settings.graph_name)
+    from storage.graph_sql import SqlGraphStore
+
+    same_database = settings.graph_dsn == settings.metadata_dsn
+    return SqlGraphStore(engine if same_database else open_engine(settings.graph_dsn))
+
+
+def open_embedder(settings: Settings) -> Embedder:
+    if settings.embedding_provider == "openai":
+        return OpenAIEmbedder(
+            settings.embedding_url, settings.embedding_api_key or "unused",
+            settings.embedding_model, settings.embedding_dimension,
+        )
+    if settings.embedding_provider == "hash":
+        return HashEmbedder(settings.embedding_dimension)
+    return LocalEmbedder(batch_size=settings.embedding_batch)
+
+
+def open_extractor(settings: Settings) -> Extractor:
+    if not settings.llm_url:
+        return OfflineExtractor()
+    from storage.llm_openai import OpenAIExtractor
+
+    return OpenAIExtractor(llm_config(settings))
+
+
+def open_completer(settings: Settings) -> Completer:
+    if not settings.llm_url:
+        raise NoLLMConfigured(
+            "no LLM is configured: set KENNING_LLM_URL (and KENNING_LLM_API_KEY) to an "
+            "OpenAI-compatible endpoint, or ask for context only"
+        )
+    from storage.llm_openai import OpenAICompleter
+
+    return OpenAICompleter(llm_config(settings))
+
+
+def llm_config(settings: Settings) -> Any:
+    from storage.llm_openai import LLMConfig
+
+    return LLMConfig(
+        base_url=settings.llm_url, api_key=settings.llm_api_key or "unused", model=settings.llm_model,
+        timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries,
+    )
+
+
+def check_dimensions(store: VectorStore, embedder: Embedder) -> None:
+    """Every existing collection must have the embedder's size: a mismatch is an error at startup."""
+    for name in store.list_collections():
+        store.ensure_collection(name, embedder.dimension)
