@@ -48,14 +48,14 @@ def chunk_text(text: str, config: ChunkingConfig) -> list[TextPiece]:
     `config.overlap` tokens.
     """
     chunks: list[TextPiece] = []
-    current: list[tuple[str, int]] = []
+    current: list[tuple[str, int, bool]] = []
     size = 0
     for sentence, tokens, paragraph_end in units(text, config.size - config.overlap):
         if current and size + tokens > config.size:
             chunks.append(_piece(current))
             current = _tail(current, config.overlap)
-            size = sum(count for _, count in current)
-        current.append((sentence, tokens))
+            size = sum(count for _, count, _ in current)
+        current.append((sentence, tokens, paragraph_end))
         size += tokens
         if paragraph_end and size >= config.size * 3 // 4:
             chunks.append(_piece(current))
@@ -65,16 +65,18 @@ def chunk_text(text: str, config: ChunkingConfig) -> list[TextPiece]:
     return chunks
 
 
-def _piece(parts: list[tuple[str, int]]) -> TextPiece:
-    return TextPiece(text=" ".join(text for text, _ in parts), token_count=sum(n for _, n in parts))
+def _piece(parts: list[tuple[str, int, bool]]) -> TextPiece:
+    """Sentences joined by spaces, paragraphs by a blank line."""
+    text = "".join(sentence + ("\n\n" if end else " ") for sentence, _, end in parts).strip()
+    return TextPiece(text=text, token_count=sum(tokens for _, tokens, _ in parts))
 
 
-def _tail(parts: list[tuple[str, int]], overlap: int) -> list[tuple[str, int]]:
-    tail: list[tuple[str, int]] = []
+def _tail(parts: list[tuple[str, int, bool]], overlap: int) -> list[tuple[str, int, bool]]:
+    tail: list[tuple[str, int, bool]] = []
     size = 0
-    for text, tokens in reversed(parts):
-        if size + tokens > overlap:
+    for part in reversed(parts):
+        if size + part[1] > overlap:
             break
-        tail.insert(0, (text, tokens))
-        size += tokens
+        tail.insert(0, part)
+        size += part[1]
     return tail

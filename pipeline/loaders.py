@@ -90,9 +90,7 @@ RST_INLINE = (
     (re.compile(r"::$"), ":"),
 )
 MARKDOWN_HINT = re.compile(r"^#{1,6}\s+\S|^```|^~~~|\[[^\]\n]+\]\([^)\s]+\)", re.MULTILINE)
-RST_HINT = re.compile(
-    r"^\.\.\s+[\w-]+::|^(\S[^\n]{2,})\n([=\-~^\"'`#*+])\2{2,}[ \t]*$", re.MULTILINE
-)
+RST_HINT = re.compile(r"^\.\.\s+[\w-]+::|^(\S[^\n]{2,})\n([=\-~^\"'`#*+])\2{2,}[ \t]*$", re.MULTILINE)
 HTML_HINT = re.compile(r"^\s*(<!--.*?-->\s*)*<(!doctype\s+html|html)[\s>]", re.IGNORECASE | re.DOTALL)
 CSV_DELIMITERS = (",", "\t", ";", "|")
 MAX_HEADER_CELL = 64
@@ -120,7 +118,7 @@ def decode_text(data: bytes, max_bytes: int = MAX_BYTES) -> str:
 def decode_bytes(data: bytes) -> str:
     for bom, codec in BOMS:
         if data.startswith(bom):
-            return decode_marked(data[len(bom) :], codec)
+            return decode_marked(data, codec, len(bom))
     reject_binary(data)
     try:
         return data.decode("utf-8")
@@ -128,11 +126,11 @@ def decode_bytes(data: bytes) -> str:
         return decode_legacy(data, exc)
 
 
-def decode_marked(data: bytes, codec: str) -> str:
+def decode_marked(data: bytes, codec: str, start: int) -> str:
     try:
-        text = data.decode(codec)
+        text = data[start:].decode(codec)
     except UnicodeDecodeError as exc:
-        raise InputError(f"invalid {codec} text: bad byte at offset {exc.start}") from exc
+        raise InputError(f"invalid {codec} text: bad byte at offset {start + exc.start}") from exc
     reject_binary(text.encode("utf-8", "surrogatepass"))
     return text
 
@@ -424,7 +422,7 @@ def parse_json(text: str) -> object:
 
 
 def flatten_json(value: object) -> Iterator[str]:
-    """"path: value" lines for every scalar in a JSON document, in document order."""
+    """One "path: value" line for every scalar in a JSON document, in document order."""
     stack: list[tuple[str, object]] = [("", value)]
     while stack:
         path, item = stack.pop()

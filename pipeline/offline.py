@@ -28,7 +28,10 @@ _STOP = {
     "but", "as", "is", "was", "were", "are", "be", "been", "to", "of", "after", "before", "when",
     "while", "during", "there", "here", "also", "however", "which", "who", "whom", "what", "where",
     "not", "no", "if", "then", "than", "so", "such", "both", "all", "some", "many", "most", "other",
-    "one", "two", "first", "new", "has", "had", "have", "s", "—", "-",
+    "one", "two", "first", "new", "has", "had", "have", "s", "—", "-", "since", "although", "because",
+    "despite", "today", "later", "until", "once", "every", "each", "our", "my", "your", "yet", "thus",
+    "meanwhile", "instead", "now", "still", "though", "unlike", "like", "many", "few", "several",
+    "according", "between", "under", "over", "about", "through", "among", "against", "within",
 }
 _ORGANIZATION = {
     "university", "company", "inc", "inc.", "corporation", "corp", "club", "party", "records", "band",

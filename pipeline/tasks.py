@@ -85,7 +85,8 @@ def chunk(services: Services, job: Job) -> list[str]:
 
 
 def _chunk_document(services: Services, job: Job, item: DataItem, document: DocumentRecord) -> list[ChunkRecord]:
-    text = extract_text(document.kind, services.blobs.get(item.content_hash))
+    # NUL characters survive some formats (JSON escapes, PDFs) and PostgreSQL text cannot hold them.
+    text = extract_text(document.kind, services.blobs.get(item.content_hash)).replace("\x00", "")
     pieces = chunk_text(text, services.config.chunking)
     records = []
     for index, piece in enumerate(pieces):

@@ -22,7 +22,7 @@ from typing import TypeVar
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import LLMError, TransientLLMError
 from pipeline.models import Extraction
@@ -249,14 +249,24 @@ def _parse_answer(response: ChatCompletion, parse: Callable[[str], T]) -> T:
     """The parsed content of the first choice; an unusable answer is worth a retry."""
     if not response.choices:
         raise _Retry("the answer had no choices", transient=False)
-    message = response.choices[0].message
-    if message.refusal:
-        raise LLMError(f"the model refused: {message.refusal}")
+    choice = response.choices[0]
+    if choice.message.refusal:
+        raise LLMError(f"the model refused: {choice.message.refusal}")
+    if choice.finish_reason == "length":
+        # At temperature 0 a retry would be cut at the same place.
+        raise LLMError("the answer was cut off at the model's output token limit")
     try:
-        return parse(message.content or "")
-    except ValueError as exc:  # pydantic's ValidationError included
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise _Retry(f"the answer was not usable ({first_line})", transient=False) from exc
+        return parse(choice.message.content or "")
+    except ValueError as exc:
+        raise _Retry(f"the answer was not usable: {_describe(exc)}", transient=False) from exc
+
+
+def _describe(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{first['msg']}" + (f" at {where}" if where else "")
+    return str(exc)
 
 
 def _nonempty(content: str) -> str:

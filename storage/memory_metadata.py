@@ -153,7 +153,9 @@ class MemoryMetadataStore:
     def get_extractions(self, keys: Sequence[str]) -> dict[str, Extraction]:
         """The cached extractions of those keys that are present."""
         with self._lock:
-            return {key: self._extractions[key].model_copy(deep=True) for key in keys if key in self._extractions}
+            return {
+                key: self._extractions[key].model_copy(deep=True) for key in keys if key in self._extractions
+            }
 
     def put_extractions(self, extractions: dict[str, Extraction]) -> None:
         with self._lock:

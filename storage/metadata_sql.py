@@ -73,7 +73,7 @@ def is_transient(exc: sa.exc.SQLAlchemyError) -> bool:
     if not isinstance(exc, TRANSIENT):
         return False
     code = getattr(getattr(exc, "orig", None), "sqlite_errorcode", None)
-    return code is None or code & 0xFF in SQLITE_TRANSIENT_CODES
+    return code is None or (code & 0xFF) in SQLITE_TRANSIENT_CODES
 
 
 class SqlMetadataStore:

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal
@@ -69,7 +69,7 @@ class Simulator:
     """The simulator server; `start()` returns its base URL, `stop()` ends it.
 
     `port` 0 picks a free port. `rpm`/`tpm` 0 mean unlimited; `rpm_scope` says whether
-    chat calls alone or chat and embedding calls count. `stall_s` bounds how long a
+    chat calls alone, or chat and embedding calls, count toward them. `stall_s` bounds how long a
     simulated timeout holds its request before answering 504.
     """
 
@@ -84,7 +84,6 @@ class Simulator:
     stall_s: float = 65.0
     window_s: float = 60.0
     seed: int | None = None
-    _server: _Server | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -95,6 +94,7 @@ class Simulator:
         self._random = random.Random(self.seed)
         self._recent: deque[JSON] = deque(maxlen=_RECENT_REQUESTS)
         self._extractor = OfflineExtractor()
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -108,7 +108,9 @@ class Simulator:
         if self._server is not None:
             raise RuntimeError("the simulator is already started")
         self._server = _Server(self.port, self)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="llm-simulator", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="llm-simulator", daemon=True
+        )
         self._thread.start()
         return self.base_url
 
@@ -144,6 +146,8 @@ class Simulator:
         """The bodies of the latest chat requests, oldest first."""
         with self._lock:
             return list(self._recent)
+
+    # What the request handler uses.
 
     def chat_reply(self, body: JSON) -> _Reply:
         with self._lock:
@@ -193,8 +197,13 @@ def check_options(simulator: Simulator) -> None:
     rates = (simulator.error_rate, simulator.timeout_rate, simulator.malformed_rate)
     if any(not 0.0 <= rate <= 1.0 for rate in rates) or sum(rates) > 1.0:
         raise ConfigError(f"fault rates must lie in [0, 1] and sum to at most 1, got {rates}")
-    if simulator.rpm < 0 or simulator.tpm < 0 or simulator.window_s <= 0:
-        raise ConfigError("rpm and tpm must be >= 0 (0: unlimited) and window_s > 0")
+    if (
+        min(simulator.rpm, simulator.tpm, simulator.latency_ms, simulator.stall_s) < 0
+        or simulator.window_s <= 0
+    ):
+        raise ConfigError(
+            "rpm, tpm, latency_ms and stall_s must be >= 0 (rpm/tpm 0: unlimited), window_s > 0"
+        )
     if simulator.rpm_scope not in ("all", "chat"):
         raise ConfigError(f"rpm_scope must be 'all' or 'chat', got {simulator.rpm_scope!r}")
 
@@ -462,6 +471,8 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle's algorithm on, the second waits for an ACK.
+    disable_nagle_algorithm = True
     server: _Server
     # Idle keep-alive connections are closed after this many seconds.
     timeout = 60

@@ -282,7 +282,9 @@ def test_list_runs_is_in_start_order_and_scoped_to_the_dataset(store: Store, sco
     other = store.ensure_dataset(Scope(tenant=scope.tenant, dataset="other"))
     start = datetime(2024, 1, 1, tzinfo=UTC)
     runs = [
-        PipelineRun(id=f"run-{n}-{uuid.uuid4().hex}", dataset_id=dataset.id, started_at=start + timedelta(hours=n))
+        PipelineRun(
+            id=f"run-{n}-{uuid.uuid4().hex}", dataset_id=dataset.id, started_at=start + timedelta(hours=n)
+        )
         for n in (1, 0, 2)
     ]
     for run in runs:
@@ -300,7 +302,13 @@ def test_list_runs_is_in_start_order_and_scoped_to_the_dataset(store: Store, sco
 def test_documents_are_saved_overwritten_and_listed_by_data_item(store: Store, scope: Scope) -> None:
     dataset = store.ensure_dataset(scope)
     documents = [
-        DocumentRecord(id=f"doc-{n}-{scope.tenant}", dataset_id=dataset.id, data_id=f"data-{n}", name=f"{n}.md", kind="text")
+        DocumentRecord(
+            id=f"doc-{n}-{scope.tenant}",
+            dataset_id=dataset.id,
+            data_id=f"data-{n}",
+            name=f"{n}.md",
+            kind="text",
+        )
         for n in (2, 0, 1)
     ]
     store.save_documents(documents)

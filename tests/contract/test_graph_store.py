@@ -1,0 +1,465 @@
+"""One contract for every GraphStore: the in-memory twin, SQL (SQLite, PostgreSQL), FalkorDB, Memgraph."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.errors import StoreError, TransientStoreError
+from pipeline.models import GraphEdge, GraphNode, Scope
+from pipeline.ports import GraphStore
+from storage.cypher import CypherGraphStore, label_of, upsert_edge_statements, upsert_node_statements
+from storage.graph_falkordb import FalkorGraphStore
+from storage.graph_memgraph import MemgraphGraphStore
+from storage.graph_sql import SqlGraphStore
+from storage.memory_graph import MemoryGraphStore
+from storage.sql_engine import open_engine
+from tests.services import free_port
+
+MEMGRAPH_URL = os.environ.get("KENNING_MEMGRAPH_URL", "")
+
+HOSTILE = [
+    "'}) DETACH DELETE n //",
+    '"}) MATCH (m) DETACH DELETE m //',
+    "`) DETACH DELETE n //",
+    "x` {id: 'y'}) DETACH DELETE n //",
+    "'; DROP TABLE graph_nodes; --",
+    "\\'; DELETE FROM graph_edges; --",
+    "Robert'); DROP TABLE students;--",
+    "CYPHER tenant=\"x\" MATCH (n) DETACH DELETE n",
+    "$tenant",
+    "{tenant}",
+    "\\",
+]
+
+BACKENDS = [
+    "memory",
+    "sql-sqlite",
+    pytest.param("sql-postgres", marks=pytest.mark.postgres),
+    pytest.param("falkordb", marks=pytest.mark.falkordb),
+    pytest.param(
+        "memgraph",
+        marks=[
+            pytest.mark.memgraph,
+            pytest.mark.skipif(not MEMGRAPH_URL, reason="KENNING_MEMGRAPH_URL is not set"),
+        ],
+    ),
+]
+
+NewScope = Callable[..., Scope]
+
+
+@pytest.fixture
+def made_scopes() -> list[Scope]:
+    return []
+
+
+@pytest.fixture
+def new_scope(made_scopes: list[Scope]) -> NewScope:
+    """A scope no other test uses; the store fixture removes it from shared servers afterwards."""
+
+    def make(tenant: str = "", dataset: str = "") -> Scope:
+        token = uuid.uuid4().hex[:10]
+        scope = Scope(tenant=f"{tenant}tenant-{token}", dataset=f"{dataset}dataset-{token}")
+        made_scopes.append(scope)
+        return scope
+
+    return make
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path, made_scopes: list[Scope]) -> Iterator[GraphStore]:
+    opened = _open_store(request, tmp_path)
+    try:
+        yield opened
+    finally:
+        if isinstance(opened, CypherGraphStore):
+            for scope in made_scopes:
+                opened._delete_scope(scope)
+        opened.close()
+
+
+def _open_store(request: pytest.FixtureRequest, tmp_path: Path) -> GraphStore:
+    backend = request.param
+    if backend == "memory":
+        return MemoryGraphStore()
+    if backend == "sql-sqlite":
+        return SqlGraphStore(open_engine(f"sqlite:///{tmp_path / 'graph.db'}"))
+    if backend == "sql-postgres":
+        return SqlGraphStore(open_engine(request.getfixturevalue("postgres_url")))
+    if backend == "falkordb":
+        return FalkorGraphStore(request.getfixturevalue("falkordb_url"), graph_name="kenning_contract")
+    user = os.environ.get("KENNING_MEMGRAPH_USER", "")
+    return MemgraphGraphStore(MEMGRAPH_URL, user, os.environ.get("KENNING_MEMGRAPH_PASSWORD", ""))
+
+
+def node(node_id: str, type_: str = "Entity", data_ids: tuple[str, ...] = ("d1",), **properties: Any) -> GraphNode:
+    return GraphNode(id=node_id, type=type_, properties=properties, data_ids=list(data_ids))
+
+
+def edge(
+    source: str, target: str, relationship: str = "knows", data_ids: tuple[str, ...] = ("d1",), **properties: Any
+) -> GraphEdge:
+    return GraphEdge(
+        id=f"{source}-{relationship}-{target}",
+        source_id=source,
+        target_id=target,
+        relationship=relationship,
+        properties=properties,
+        data_ids=list(data_ids),
+    )
+
+
+def by_id(items: list[Any]) -> dict[str, Any]:
+    return {item.id: item for item in items}
+
+
+RICH = {
+    "name": "Ada Lovelace",
+    "count": 3,
+    "score": 0.1 + 0.2,
+    "ratio": 1.5,
+    "flag": True,
+    "tags": ["a", "b"],
+    "empty": [],
+    "nested": {"born": 1815, "places": ["London", {"city": "Marylebone"}]},
+    "nothing": None,
+    "huge": 2**70,
+}
+
+
+def test_upserted_nodes_and_edges_read_back(store: GraphStore, new_scope: NewScope) -> None:
+    # Given two nodes with rich properties and an edge between them
+    scope = new_scope()
+    a, b = node("a", "Person", **RICH), node("b", "Place", name="London")
+    ab = edge("a", "b", "born_in", description="Ada was born in London")
+
+    # When they are upserted
+    store.upsert_nodes(scope, [a, b])
+    store.upsert_edges(scope, [ab])
+
+    # Then each reads back exactly, and unknown ids are simply absent
+    assert by_id(store.get_nodes(scope, ["a", "b", "missing"])) == {"a": a, "b": b}
+    assert store.get_edges(scope, ["a"]) == [ab]
+    assert store.get_nodes(scope, []) == []
+    assert store.get_edges(scope, []) == []
+
+
+def test_reupsert_is_idempotent_overwrites_properties_and_unions_data_ids(
+    store: GraphStore, new_scope: NewScope
+) -> None:
+    scope = new_scope()
+    first_nodes = [node("a", name="A", old="gone soon"), node("b", name="B")]
+    first_edge = edge("a", "b", description="first", data_ids=("d1",))
+    store.upsert_nodes(scope, first_nodes)
+    store.upsert_edges(scope, [first_edge])
+
+    # When the same data is written again, nothing is duplicated
+    store.upsert_nodes(scope, first_nodes)
+    store.upsert_edges(scope, [first_edge])
+    assert store.counts(scope) == (2, 1)
+
+    # When a later write brings new properties and new provenance
+    store.upsert_nodes(scope, [node("a", data_ids=("d3", "d2", "d1"), name="A2")])
+    store.upsert_edges(scope, [edge("a", "b", description="second", data_ids=("d2",))])
+
+    # Then properties are replaced and data ids unioned, still one of each
+    stored = by_id(store.get_nodes(scope, ["a"]))["a"]
+    assert stored.properties == {"name": "A2"}
+    assert stored.data_ids == ["d1", "d2", "d3"]
+    [stored_edge] = store.get_edges(scope, ["a"])
+    assert stored_edge.properties == {"description": "second"}
+    assert stored_edge.data_ids == ["d1", "d2"]
+    assert store.counts(scope) == (2, 1)
+
+
+def test_duplicates_within_one_call_collapse(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    store.upsert_nodes(
+        scope, [node("a", name="one", data_ids=("d1",)), node("b"), node("a", name="two", data_ids=("d2",))]
+    )
+    store.upsert_edges(scope, [edge("a", "b", data_ids=("d1",)), edge("a", "b", data_ids=("d9",), w=2)])
+
+    [a] = store.get_nodes(scope, ["a"])
+    assert (a.properties, a.data_ids) == ({"name": "two"}, ["d1", "d2"])
+    [ab] = store.get_edges(scope, ["b"])
+    assert (ab.properties, ab.data_ids) == ({"w": 2}, ["d1", "d9"])
+    assert store.counts(scope) == (2, 1)
+
+
+def test_retyped_node_reads_back_with_its_new_type(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    store.upsert_nodes(scope, [node("a", "Person")])
+    store.upsert_nodes(scope, [node("a", "Organization")])
+
+    assert [n.type for n in store.get_nodes(scope, ["a"])] == ["Organization"]
+
+
+def test_edges_whose_endpoint_is_missing_are_skipped(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    store.upsert_nodes(scope, [node("a"), node("b")])
+
+    store.upsert_edges(scope, [edge("a", "ghost"), edge("ghost", "a"), edge("ghost", "phantom"), edge("a", "b")])
+
+    assert [e.id for e in store.export(scope)[1]] == ["a-knows-b"]
+    assert store.get_edges(scope, ["ghost"]) == []
+    assert store.counts(scope) == (2, 1)
+
+
+def test_get_edges_returns_every_edge_touching_any_of_the_ids(store: GraphStore, new_scope: NewScope) -> None:
+    # Given a chain a -> b -> c -> d and a loop on d
+    scope = new_scope()
+    store.upsert_nodes(scope, [node(i) for i in "abcd"])
+    chain = [edge("a", "b"), edge("b", "c"), edge("c", "d"), edge("d", "d", "self")]
+    store.upsert_edges(scope, chain)
+
+    def touching(*ids: str) -> list[str]:
+        return sorted(e.id for e in store.get_edges(scope, list(ids)))
+
+    assert touching("b") == ["a-knows-b", "b-knows-c"]
+    assert touching("a", "b") == ["a-knows-b", "b-knows-c"]
+    assert touching("a", "d") == ["a-knows-b", "c-knows-d", "d-self-d"]
+    assert touching("a", "a", "nowhere") == ["a-knows-b"]
+    assert by_id(store.get_edges(scope, ["c"]))["c-knows-d"] == chain[2]
+
+
+def test_export_and_counts_cover_the_whole_scope(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    assert store.export(scope) == ([], [])
+    assert store.counts(scope) == (0, 0)
+
+    nodes = [node(f"n{i}", "Even" if i % 2 else "Odd", index=i) for i in range(7)]
+    edges = [edge(f"n{i}", f"n{i + 1}", "next") for i in range(6)] + [edge("n0", "n6", "wraps")]
+    store.upsert_nodes(scope, nodes)
+    store.upsert_edges(scope, edges)
+
+    exported_nodes, exported_edges = store.export(scope)
+    assert by_id(exported_nodes) == by_id(nodes)
+    assert by_id(exported_edges) == by_id(edges)
+    assert store.counts(scope) == (7, 7)
+
+
+def test_scopes_never_see_each_other(store: GraphStore, new_scope: NewScope) -> None:
+    # Given the same node and edge ids written into two scopes with different content
+    one, two = new_scope(), new_scope()
+    store.upsert_nodes(one, [node("a", name="one", data_ids=("d1",)), node("b")])
+    store.upsert_nodes(two, [node("a", "Other", name="two", data_ids=("d2",)), node("c")])
+    store.upsert_edges(one, [edge("a", "b", note="one")])
+    store.upsert_edges(two, [edge("a", "c", note="two")])
+
+    # When an edge in scope two points at a node that only scope one holds, it is skipped
+    store.upsert_edges(two, [edge("a", "b", note="crossing")])
+
+    # Then each scope sees its own version of `a`, and only its own edges
+    [a_one], [a_two] = store.get_nodes(one, ["a"]), store.get_nodes(two, ["a"])
+    assert (a_one.properties, a_one.data_ids, a_one.type) == ({"name": "one"}, ["d1"], "Entity")
+    assert (a_two.properties, a_two.data_ids, a_two.type) == ({"name": "two"}, ["d2"], "Other")
+    assert [e.properties for e in store.get_edges(one, ["a", "b", "c"])] == [{"note": "one"}]
+    assert [e.properties for e in store.get_edges(two, ["a", "b", "c"])] == [{"note": "two"}]
+    assert store.get_nodes(two, ["b"]) == []
+    assert store.counts(one) == (2, 1)
+    assert store.counts(two) == (2, 1)
+    assert {n.id for n in store.export(two)[0]} == {"a", "c"}
+
+
+def test_scope_names_do_not_run_into_each_other(store: GraphStore, new_scope: NewScope) -> None:
+    # "x/y" + "z" and "x" + "y/z" share a "tenant/dataset" string, yet are two scopes
+    base = new_scope()
+    left = Scope(tenant=f"{base.tenant}/y", dataset=base.dataset)
+    right = Scope(tenant=base.tenant, dataset=f"y/{base.dataset}")
+    store.upsert_nodes(left, [node("a", name="left")])
+    store.upsert_nodes(right, [node("a", name="right")])
+    try:
+        assert [n.properties["name"] for n in store.get_nodes(left, ["a"])] == ["left"]
+        assert [n.properties["name"] for n in store.get_nodes(right, ["a"])] == ["right"]
+    finally:
+        if isinstance(store, CypherGraphStore):
+            store._delete_scope(left)
+            store._delete_scope(right)
+
+
+def test_hostile_strings_are_stored_verbatim_and_delete_nothing(store: GraphStore, new_scope: NewScope) -> None:
+    # Given bystanders in the same scope and in another one, with a hostile tenant name
+    scope, bystander_scope = new_scope(HOSTILE[0]), new_scope(HOSTILE[1])
+    store.upsert_nodes(scope, [node("keep-1"), node("keep-2")])
+    store.upsert_edges(scope, [edge("keep-1", "keep-2")])
+    store.upsert_nodes(bystander_scope, [node("keep-1"), node("keep-2")])
+    store.upsert_edges(bystander_scope, [edge("keep-1", "keep-2")])
+
+    # When nodes and edges made of injection strings are written
+    hostile_nodes = [
+        GraphNode(id=text, type=text, properties={"name": text, text: text}, data_ids=[text]) for text in HOSTILE
+    ]
+    hostile_edges = [
+        GraphEdge(
+            id=f"edge {text}", source_id=text, target_id="keep-1", relationship=text,
+            properties={"description": text}, data_ids=[text],
+        )
+        for text in HOSTILE
+    ]
+    store.upsert_nodes(scope, hostile_nodes)
+    store.upsert_edges(scope, hostile_edges)
+    store.upsert_nodes(scope, hostile_nodes)
+
+    # Then every string reads back verbatim and nothing else moved
+    assert by_id(store.get_nodes(scope, HOSTILE)) == by_id(hostile_nodes)
+    assert by_id(store.get_edges(scope, HOSTILE)) == by_id(hostile_edges)
+    assert store.counts(scope) == (2 + len(HOSTILE), 1 + len(HOSTILE))
+    assert store.counts(bystander_scope) == (2, 1)
+    assert len(store.get_nodes(scope, ["keep-1", "keep-2"])) == 2
+
+
+def test_unicode_long_and_awkward_properties_round_trip(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    long_text = "Zürich 東京 🙂 " * 40_000
+    properties = {
+        "name": "Ꮎⲣⲉⲛ 知识图谱 \u200b\u00e9\u0301 مرحبا",
+        "long": long_text,
+        "long_list": [f"item {i} ✓" for i in range(5_000)],
+        "név ünicode": "ключ",
+        "": "empty key",
+        "with`backtick": 1,
+        "nul": "before\x00after",
+        "id": "not the id",
+        "type": "not the type",
+        "tenant": "not the tenant",
+        "data_ids": ["not", "these"],
+        "relationship": "not the relationship",
+        "extra_json": "{}",
+    }
+    awkward = GraphNode(id="ü", type="Ünïcode", properties=properties, data_ids=["d1"])
+    awkward_edge = GraphEdge(
+        id="ü→z", source_id="ü", target_id="z", relationship="связь", properties=properties, data_ids=["d1"]
+    )
+    store.upsert_nodes(scope, [awkward, node("z")])
+    store.upsert_edges(scope, [awkward_edge])
+
+    assert store.get_nodes(scope, ["ü"]) == [awkward]
+    assert store.get_edges(scope, ["ü"]) == [awkward_edge]
+
+
+def test_properties_that_are_not_json_are_refused_before_anything_is_written(
+    store: GraphStore, new_scope: NewScope
+) -> None:
+    scope = new_scope()
+    with pytest.raises(StoreError):
+        store.upsert_nodes(scope, [node("fine"), node("bad", value=object())])
+    assert store.counts(scope) == (0, 0)
+
+
+def test_five_thousand_nodes_and_ten_thousand_edges_round_trip(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    types = ["Entity", "DocumentChunk", "TextSummary", "TextDocument", "EntityType"]
+    relationships = ["mentions", "contains", "is_a", "made_from", "works_at", "located_in", "part_of", "knows"]
+    nodes = [
+        node(f"node-{i}", types[i % 5], data_ids=(f"data-{i % 50}",), name=f"Name {i}", index=i)
+        for i in range(5_000)
+    ]
+    edges = [
+        edge(f"node-{i % 5_000}", f"node-{(i * 7 + 1) % 5_000}", relationships[i % 8] + f"_{i // 5_000}",
+             data_ids=(f"data-{i % 50}",), weight=i / 4)
+        for i in range(10_000)
+    ]
+
+    store.upsert_nodes(scope, nodes)
+    store.upsert_edges(scope, edges)
+
+    assert store.counts(scope) == (5_000, 10_000)
+    exported_nodes, exported_edges = store.export(scope)
+    assert by_id(exported_nodes) == by_id(nodes)
+    assert by_id(exported_edges) == by_id(edges)
+
+
+def test_concurrent_upserts_of_one_node_union_every_data_id(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    store.upsert_nodes(scope, [node("a", data_ids=())])
+    errors: list[BaseException] = []
+
+    def write(worker: int) -> None:
+        try:
+            for round_ in range(5):
+                store.upsert_nodes(scope, [node("a", data_ids=(f"d{worker}-{round_}",))])
+        except BaseException as exc:  # handed to the main thread, which fails the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(worker,)) for worker in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert errors == []
+    [a] = store.get_nodes(scope, ["a"])
+    assert len(a.data_ids) == 20
+
+
+# The Cypher core, without a server.
+
+
+def test_cypher_statements_carry_values_only_as_parameters() -> None:
+    scope = Scope(tenant=HOSTILE[0], dataset=HOSTILE[1])
+    nodes = [GraphNode(id=t, type=t, properties={t: t}, data_ids=[t]) for t in HOSTILE]
+    edges = [GraphEdge(id=t, source_id=t, target_id=t, relationship=t, properties={t: t}) for t in HOSTILE]
+
+    queries = [statement.query for statement, _ in upsert_node_statements(scope, nodes)]
+    queries += [statement.query for statement in upsert_edge_statements(scope, edges)]
+
+    for query in queries:
+        for label in re.findall(r":`([^`]*)`", query):
+            assert re.fullmatch(r"[A-Za-z0-9_]+", label)
+        for text in HOSTILE:
+            assert not re.search(r"['\"`]", text) or text not in query
+    assert label_of("") == "_"
+    assert label_of("works at ACME") == "works_at_ACME"
+    assert label_of("知识") == "__"
+
+
+def test_unreachable_falkordb_is_a_transient_error() -> None:
+    store = FalkorGraphStore(f"redis://127.0.0.1:{free_port()}", connect_timeout_s=1.0)
+    try:
+        with pytest.raises(TransientStoreError):
+            store.upsert_nodes(Scope(), [node("a")])
+        with pytest.raises(TransientStoreError):
+            store.counts(Scope())
+    finally:
+        store.close()
+
+
+def test_unreachable_memgraph_is_a_transient_error_and_close_stops_its_loop() -> None:
+    before = {thread.ident for thread in threading.enumerate()}
+    store = MemgraphGraphStore(f"bolt://127.0.0.1:{free_port()}", call_timeout_s=30.0)
+    try:
+        with pytest.raises(TransientStoreError):
+            store.upsert_nodes(Scope(), [node("a")])
+    finally:
+        store.close()
+    left = [t for t in threading.enumerate() if t.name == "kenning-memgraph" and t.ident not in before]
+    assert left == []
+
+
+@pytest.mark.falkordb
+def test_falkordb_labels_follow_the_node_type(falkordb_url: str, new_scope: NewScope) -> None:
+    from falkordb import FalkorDB
+
+    scope = new_scope()
+    store = FalkorGraphStore(falkordb_url, graph_name="kenning_labels")
+    client = FalkorDB.from_url(falkordb_url)
+    try:
+        store.upsert_nodes(scope, [node("a", "Person"), node("b", "works at")])
+        store.upsert_nodes(scope, [node("a", "Organization")])
+        query = "MATCH (n:Node {tenant: $tenant, dataset: $dataset}) RETURN n.id, labels(n) ORDER BY n.id"
+        rows = client.select_graph("kenning_labels").ro_query(query, scope.model_dump()).result_set
+        assert [(node_id, sorted(labels)) for node_id, labels in rows] == [
+            ("a", ["Node", "Organization"]),
+            ("b", ["Node", "works_at"]),
+        ]
+    finally:
+        client.close()
+        store.close()

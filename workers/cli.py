@@ -1,0 +1,182 @@
+"""The `kenning` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.errors import KenningError
+from pipeline.models import PipelineRun
+from retrieval.contract import SearchResult, SearchType
+from workers.memory import Kenning
+from workers.settings import load_settings
+
+console = Console(stderr=True)
+SAMPLES = Path(__file__).parent / "samples"
+DEMO_QUESTIONS = (
+    "Who founded the Harrow Point lighthouse keepers' guild?",
+    "Which ship ran aground near Harrow Point, and what happened to its cargo?",
+    "How did the lighthouse lamp change over the years?",
+)
+
+
+def open_memory(**overrides: Any) -> Kenning:
+    return Kenning(load_settings(**overrides))
+
+
+@contextmanager
+def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress callback drawing one bar per pipeline step."""
+    columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bars:
+        tasks: dict[str, Any] = {}
+
+        def advance(step: str, done: int, total: int) -> None:
+            if step not in tasks:
+                tasks[step] = bars.add_task(step, total=max(total, 1))
+            bars.update(tasks[step], completed=done if total else 1, total=max(total, 1))
+
+        yield advance
+
+
+@click.group()
+def main() -> None:
+    """kenning: long-term memory for AI agents (knowledge graph + vector index)."""
+
+
+@main.command("add")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--dataset", default=None, help="Dataset to add to (default: KENNING_DATASET or 'main').")
+def add_command(paths: tuple[str, ...], dataset: str | None) -> None:
+    """Add files, directories or - (stdin) to a dataset."""
+    with open_memory() as memory:
+        result = memory.add_paths(list(paths), dataset)
+    for path, error in result.errors.items():
+        console.print(f"[red]error[/red] {path}: {error}")
+    console.print(f"added {len(result.added)}, unchanged {len(result.unchanged)}, errors {len(result.errors)}")
+    if result.errors and not (result.added or result.unchanged):
+        sys.exit(1)
+
+
+@main.command("cognify")
+@click.option("--dataset", default=None)
+@click.option("--distributed", is_flag=True, help="Enqueue on the Celery workers and follow progress.")
+def cognify_command(dataset: str | None, distributed: bool) -> None:
+    """Build the knowledge graph and vector index of a dataset."""
+    with open_memory() as memory:
+        if distributed:
+            from workers.canvas import cognify_distributed
+
+            run = cognify_distributed(memory, dataset, console)
+        else:
+            with progress_bars() as advance:
+                run = memory.cognify(dataset, progress=advance)
+    print_run(run)
+    if run.status.value != "completed":
+        sys.exit(1)
+
+
+def print_run(run: PipelineRun) -> None:
+    figures = ", ".join(f"{name} {value}" for name, value in sorted(run.stats.items()))
+    console.print(f"run {run.id[:8]} {run.status.value}: {figures}")
+    if run.error:
+        console.print(f"[red]{run.error}[/red]")
+
+
+@main.command("search")
+@click.argument("query")
+@click.option("--type", "search_type", type=click.Choice([t.value for t in SearchType], case_sensitive=False),
+              default=SearchType.GRAPH_COMPLETION.value, show_default=True)
+@click.option("--dataset", "datasets", multiple=True, help="Dataset(s) to search (repeatable).")
+@click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--only-context", is_flag=True, help="Stop after retrieval; no LLM call.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def search_command(
+    query: str, search_type: str, datasets: tuple[str, ...], top_k: int, only_context: bool, as_json: bool
+) -> None:
+    """Search a dataset's memory."""
+    with open_memory() as memory:
+        result = memory.search(query, search_type.upper(), datasets=list(datasets) or None, top_k=top_k,
+                               only_context=only_context)
+    if as_json:
+        click.echo(json.dumps(result.model_dump(mode="json"), ensure_ascii=False))
+    else:
+        print_search(result)
+
+
+def print_search(result: SearchResult) -> None:
+    for number, hit in enumerate(result.results, 1):
+        click.echo(f"{number:>2}. [{hit.score:.3f}] {hit.text[:300]}")
+    if result.answer is not None:
+        click.echo(f"\nanswer: {result.answer}")
+    elif result.notice:
+        console.print(f"[yellow]{result.notice}[/yellow]")
+
+
+@main.command("status")
+@click.option("--dataset", default=None)
+@click.option("--json", "as_json", is_flag=True)
+def status_command(dataset: str | None, as_json: bool) -> None:
+    """Datasets, their items, recent runs and graph size."""
+    with open_memory() as memory:
+        status = memory.status(dataset)
+    if as_json:
+        click.echo(json.dumps({"datasets": status}, ensure_ascii=False))
+        return
+    table = Table("dataset", "items", "graph", "last run")
+    for entry in status:
+        items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
+        last = entry["runs"][0] if entry["runs"] else None
+        run = f"{last['status']} ({last['step']})" if last else "-"
+        table.add_row(entry["dataset"], items, f"{entry['graph']['nodes']} nodes, {entry['graph']['edges']} edges",
+                      run)
+    Console().print(table)
+
+
+@main.command("demo")
+@click.option("--home", default=None, help="Where to keep the demo's data (default: KENNING_HOME).")
+def demo_command(home: str | None) -> None:
+    """Ingest the bundled sample corpus and answer a few questions, offline."""
+    with open_memory(**({"home": Path(home)} if home else {})) as memory:
+        added = memory.add_paths([str(SAMPLES)], "demo")
+        console.print(f"added {len(added.added)} sample documents ({len(added.unchanged)} already there)")
+        with progress_bars() as advance:
+            print_run(memory.cognify("demo", progress=advance))
+        for question in DEMO_QUESTIONS:
+            result = memory.search(question, SearchType.GRAPH_COMPLETION, datasets=["demo"], top_k=5)
+            click.echo(f"\nQ: {question}")
+            for hit in result.results[:5]:
+                click.echo(f"   - {hit.text[:200]}")
+            click.echo(f"A: {result.answer}" if result.answer else "A: (no LLM configured: context shown above)")
+
+
+@main.command("worker")
+@click.option("--queues", default=None, help="Comma-separated queues (default: all kenning queues).")
+@click.option("--concurrency", default=2, show_default=True, type=int)
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker_command(queues: str | None, concurrency: int, loglevel: str) -> None:
+    """Start a Celery worker for the pipeline tasks."""
+    from workers.celery_app import run_worker
+
+    run_worker(queues, concurrency, loglevel)
+
+
+def run() -> None:
+    try:
+        main(standalone_mode=True)
+    except KenningError as error:
+        console.print(f"[red]error:[/red] {error}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()
