@@ -25,7 +25,7 @@ class PipelineConfig(BaseModel):
 
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     extract_batch: int = Field(default=8, ge=1, description="Chunks per extraction task")
-    load_batch: int = Field(default=256, ge=1, description="Chunks written per load batch")
+    load_batch: int = Field(default=32, ge=1, description="Chunks written per load batch")
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
 
 

@@ -93,7 +93,7 @@ class DataPoint(BaseModel):
 
     def properties(self) -> dict[str, Any]:
         """The node's own fields as flat values a graph store can hold."""
-        values = self.model_dump(exclude={"id", "tenant", "dataset", "source"}, mode="json")
+        values = self.model_dump(exclude={"id", "tenant", "dataset", "source", "data_ids"}, mode="json")
         if self.source:
             values.update(
                 source_data_id=self.source.data_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
 from pipeline.chunking import chunk_text
@@ -135,20 +136,32 @@ _EXTRACTABLE = frozenset({ChunkStatus.PENDING, ChunkStatus.FAILED})
 
 
 def load(services: Services, job: Job) -> dict[str, int]:
-    """Extracted chunks -> graph (nodes, then edges) and vector points, batch by batch."""
+    """Extracted chunks -> graph (nodes, then edges) and vector points, batch by batch.
+
+    Batches are pipelined: while one thread writes batch k to the stores, the caller's
+    thread assembles and embeds batch k+1. Writes stay in batch order, and a batch's
+    chunks are marked loaded only once it is written.
+    """
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
     totals: Counter[str] = Counter()
     if chunk_ids:
         for name in INDEXED_COLLECTIONS:
             services.vectors.ensure_collection(name, services.embedder.dimension)
-    for batch in chunked(chunk_ids, services.config.load_batch):
-        totals.update(_load_batch(services, job, batch))
-        services.chunks.set_chunk_status(batch, ChunkStatus.LOADED)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-writer") as writer:
+        pending: Future[Counter[str]] | None = None
+        for batch in chunked(chunk_ids, services.config.load_batch):
+            assembly = _assemble_batch(services, job, batch)
+            vectors = _embed(services, assembly)
+            if pending is not None:
+                totals.update(pending.result())
+            pending = writer.submit(_write_batch, services, job, batch, assembly, vectors)
+        if pending is not None:
+            totals.update(pending.result())
     _mark_items_done(services, job)
     return dict(totals)
 
 
-def _load_batch(services: Services, job: Job, chunk_ids: list[str]) -> Counter[str]:
+def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assembly:
     records = services.chunks.get_chunks(chunk_ids)
     documents = {d.id: d for d in services.chunks.list_documents(job.dataset_id, list({r.data_id for r in records}))}
     extractor = services.extractor
@@ -157,31 +170,36 @@ def _load_batch(services: Services, job: Job, chunk_ids: list[str]) -> Counter[s
     data_ids = [document.data_id for document in documents.values()]
     items = {item.id: item.content_hash for item in services.metadata.get_items(data_ids)}
     batch = [(r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions]
-    assembly = assemble(job.run_id, job.scope, batch, items)
-    return _write(services, job, assembly)
+    return assemble(job.run_id, job.scope, batch, items)
 
 
-def _write(services: Services, job: Job, assembly: Assembly) -> Counter[str]:
+def _embed(services: Services, assembly: Assembly) -> dict[str, list[float]]:
+    """One vector per distinct indexed text of the batch."""
+    texts = list(dict.fromkeys(entry.text for entry in index_entries(assembly)))
+    return dict(zip(texts, services.embedder.embed(texts), strict=True))
+
+
+def _write_batch(
+    services: Services, job: Job, chunk_ids: list[str], assembly: Assembly, vectors: dict[str, list[float]]
+) -> Counter[str]:
+    counts = _write(services, job, assembly, vectors)
+    services.chunks.set_chunk_status(chunk_ids, ChunkStatus.LOADED)
+    return counts
+
+
+def _write(services: Services, job: Job, assembly: Assembly, vectors: dict[str, list[float]]) -> Counter[str]:
     services.graph.upsert_nodes(job.scope, [graph_node(node) for node in assembly.nodes.values()])
     services.graph.upsert_edges(
         job.scope, [graph_edge(edge, assembly.chunk_of[edge.id]) for edge in assembly.edges.values()]
     )
-    embedded = _index(services, job, assembly)
-    return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=embedded)
-
-
-def _index(services: Services, job: Job, assembly: Assembly) -> int:
-    entries = index_entries(assembly)
-    texts = list(dict.fromkeys(entry.text for entry in entries))
-    vectors = dict(zip(texts, services.embedder.embed(texts), strict=True))
     by_collection: dict[str, list[VectorPoint]] = {}
-    for entry in entries:
+    for entry in index_entries(assembly):
         point = VectorPoint(id=entry.point_id, vector=vectors[entry.text], payload=entry.payload)
         by_collection.setdefault(entry.collection, []).append(point)
     for collection, points in by_collection.items():
         services.vectors.ensure_collection(collection, services.embedder.dimension)
         services.vectors.upsert(job.scope, collection, points)
-    return len(texts)
+    return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=len(vectors))
 
 
 def _mark_items_done(services: Services, job: Job) -> None:
@@ -221,7 +239,7 @@ def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
         assembly.add_node(record, "")
     for edge in edges:
         assembly.add_edge(edge, "")
-    return dict(_write(services, job, assembly))
+    return dict(_write(services, job, assembly, _embed(services, assembly)))
 
 
 def _table_name(name: str) -> str:

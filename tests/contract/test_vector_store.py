@@ -153,6 +153,20 @@ def test_scopes_never_see_each_other(store: VectorStore, prefix: str) -> None:
     assert store.search(Scope(tenant="acme", dataset="empty"), name, [1.0, 0.0], limit=10) == []
 
 
+def test_a_small_scope_is_found_behind_a_crowd_of_closer_points(store: VectorStore, prefix: str) -> None:
+    # Given another dataset with 300 points right at the query, and ours with three far from it
+    name = prefix + "DocumentChunk_text"
+    store.ensure_collection(name, 2)
+    store.upsert(OTHER, name, [point(f"crowd{i}", [1.0, i / 1000]) for i in range(300)])
+    store.upsert(SCOPE, name, [point(f"ours{i}", [-i / 10, 1.0]) for i in range(3)])
+
+    # When our dataset searches near the crowd
+    hits = store.search(SCOPE, name, [1.0, 0.0], limit=2)
+
+    # Then it gets its own closest points, never the crowd
+    assert [h.id for h in hits] == [stable_id("test", "ours0"), stable_id("test", "ours1")]
+
+
 def test_the_scope_overrides_payload_fields_of_the_same_name(store: VectorStore, prefix: str) -> None:
     name = prefix + "Entity_name"
     store.ensure_collection(name, 2)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv and install kenning with its local-embedding and development extras.
+# torch is pinned first so pip takes the CPU build instead of a CUDA one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
+.venv/bin/python -m pip install --quiet -e ".[local,dev]"
+touch .venv/.installed
+echo "install: kenning is installed in .venv"

@@ -1,0 +1,117 @@
+"""Cognify on the Celery workers: the run's chain, built from the pipeline plan, and a progress view."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import chain
+from kombu.exceptions import OperationalError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from pipeline.context import Job, Services
+from pipeline.errors import TransientStoreError
+from pipeline.models import ChunkStatus, PipelineRun, RunStatus, Scope
+from pipeline.plan import PLAN, fail_run, start_run
+from workers.celery_app import app, configure_app
+from workers.memory import Kenning
+from workers.settings import Settings
+from workers.wiring import Wiring
+
+DEFAULT_TIMEOUT_S = 6 * 3600.0
+POLL_S = 0.5
+FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.ERRORED})
+
+
+def run_chain(job: Job) -> Any:
+    """The run as one Celery chain: begin, one task per plan step (fan-out steps as a chord), finish.
+
+    Every task gets `kenning.fail` as its error callback.
+    """
+    ids = job.model_dump(mode="json")
+    tasks = [app.signature("kenning.begin", args=(ids,))]
+    for step in PLAN:
+        if step.fan_out:
+            tasks.append(app.signature("kenning.fan_out", kwargs={"step": step.name}))
+        else:
+            tasks.append(app.signature(f"kenning.{step.name}"))
+    tasks.append(app.signature("kenning.finish"))
+    return chain(*tasks).on_error(app.signature("kenning.fail", args=(ids,)))
+
+
+def enqueue(services: Services, settings: Settings, scope: Scope) -> Job:
+    """Create a run of the dataset and send its chain to the workers; the run waits there for the lock."""
+    configure_app(app, settings)
+    job = start_run(services, scope)
+    try:
+        run_chain(job).apply_async()
+    except OperationalError as exc:
+        fail_run(services, job, f"the broker did not take the run: {exc}")
+        raise TransientStoreError(f"the broker at {settings.broker_url} did not take the run: {exc}") from exc
+    return job
+
+
+def enqueue_cognify(settings: Settings, scope: Scope) -> str:
+    """Enqueue a cognify run of the dataset on the workers; its id, to follow in the metadata store."""
+    wiring = Wiring(settings)
+    try:
+        return enqueue(wiring, settings, scope).run_id
+    finally:
+        wiring.close()
+
+
+def cognify_distributed(
+    memory: Kenning, dataset: str | None, console: Console, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> PipelineRun:
+    """Cognify the dataset on the workers, drawing its progress, until the run completes or errors.
+
+    A run that fails ends errored with the error's text. After `timeout_s` the run as it
+    stands (still started) is returned; the workers go on with it.
+    """
+    job = enqueue(memory.wiring, memory.settings, memory.scope(dataset))
+    console.print(f"run {job.run_id[:8]} of dataset {job.dataset!r} sent to the workers")
+    return follow(memory.wiring, job, console, timeout_s)
+
+
+def follow(services: Services, job: Job, console: Console, timeout_s: float) -> PipelineRun:
+    """Poll the run and its chunks until the run is finished, or `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    columns = (TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bars:
+        steps = bars.add_task("starting", total=len(PLAN))
+        chunks = bars.add_task("chunks extracted", total=None)
+        while True:
+            run = current_run(services, job)
+            draw(bars, steps, chunks, run, chunk_counts(services, job))
+            if run.status in FINISHED:
+                return run
+            if time.monotonic() >= deadline:
+                console.print(f"run {job.run_id[:8]} is still {run.status.value} after {timeout_s:.0f} s; "
+                              "the workers go on with it (`kenning status` follows it)")
+                return run
+            time.sleep(POLL_S)
+
+
+def current_run(services: Services, job: Job) -> PipelineRun:
+    run = services.metadata.get_run(job.run_id)
+    if run is None:
+        raise LookupError(f"pipeline run {job.run_id} does not exist")
+    return run
+
+
+def chunk_counts(services: Services, job: Job) -> dict[ChunkStatus, int]:
+    return {status: len(services.chunks.list_chunk_ids(job.dataset_id, status)) for status in ChunkStatus}
+
+
+def draw(
+    bars: Progress, steps: TaskID, chunks: TaskID, run: PipelineRun, counts: dict[ChunkStatus, int]
+) -> None:
+    names = [step.name for step in PLAN]
+    done = names.index(run.step) + 1 if run.step in names else 0
+    upcoming = names[done] if done < len(names) else "finish"
+    label = run.status.value if run.status in FINISHED else (upcoming if run.step else "starting")
+    bars.update(steps, completed=done, description=label)
+    total = sum(counts.values())
+    extracted = counts[ChunkStatus.EXTRACTED] + counts[ChunkStatus.LOADED]
+    bars.update(chunks, completed=extracted, total=total or None)

@@ -1,0 +1,232 @@
+"""The Celery app of the distributed pipeline, and how to start its workers.
+
+Only the `app` object is made at import time. It reads the settings (`KENNING_*`) the
+first time its configuration is needed, or takes them from `configure_app`; each worker
+process opens its stores lazily, on its first task, and closes them when it exits.
+
+Queues (`<prefix>` is `KENNING_QUEUE_PREFIX`, default `kenning`):
+
+- `<prefix>.pipeline`: begin, classify, chunk, fan-out, gather, finish (metadata store only)
+- `<prefix>.extract`: one task per batch of chunks (metadata store and the LLM)
+- `<prefix>.load`: load and fk-edges, the only tasks that open the graph and vector stores
+- `<prefix>.query`: reserved for query tasks
+
+Every worker needs the same settings as the process that enqueues work: the metadata
+database (`KENNING_METADATA_URL`, PostgreSQL), the broker and result backend
+(`KENNING_BROKER_URL`, `KENNING_RESULT_BACKEND`), `KENNING_REDIS_URL` for the dataset
+lock, and a `KENNING_HOME` whose `blobs/` folder is shared with the process that adds data.
+Start each worker type with `kenning worker` (or the equivalent `celery` command):
+
+    # pipeline steps and extraction: any number of these, on any hosts
+    kenning worker --queues pipeline,extract --concurrency 4
+    # extraction only, to add LLM throughput
+    kenning worker --queues extract --concurrency 8
+    # graph and vector writes
+    kenning worker --queues load --concurrency 2
+    # the same worker through celery itself (full queue names)
+    celery -A workers.celery_app worker -Q kenning.pipeline,kenning.extract -c 4
+
+With a Qdrant server (`KENNING_QDRANT_URL`) load workers scale like the others. Without
+one, vectors live in Qdrant local mode under `KENNING_HOME/qdrant`, which admits a single
+client per path: run exactly one load worker, and `kenning worker` then runs it as one
+process with a thread pool (with `celery ... worker` pass `--pool threads` yourself).
+Extraction workers never open the vector store, so they may run anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
+
+from pipeline.errors import ConfigError
+from storage.lock import RedisLock
+from workers.settings import Settings, load_settings
+from workers.wiring import Wiring
+
+QUEUE_KINDS = ("pipeline", "extract", "load", "query")
+# Tasks that open the graph and vector stores run on the load queue only, so that a
+# Qdrant local path is opened by the one process that consumes that queue.
+TASK_QUEUES = {"kenning.extract": "extract", "kenning.load": "load", "kenning.fk_edges": "load"}
+BROKER_VISIBILITY_TIMEOUT_S = 2 * 3600
+MAX_TASKS_PER_CHILD = 500
+RESULT_EXPIRY_S = 24 * 3600
+
+
+class Resources:
+    """What the tasks of one worker process share: the wiring (every port) and the dataset lock."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.wiring = Wiring(settings)
+        self._client: redis.Redis | None = None
+        self._lock: RedisLock | None = None
+        self._mutex = threading.Lock()
+
+    @property
+    def lock(self) -> RedisLock:
+        with self._mutex:
+            if self._lock is None:
+                self._client = redis.Redis.from_url(self.settings.redis_url)
+                self._lock = open_lock(self._client, self.settings)
+            return self._lock
+
+    def close(self) -> None:
+        self.wiring.close()
+        with self._mutex:
+            if self._client is not None:
+                self._client.close()
+            self._client, self._lock = None, None
+
+
+def open_lock(client: redis.Redis, settings: Settings) -> RedisLock:
+    """The dataset lock; its keys carry the queue prefix so that deployments sharing a Redis stay apart."""
+    return RedisLock(client, prefix=f"{settings.queue_prefix}:lock:")
+
+
+class KenningCelery(Celery):  # type: ignore[misc]  # celery ships no type hints
+    """The Celery app: configured from the settings on first use, one `Resources` per process."""
+
+    def __init__(self) -> None:
+        super().__init__("kenning", include=["workers.tasks"])
+        self._settings: Settings | None = None
+        self._resources: Resources | None = None
+        self._resources_mutex = threading.Lock()
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self.on_configure()
+        assert self._settings is not None
+        return self._settings
+
+    def on_configure(self) -> None:
+        """Called by Celery the first time the configuration is read."""
+        if self._settings is None:
+            self._settings = load_settings()
+            self.config_from_object(celery_config(self._settings))
+
+    def use_settings(self, settings: Settings) -> None:
+        if self._settings is not None and self._settings != settings:
+            raise ConfigError("the Celery app is already configured with other settings; "
+                              "one process serves one configuration")
+        if self._settings is None:
+            self._settings = settings
+            self.config_from_object(celery_config(settings))
+
+    def resources(self) -> Resources:
+        """This process's stores and lock, opened on first use."""
+        with self._resources_mutex:
+            if self._resources is None:
+                self._resources = Resources(self.settings)
+            return self._resources
+
+    def forget_resources(self) -> None:
+        """Drop resources inherited through fork without closing them: they belong to the parent."""
+        with self._resources_mutex:
+            self._resources = None
+
+    def close_resources(self) -> None:
+        with self._resources_mutex:
+            resources, self._resources = self._resources, None
+        if resources is not None:
+            resources.close()
+
+
+app = KenningCelery()
+
+
+def configure_app(celery: KenningCelery, settings: Settings) -> None:
+    """Configure the app from `settings` before its first use; other settings later are a `ConfigError`."""
+    celery.use_settings(settings)
+
+
+def queue_name(settings: Settings, kind: str) -> str:
+    return f"{settings.queue_prefix}.{kind}"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery settings: acknowledge late, prefetch one, JSON only, long visibility timeout."""
+    routes = {task: {"queue": queue_name(settings, kind)} for task, kind in TASK_QUEUES.items()}
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # A task is acknowledged once done, so a worker lost mid-task has its task redelivered;
+        # the broker redelivers unacknowledged tasks after the visibility timeout, which must
+        # outlast the longest task.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S},
+        "broker_connection_retry_on_startup": True,
+        "worker_max_tasks_per_child": MAX_TASKS_PER_CHILD,
+        "result_expires": RESULT_EXPIRY_S,
+        "task_default_queue": queue_name(settings, "pipeline"),
+        "task_routes": routes,
+        "task_track_started": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+    }
+
+
+def worker_queues(settings: Settings, queues: str | None) -> list[str]:
+    """Full queue names from a comma-separated list of kinds (`pipeline,extract`) or names; None = all."""
+    if not queues:
+        return [queue_name(settings, kind) for kind in QUEUE_KINDS]
+    names = []
+    for entry in (part.strip() for part in queues.split(",")):
+        if entry in QUEUE_KINDS:
+            names.append(queue_name(settings, entry))
+        elif entry:
+            names.append(entry)
+    return names
+
+
+def run_worker(queues: str | None, concurrency: int, loglevel: str) -> None:
+    """Run a worker in this process until it is stopped (SIGTERM: finish current tasks, then exit)."""
+    settings = load_settings()
+    configure_app(app, settings)
+    names = worker_queues(settings, queues)
+    argv = [
+        "worker",
+        f"--queues={','.join(names)}",
+        f"--concurrency={concurrency}",
+        f"--loglevel={loglevel}",
+        f"--hostname={_node_name(names)}",
+    ]
+    if queue_name(settings, "load") in names and not settings.qdrant_url:
+        # Qdrant local mode admits one client per path: one process, its tasks on threads.
+        argv.append("--pool=threads")
+    app.worker_main(argv)
+
+
+def _node_name(queues: list[str]) -> str:
+    kinds = "+".join(name.rsplit(".", 1)[-1] for name in queues)
+    return f"kenning-{kinds}-{os.getpid()}@{socket.gethostname()}"
+
+
+def _on_process_start(**_: object) -> None:
+    app.forget_resources()
+
+
+def _on_process_exit(**_: object) -> None:
+    app.close_resources()
+
+
+def _on_worker_exit(**_: object) -> None:
+    app.close_resources()
+
+
+worker_process_init.connect(_on_process_start)
+worker_process_shutdown.connect(_on_process_exit)
+worker_shutdown.connect(_on_worker_exit)
