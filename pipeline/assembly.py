@@ -73,19 +73,27 @@ def assemble(
     assembly = Assembly()
     for record, document, extraction in chunks:
         source = Provenance(
-            data_id=record.data_id, content_hash=content_hashes.get(record.data_id, ""),
-            run_id=run_id, task="load",
+            data_id=record.data_id,
+            content_hash=content_hashes.get(record.data_id, ""),
+            run_id=run_id,
+            task="load",
         )
         _add_chunk(assembly, scope, source, record, document, extraction)
     return assembly
 
 
 def _add_chunk(
-    assembly: Assembly, scope: Scope, source: Provenance,
-    record: ChunkRecord, document: DocumentRecord, extraction: Extraction,
+    assembly: Assembly,
+    scope: Scope,
+    source: Provenance,
+    record: ChunkRecord,
+    document: DocumentRecord,
+    extraction: Extraction,
 ) -> None:
     common: dict[str, Any] = {"tenant": scope.tenant, "dataset": scope.dataset, "source": source}
-    doc = Document(name=document.name, kind=document.kind, data_id=document.data_id, mime=document.mime, **common)
+    doc = Document(
+        name=document.name, kind=document.kind, data_id=document.data_id, mime=document.mime, **common
+    )
     chunk = Chunk(
         text=record.text, index=record.index, document_id=doc.id, token_count=record.token_count, **common
     )
@@ -100,8 +108,12 @@ def _add_chunk(
 
 
 def _add_knowledge(
-    assembly: Assembly, scope: Scope, source: Provenance,
-    chunk_id: str, extraction: Extraction, common: dict[str, Any],
+    assembly: Assembly,
+    scope: Scope,
+    source: Provenance,
+    chunk_id: str,
+    extraction: Extraction,
+    common: dict[str, Any],
 ) -> None:
     ids: dict[str, str] = {}
     for node in extraction.graph.nodes:
@@ -121,20 +133,33 @@ def _add_knowledge(
         target_id = ids.get(fact.target) or ids.get(normalize_name(fact.target))
         if source_id and target_id and source_id != target_id:
             edge = Edge(
-                source_id=source_id, target_id=target_id, relationship=relation_name(fact.relationship),
-                description=fact.description.strip(), data_ids=[source.data_id],
-                tenant=scope.tenant, dataset=scope.dataset,
+                source_id=source_id,
+                target_id=target_id,
+                relationship=relation_name(fact.relationship),
+                description=fact.description.strip(),
+                data_ids=[source.data_id],
+                tenant=scope.tenant,
+                dataset=scope.dataset,
             )
             assembly.add_edge(edge, chunk_id)
 
 
 def _link(
-    assembly: Assembly, scope: Scope, source: Provenance,
-    source_id: str, target_id: str, relationship: str, chunk_id: str,
+    assembly: Assembly,
+    scope: Scope,
+    source: Provenance,
+    source_id: str,
+    target_id: str,
+    relationship: str,
+    chunk_id: str,
 ) -> None:
     edge = Edge(
-        source_id=source_id, target_id=target_id, relationship=relationship,
-        data_ids=[source.data_id], tenant=scope.tenant, dataset=scope.dataset,
+        source_id=source_id,
+        target_id=target_id,
+        relationship=relationship,
+        data_ids=[source.data_id],
+        tenant=scope.tenant,
+        dataset=scope.dataset,
     )
     assembly.add_edge(edge, chunk_id)
 
@@ -146,8 +171,12 @@ def graph_node(node: DataPoint) -> GraphNode:
 def graph_edge(edge: Edge, chunk_id: str) -> GraphEdge:
     properties: dict[str, Any] = {"description": edge.description, "chunk_id": chunk_id}
     return GraphEdge(
-        id=edge.id, source_id=edge.source_id, target_id=edge.target_id,
-        relationship=edge.relationship, properties=properties, data_ids=edge.data_ids,
+        id=edge.id,
+        source_id=edge.source_id,
+        target_id=edge.target_id,
+        relationship=edge.relationship,
+        properties=properties,
+        data_ids=edge.data_ids,
     )
 
 
@@ -173,17 +202,25 @@ def index_entries(assembly: Assembly) -> list[IndexEntry]:
     for edge in assembly.edges.values():
         if edge.description:
             payload = {
-                "text": edge.description, "type": "Edge", "source_id": edge.source_id,
-                "target_id": edge.target_id, "relationship": edge.relationship,
-                "chunk_id": assembly.chunk_of[edge.id], "data_ids": edge.data_ids,
+                "text": edge.description,
+                "type": "Edge",
+                "source_id": edge.source_id,
+                "target_id": edge.target_id,
+                "relationship": edge.relationship,
+                "chunk_id": assembly.chunk_of[edge.id],
+                "data_ids": edge.data_ids,
             }
             entries.append(IndexEntry("Edge_description", edge.id, edge.description, payload))
     return entries
 
 
 def _payload(node: DataPoint, text: str, chunk_id: str) -> dict[str, Any]:
-    payload: dict[str, Any] = {"text": text, "type": node.type_name(), "chunk_id": chunk_id,
-                               "data_ids": node.data_ids}
+    payload: dict[str, Any] = {
+        "text": text,
+        "type": node.type_name(),
+        "chunk_id": chunk_id,
+        "data_ids": node.data_ids,
+    }
     if isinstance(node, Chunk):
         payload.update(document_id=node.document_id, index=node.index)
     return payload

@@ -62,7 +62,14 @@ class DataPoint(BaseModel):
     identity: ClassVar[tuple[str, ...]] = ()
     index_fields: ClassVar[tuple[str, ...]] = ()
     structural: ClassVar[tuple[str, ...]] = (
-        "id", "tenant", "dataset", "created_at", "updated_at", "source", "data_ids", "node_sets",
+        "id",
+        "tenant",
+        "dataset",
+        "created_at",
+        "updated_at",
+        "source",
+        "data_ids",
+        "node_sets",
     )
 
     id: str = ""

@@ -35,7 +35,11 @@ log = logging.getLogger(__name__)
 
 STRUCTURED_KINDS = frozenset({"csv", "json"})
 INDEXED_COLLECTIONS = (
-    "DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name", "Edge_description",
+    "DocumentChunk_text",
+    "TextSummary_text",
+    "Entity_name",
+    "EntityType_name",
+    "Edge_description",
 )
 
 
@@ -52,7 +56,11 @@ def classify(services: Services, job: Job) -> dict[str, int]:
     for document in documents:
         services.metadata.set_item_status(document.data_id, ItemStatus.CLASSIFIED)
     structured = sum(1 for document in documents if document.kind in STRUCTURED_KINDS)
-    return {"documents": len(documents), "failed_items": len(items) - len(documents), "structured": structured}
+    return {
+        "documents": len(documents),
+        "failed_items": len(items) - len(documents),
+        "structured": structured,
+    }
 
 
 def _classify_item(services: Services, job: Job, item: DataItem) -> DocumentRecord:
@@ -85,19 +93,34 @@ def chunk(services: Services, job: Job) -> list[str]:
     return pending + services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.FAILED)
 
 
-def _chunk_document(services: Services, job: Job, item: DataItem, document: DocumentRecord) -> list[ChunkRecord]:
+def _chunk_document(
+    services: Services, job: Job, item: DataItem, document: DocumentRecord
+) -> list[ChunkRecord]:
     # NUL characters survive some formats (JSON escapes, PDFs) and PostgreSQL text cannot hold them.
     text = extract_text(document.kind, services.blobs.get(item.content_hash)).replace("\x00", "")
     pieces = chunk_text(text, services.config.chunking)
     records = []
     for index, piece in enumerate(pieces):
         chunk_id = Chunk(
-            text="", index=index, document_id=document.id, token_count=0, tenant=job.tenant, dataset=job.dataset
+            text="",
+            index=index,
+            document_id=document.id,
+            token_count=0,
+            tenant=job.tenant,
+            dataset=job.dataset,
         ).id
-        records.append(ChunkRecord(
-            id=chunk_id, dataset_id=job.dataset_id, document_id=document.id, data_id=item.id, index=index,
-            text=piece.text, token_count=piece.token_count, text_hash=content_hash(piece.text.encode()),
-        ))
+        records.append(
+            ChunkRecord(
+                id=chunk_id,
+                dataset_id=job.dataset_id,
+                document_id=document.id,
+                data_id=item.id,
+                index=index,
+                text=piece.text,
+                token_count=piece.token_count,
+                text_hash=content_hash(piece.text.encode()),
+            )
+        )
     return records
 
 
@@ -163,13 +186,17 @@ def load(services: Services, job: Job) -> dict[str, int]:
 
 def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assembly:
     records = services.chunks.get_chunks(chunk_ids)
-    documents = {d.id: d for d in services.chunks.list_documents(job.dataset_id, list({r.data_id for r in records}))}
+    documents = {
+        d.id: d for d in services.chunks.list_documents(job.dataset_id, list({r.data_id for r in records}))
+    }
     extractor = services.extractor
     keys = {r.id: extraction_key(extractor.model, extractor.prompt_version, r.text_hash) for r in records}
     extractions = services.cache.get_extractions(list(set(keys.values())))
     data_ids = [document.data_id for document in documents.values()]
     items = {item.id: item.content_hash for item in services.metadata.get_items(data_ids)}
-    batch = [(r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions]
+    batch = [
+        (r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions
+    ]
     return assemble(job.run_id, job.scope, batch, items)
 
 

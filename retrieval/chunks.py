@@ -17,11 +17,17 @@ class ChunksRetriever:
         for scope in request.scopes:
             for point in self._ports.vectors.search(scope, CHUNK_COLLECTION, vector, request.top_k):
                 data_ids = point.payload.get("data_ids") or [None]
-                hits.append(Hit(
-                    text=str(point.payload.get("text", "")), score=point.score, kind="chunk",
-                    dataset=scope.dataset, data_id=data_ids[0],
-                    document_id=point.payload.get("document_id"), chunk_id=point.id,
-                ))
+                hits.append(
+                    Hit(
+                        text=str(point.payload.get("text", "")),
+                        score=point.score,
+                        kind="chunk",
+                        dataset=scope.dataset,
+                        data_id=data_ids[0],
+                        document_id=point.payload.get("document_id"),
+                        chunk_id=point.id,
+                    )
+                )
         return sorted(hits, key=lambda hit: hit.score)[: request.top_k]
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:

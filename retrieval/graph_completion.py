@@ -68,7 +68,9 @@ class GraphCompletionRetriever:
         seeds = sorted((set(fragment.node_distance) | endpoints) - {""})
         for edge in self._ports.graph.get_edges(scope, seeds):
             fragment.edges[edge.id] = edge
-        node_ids = {e.source_id for e in fragment.edges.values()} | {e.target_id for e in fragment.edges.values()}
+        node_ids = {e.source_id for e in fragment.edges.values()} | {
+            e.target_id for e in fragment.edges.values()
+        }
         fragment.nodes = {node.id: node for node in self._ports.graph.get_nodes(scope, sorted(node_ids))}
         return fragment
 
@@ -77,10 +79,18 @@ class GraphCompletionRetriever:
         chunk = fragment.nodes.get(chunk_id) if chunk_id else None
         document_id = chunk.properties.get("document_id") if chunk else None
         return Hit(
-            text=render_triplet(fragment, edge), score=score, kind="edge", dataset=scope.dataset,
+            text=render_triplet(fragment, edge),
+            score=score,
+            kind="edge",
+            dataset=scope.dataset,
             data_id=edge.data_ids[0] if edge.data_ids else None,
-            document_id=str(document_id) if document_id else None, chunk_id=chunk_id or None,
-            extra={"source_id": edge.source_id, "target_id": edge.target_id, "relationship": edge.relationship},
+            document_id=str(document_id) if document_id else None,
+            chunk_id=chunk_id or None,
+            extra={
+                "source_id": edge.source_id,
+                "target_id": edge.target_id,
+                "relationship": edge.relationship,
+            },
         )
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:

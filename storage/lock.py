@@ -42,7 +42,7 @@ class RedisLock:
     def acquire(self, name: str, ttl_s: float) -> int | None:
         keys = [self._prefix + name, self._prefix + name + ":fence"]
         token = self._call(self._acquire, keys, [int(ttl_s * 1000)])
-        return int(token) if token is not None else None
+        return int(str(token)) if token is not None else None
 
     def extend(self, name: str, token: int, ttl_s: float) -> bool:
         return bool(self._call(self._extend, [self._prefix + name], [token, int(ttl_s * 1000)]))

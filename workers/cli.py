@@ -62,7 +62,9 @@ def add_command(paths: tuple[str, ...], dataset: str | None) -> None:
         result = memory.add_paths(list(paths), dataset)
     for path, error in result.errors.items():
         console.print(f"[red]error[/red] {path}: {error}")
-    console.print(f"added {len(result.added)}, unchanged {len(result.unchanged)}, errors {len(result.errors)}")
+    console.print(
+        f"added {len(result.added)}, unchanged {len(result.unchanged)}, errors {len(result.errors)}"
+    )
     if result.errors and not (result.added or result.unchanged):
         sys.exit(1)
 
@@ -94,8 +96,13 @@ def print_run(run: PipelineRun) -> None:
 
 @main.command("search")
 @click.argument("query")
-@click.option("--type", "search_type", type=click.Choice([t.value for t in SearchType], case_sensitive=False),
-              default=SearchType.GRAPH_COMPLETION.value, show_default=True)
+@click.option(
+    "--type",
+    "search_type",
+    type=click.Choice([t.value for t in SearchType], case_sensitive=False),
+    default=SearchType.GRAPH_COMPLETION.value,
+    show_default=True,
+)
 @click.option("--dataset", "datasets", multiple=True, help="Dataset(s) to search (repeatable).")
 @click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--only-context", is_flag=True, help="Stop after retrieval; no LLM call.")
@@ -105,8 +112,13 @@ def search_command(
 ) -> None:
     """Search a dataset's memory."""
     with open_memory() as memory:
-        result = memory.search(query, search_type.upper(), datasets=list(datasets) or None, top_k=top_k,
-                               only_context=only_context)
+        result = memory.search(
+            query,
+            search_type.upper(),
+            datasets=list(datasets) or None,
+            top_k=top_k,
+            only_context=only_context,
+        )
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), ensure_ascii=False))
     else:
@@ -137,8 +149,9 @@ def status_command(dataset: str | None, as_json: bool) -> None:
         items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
         last = entry["runs"][0] if entry["runs"] else None
         run = f"{last['status']} ({last['step']})" if last else "-"
-        table.add_row(entry["dataset"], items, f"{entry['graph']['nodes']} nodes, {entry['graph']['edges']} edges",
-                      run)
+        table.add_row(
+            entry["dataset"], items, f"{entry['graph']['nodes']} nodes, {entry['graph']['edges']} edges", run
+        )
     Console().print(table)
 
 
@@ -156,7 +169,9 @@ def demo_command(home: str | None) -> None:
             click.echo(f"\nQ: {question}")
             for hit in result.results[:5]:
                 click.echo(f"   - {hit.text[:200]}")
-            click.echo(f"A: {result.answer}" if result.answer else "A: (no LLM configured: context shown above)")
+            click.echo(
+                f"A: {result.answer}" if result.answer else "A: (no LLM configured: context shown above)"
+            )
 
 
 @main.command("worker")

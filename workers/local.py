@@ -23,8 +23,14 @@ class LocalRunner:
     """Runs the pipeline plan for one dataset at a time, under the dataset lock."""
 
     def __init__(
-        self, services: Services, lock: Lock, *, concurrency: int = 4, lock_ttl_s: float = 600.0,
-        plan: Sequence[Step] = PLAN, progress: ProgressCallback = _quiet,
+        self,
+        services: Services,
+        lock: Lock,
+        *,
+        concurrency: int = 4,
+        lock_ttl_s: float = 600.0,
+        plan: Sequence[Step] = PLAN,
+        progress: ProgressCallback = _quiet,
     ) -> None:
         self._services = services
         self._lock = lock
@@ -59,8 +65,9 @@ class LocalRunner:
         self._progress(step.name, 0, len(items))
         with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix=step.name) as pool:
             done = 0
-            for batch, result in zip(batches, pool.map(lambda b: step.run(self._services, job, b), batches),
-                                     strict=True):
+            for batch, result in zip(
+                batches, pool.map(lambda b: step.run(self._services, job, b), batches), strict=True
+            ):
                 results.append(result)
                 done += len(batch)
                 self._progress(step.name, done, len(items))

@@ -50,20 +50,32 @@ class Kenning:
 
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = _quiet) -> PipelineRun:
         runner = LocalRunner(
-            self.wiring, self.wiring.lock, concurrency=self.settings.concurrency,
-            lock_ttl_s=self.settings.lock_ttl_s, progress=progress,
+            self.wiring,
+            self.wiring.lock,
+            concurrency=self.settings.concurrency,
+            lock_ttl_s=self.settings.lock_ttl_s,
+            progress=progress,
         )
         return runner.run(self.scope(dataset))
 
     def search(
-        self, query: str, type: str | SearchType = SearchType.GRAPH_COMPLETION, *,
-        datasets: Sequence[str] | None = None, top_k: int = 10, only_context: bool = False,
+        self,
+        query: str,
+        type: str | SearchType = SearchType.GRAPH_COMPLETION,
+        *,
+        datasets: Sequence[str] | None = None,
+        top_k: int = 10,
+        only_context: bool = False,
         session_id: str | None = None,
     ) -> SearchResult:
         scopes = [self.scope(name) for name in (datasets or [self.settings.dataset])]
         request = SearchRequest(
-            query=query, type=SearchType(type), scopes=scopes, top_k=top_k,
-            only_context=only_context, session_id=session_id,
+            query=query,
+            type=SearchType(type),
+            scopes=scopes,
+            top_k=top_k,
+            only_context=only_context,
+            session_id=session_id,
         )
         return search(self.wiring, request)
 

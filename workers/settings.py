@@ -24,8 +24,11 @@ class Settings(BaseSettings):
 
     metadata_url: str = Field(default="", description="SQLAlchemy URL; default SQLite under home")
     graph_backend: Literal["sql", "memgraph", "falkordb"] = "sql"
-    graph_url: str = Field(default="", description="sql: SQLAlchemy URL (default metadata_url); "
-                           "memgraph: bolt://host:7687; falkordb: redis://host:port")
+    graph_url: str = Field(
+        default="",
+        description="sql: SQLAlchemy URL (default metadata_url); "
+        "memgraph: bolt://host:7687; falkordb: redis://host:port",
+    )
     graph_user: str = ""
     graph_password: str = ""
     graph_name: str = "kenning"

@@ -157,8 +157,10 @@ def open_graph(settings: Settings, engine: sa.Engine) -> GraphStore:
 def open_embedder(settings: Settings) -> Embedder:
     if settings.embedding_provider == "openai":
         return OpenAIEmbedder(
-            settings.embedding_url, settings.embedding_api_key or "unused",
-            settings.embedding_model, settings.embedding_dimension,
+            settings.embedding_url,
+            settings.embedding_api_key or "unused",
+            settings.embedding_model,
+            settings.embedding_dimension,
         )
     if settings.embedding_provider == "hash":
         return HashEmbedder(settings.embedding_dimension)
@@ -188,8 +190,11 @@ def llm_config(settings: Settings) -> Any:
     from storage.llm_openai import LLMConfig
 
     return LLMConfig(
-        base_url=settings.llm_url, api_key=settings.llm_api_key or "unused", model=settings.llm_model,
-        timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries,
+        base_url=settings.llm_url,
+        api_key=settings.llm_api_key or "unused",
+        model=settings.llm_model,
+        timeout_s=settings.llm_timeout_s,
+        max_retries=settings.llm_max_retries,
     )
 
 

@@ -15,10 +15,15 @@ from workers.local import LocalRunner
 SCOPE = Scope(tenant="t1", dataset="library")
 HOSTILE = "'}) DETACH DELETE n //"
 CORPUS = [
-    ("ada.txt", "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London.\n\n"
-                "Ada Lovelace wrote the first published algorithm in 1843."),
-    ("turing.txt", "Alan Turing worked at Bletchley Park during the war. Alan Turing proposed the "
-                   "Turing Test in 1950."),
+    (
+        "ada.txt",
+        "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London.\n\n"
+        "Ada Lovelace wrote the first published algorithm in 1843.",
+    ),
+    (
+        "turing.txt",
+        "Alan Turing worked at Bletchley Park during the war. Alan Turing proposed the Turing Test in 1950.",
+    ),
     ("hopper.md", "# Grace Hopper\n\nGrace Hopper built the first compiler at Remington Rand in 1952."),
 ]
 
@@ -63,8 +68,13 @@ def test_cognify_builds_graph_and_vectors() -> None:
     assert {"Ada Lovelace", "Charles Babbage", "Alan Turing", "Grace Hopper"} <= names
     relationships = {edge.relationship for edge in edges}
     assert {"is_part_of", "contains", "is_a", "made_from"} <= relationships
-    for collection in ("DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name",
-                       "Edge_description"):
+    for collection in (
+        "DocumentChunk_text",
+        "TextSummary_text",
+        "Entity_name",
+        "EntityType_name",
+        "Edge_description",
+    ):
         assert services.vectors.count(SCOPE, collection) > 0, collection
     assert stats["llm_calls"] == stats["chunks_to_extract"] > 0
     assert all(node.data_ids for node in nodes) and all(edge.data_ids for edge in edges)
@@ -77,7 +87,9 @@ def test_entity_shared_by_two_documents_is_one_node_with_both_sources() -> None:
     nodes, _ = services.graph.export(SCOPE)
     ada = [node for node in nodes if node.properties.get("name") == "Ada Lovelace"]
     assert len(ada) == 1
-    add(services.metadata, services.blobs, SCOPE, sources([("more.txt", "Ada Lovelace met Mary Somerville.")]))
+    add(
+        services.metadata, services.blobs, SCOPE, sources([("more.txt", "Ada Lovelace met Mary Somerville.")])
+    )
     cognify(services)
     nodes, _ = services.graph.export(SCOPE)
     ada = [node for node in nodes if node.properties.get("name") == "Ada Lovelace"]
@@ -122,8 +134,11 @@ def test_bad_items_are_recorded_and_the_rest_proceeds() -> None:
         Source(name="empty.txt", uri="test:empty", data=b""),
         Source(name="junk.bin", uri="test:junk", data=bytes(range(256)) * 20),
         Source(name="broken.txt", uri="test:broken", data=b"\xc3\x28\xe2\x82\x28\xf0\x28\x8c\xbc" * 60),
-        Source(name="hostile.txt", uri="test:hostile",
-               data=f"Ada Lovelace met {HOSTILE} Somebody in London.".encode()),
+        Source(
+            name="hostile.txt",
+            uri="test:hostile",
+            data=f"Ada Lovelace met {HOSTILE} Somebody in London.".encode(),
+        ),
         *sources(CORPUS[:1]),
     ]
     add(services.metadata, services.blobs, SCOPE, batch)
@@ -179,7 +194,12 @@ def test_structured_rows_get_foreign_key_edges() -> None:
     services = TwinServices()
     customers = "id,name\n1,Ada\n2,Grace\n"
     orders = "id,customer_id,item\n10,1,loom\n11,2,compiler\n12,9,nothing\n"
-    add(services.metadata, services.blobs, SCOPE, sources([("customers.csv", customers), ("orders.csv", orders)]))
+    add(
+        services.metadata,
+        services.blobs,
+        SCOPE,
+        sources([("customers.csv", customers), ("orders.csv", orders)]),
+    )
     stats = cognify(services)
     _, edges = services.graph.export(SCOPE)
     fk = [edge for edge in edges if edge.relationship == "customer_id"]
@@ -192,12 +212,16 @@ def test_chunks_and_graph_search_cite_their_sources() -> None:
     add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
     cognify(services)
     for kind in (SearchType.CHUNKS, SearchType.GRAPH_COMPLETION):
-        result = search(services, SearchRequest(query="Who built the first compiler?", type=kind, scopes=[SCOPE]))
+        result = search(
+            services, SearchRequest(query="Who built the first compiler?", type=kind, scopes=[SCOPE])
+        )
         assert result.results, kind
         assert result.answer is None and result.notice and "LLM" in result.notice
         top = result.results[0]
         assert top.chunk_id and top.document_id and top.data_id, kind
-    chunks = search(services, SearchRequest(query="Grace Hopper compiler", type=SearchType.CHUNKS, scopes=[SCOPE]))
+    chunks = search(
+        services, SearchRequest(query="Grace Hopper compiler", type=SearchType.CHUNKS, scopes=[SCOPE])
+    )
     assert "Grace Hopper" in chunks.results[0].text
 
 
@@ -207,7 +231,9 @@ def test_search_never_crosses_datasets() -> None:
     cognify(services)
     other = Scope(tenant="t1", dataset="empty")
     for kind in (SearchType.CHUNKS, SearchType.GRAPH_COMPLETION):
-        result = search(services, SearchRequest(query="Ada Lovelace", type=kind, scopes=[other], only_context=True))
+        result = search(
+            services, SearchRequest(query="Ada Lovelace", type=kind, scopes=[other], only_context=True)
+        )
         assert result.results == [] and result.context == ""
 
 
