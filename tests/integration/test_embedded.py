@@ -128,3 +128,23 @@ def test_fifty_megabyte_file_over_the_limit_fails_alone(env: Path) -> None:
     assert run.status.value == "completed"
     assert status["items"] == {"done": 1, "failed": 1}
     assert "over the limit" in status["errors"]["big.txt"]
+
+
+def test_an_llm_endpoint_extracts_and_answers(tmp_path: Path) -> None:
+    # Given the project's LLM simulator as the OpenAI-compatible endpoint
+    from workers.simulator import Simulator
+
+    with Simulator() as simulator:
+        settings = load_settings(
+            home=tmp_path / "home", embedding_provider="hash", llm_url=simulator.base_url, llm_api_key="test"
+        )
+        with Kenning(settings) as memory:
+            memory.add_text("Dorothy Hodgkin solved the structure of penicillin in 1945.")
+            # When the dataset is cognified and searched with completion
+            run = memory.cognify()
+            result = memory.search("What did Dorothy Hodgkin solve?", "GRAPH_COMPLETION")
+        calls = simulator.stats()["calls"]["chat"]
+    # Then extraction went through the endpoint and an answer came back
+    assert run.status.value == "completed" and run.stats["llm_calls"] == 1
+    assert calls == 2
+    assert result.answer and result.notice is None
