@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import sqlalchemy as sa
+
 ROOT = Path(__file__).resolve().parent.parent
-POSTGRES_ADMIN_URL = os.environ.get("KENNING_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES_ADMIN_URL = os.environ.get(
+    "KENNING_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 REDIS_URL = os.environ.get("KENNING_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
@@ -31,3 +38,19 @@ def ensure_services() -> None:
     result = subprocess.run(["bash", str(ROOT / "scripts" / "services.sh")], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"test servers are not available: {result.stdout}{result.stderr}")
+
+
+@contextmanager
+def scratch_database(prefix: str = "kenning_test") -> Iterator[str]:
+    """A new empty PostgreSQL database for the block, dropped after it; yields its URL."""
+    ensure_services()
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

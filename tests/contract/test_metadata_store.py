@@ -40,7 +40,7 @@ from storage.memory_metadata import MemoryMetadataStore
 from storage.metadata_schema import metadata
 from storage.metadata_sql import SqlMetadataStore, migrate
 from storage.sql_engine import open_engine
-from tests.services import POSTGRES_ADMIN_URL, ROOT, free_port
+from tests.services import ROOT, free_port, scratch_database
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 SQL_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -497,16 +497,8 @@ def test_driver_errors_do_not_leak_from_postgres(postgres_engine: sa.Engine, sco
 @pytest.fixture
 def fresh_postgres_url(postgres_url: str) -> Iterator[str]:
     """A database of its own, empty, for a migration from nothing."""
-    name = f"kenning_migrate_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database("kenning_migrate") as url:
+        yield url
 
 
 @pytest.mark.postgres

@@ -34,7 +34,9 @@ def invoke(*args: str, stdin: str | None = None) -> Result:
 def write_corpus(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "curie.md").write_text("# Marie Curie\n\nMarie Curie won the Nobel Prize in Physics in 1903.")
-    (folder / "bohr.txt").write_text("Niels Bohr founded the Institute for Theoretical Physics in Copenhagen.")
+    (folder / "bohr.txt").write_text(
+        "Niels Bohr founded the Institute for Theoretical Physics in Copenhagen."
+    )
     (folder / "empty.txt").write_text("")
     (folder / "hostile.txt").write_text(f"Ada Lovelace met {HOSTILE} Somebody in London.")
     return folder
@@ -56,7 +58,9 @@ def test_add_cognify_search_status_through_the_cli(env: Path) -> None:
     top = payload["results"][0]
     assert "Marie Curie" in top["text"] and top["document_id"] and top["chunk_id"] and top["score"] >= 0
 
-    graph = json.loads(invoke("search", "Niels Bohr", "--dataset", "science", "--only-context", "--json").output)
+    graph = json.loads(
+        invoke("search", "Niels Bohr", "--dataset", "science", "--only-context", "--json").output
+    )
     assert graph["type"] == "GRAPH_COMPLETION" and "Niels Bohr" in graph["context"]
 
     status = json.loads(invoke("status", "--dataset", "science", "--json").output)["datasets"][0]
