@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from pipeline.errors import InputError
 from pipeline.models import DataItem, Scope
-from pipeline.ports import BlobStore, MetadataStore
+from pipeline.ports import BlobStore, MetadataStore, ObjectSource
 
 
 class Source(BaseModel):
@@ -21,11 +21,13 @@ class Source(BaseModel):
     uri: str
     data: bytes
     mime: str = ""
+    version: str = ""
 
 
 class AddResult(BaseModel):
     added: list[DataItem] = []
     unchanged: list[DataItem] = []
+    skipped: list[str] = []
     errors: dict[str, str] = {}
 
 
@@ -34,7 +36,7 @@ def add(metadata: MetadataStore, blobs: BlobStore, scope: Scope, sources: Sequen
     dataset = metadata.ensure_dataset(scope)
     result = AddResult()
     for source in sources:
-        item = DataItem.of(dataset, source.name, source.uri, source.data, source.mime)
+        item = DataItem.of(dataset, source.name, source.uri, source.data, source.mime, source.version)
         blobs.put(item.content_hash, source.data)
         if metadata.add_item(item):
             result.added.append(item)
@@ -85,3 +87,37 @@ def _files(path: Path) -> Iterator[Path]:
         relative = file.relative_to(path)
         if file.is_file() and not any(part.startswith(".") for part in relative.parts):
             yield file
+
+
+def bucket_sources(
+    bucket: ObjectSource, base_uri: str, prefix: str, known: dict[str, str], result: AddResult, max_bytes: int
+) -> Iterator[Source]:
+    """Sources for every object under `prefix` whose version is not already stored.
+
+    `known` maps source URIs to the version stored for them; unchanged objects are
+    never downloaded and are listed in `result.skipped`. An object that cannot be read
+    is recorded in `result.errors` and the others proceed.
+    """
+    for stored in bucket.list_objects(prefix):
+        uri = f"{base_uri}/{stored.key}"
+        if stored.key.endswith("/"):
+            continue
+        if stored.etag and known.get(uri) == stored.etag:
+            result.skipped.append(uri)
+            continue
+        try:
+            data = bucket.read(stored.key, max_bytes)
+        except InputError as error:
+            result.errors[uri] = str(error)
+            continue
+        name = stored.key.rsplit("/", 1)[-1]
+        yield Source(
+            name=name, uri=uri, data=data, mime=mimetypes.guess_type(name)[0] or "", version=stored.etag
+        )
+
+
+def known_versions(metadata: MetadataStore, scope: Scope) -> dict[str, str]:
+    dataset = metadata.get_dataset(scope)
+    if dataset is None:
+        return {}
+    return {item.source: item.version for item in metadata.list_items(dataset.id) if item.version}

@@ -247,12 +247,15 @@ class DataItem(BaseModel):
     content_hash: str
     size: int
     mime: str = ""
+    version: str = ""
     status: ItemStatus = ItemStatus.PENDING
     error: str = ""
     created_at: datetime = Field(default_factory=utcnow)
 
     @classmethod
-    def of(cls, dataset: Dataset, name: str, source: str, data: bytes, mime: str = "") -> DataItem:
+    def of(
+        cls, dataset: Dataset, name: str, source: str, data: bytes, mime: str = "", version: str = ""
+    ) -> DataItem:
         digest = content_hash(data)
         return cls(
             id=stable_id(dataset.id, digest),
@@ -262,6 +265,7 @@ class DataItem(BaseModel):
             content_hash=digest,
             size=len(data),
             mime=mime,
+            version=version,
         )
 
 

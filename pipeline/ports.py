@@ -75,6 +75,29 @@ class BlobStore(Protocol):
     def exists(self, key: str) -> bool: ...
 
 
+class StoredObject(Protocol):
+    """One object of a bucket listing."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def etag(self) -> str: ...
+
+
+class ObjectSource(Protocol):
+    """A bucket of objects to add from (S3 or any S3-compatible store)."""
+
+    def list_objects(self, prefix: str) -> Iterator[StoredObject]:
+        """Every object under the prefix, page by page."""
+        ...
+
+    def read(self, key: str, max_bytes: int) -> bytes:
+        """The object's bytes, streamed; InputError when it is larger than `max_bytes`."""
+        ...
+
+
 class GraphStore(Protocol):
     """Nodes and edges of one or more scoped graphs.
 

@@ -56,6 +56,8 @@ data_items = sa.Table(
     sa.Column("content_hash", sa.String(128), nullable=False),
     sa.Column("size", sa.BigInteger(), nullable=False),
     sa.Column("mime", sa.String(255), nullable=False),
+    # The source's own version (an S3 ETag), to skip unchanged objects without reading them.
+    sa.Column("version", sa.String(255), nullable=False, server_default=""),
     sa.Column("status", sa.String(32), nullable=False),
     sa.Column("error", sa.Text(), nullable=False),
     sa.Column("created_at", UtcDateTime(), nullable=False),

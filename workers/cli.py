@@ -57,7 +57,7 @@ def main() -> None:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--dataset", default=None, help="Dataset to add to (default: KENNING_DATASET or 'main').")
 def add_command(paths: tuple[str, ...], dataset: str | None) -> None:
-    """Add files, directories or - (stdin) to a dataset."""
+    """Add files, directories, - (stdin) or s3://bucket/prefix to a dataset."""
     with open_memory() as memory:
         result = memory.add_paths(list(paths), dataset)
     for path, error in result.errors.items():
@@ -65,7 +65,7 @@ def add_command(paths: tuple[str, ...], dataset: str | None) -> None:
     console.print(
         f"added {len(result.added)}, unchanged {len(result.unchanged)}, errors {len(result.errors)}"
     )
-    if result.errors and not (result.added or result.unchanged):
+    if result.errors and not (result.added or result.unchanged or result.skipped):
         sys.exit(1)
 
 

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
-from pipeline.ingest import AddResult, Source, add, path_sources, text_source
+from pipeline.ingest import (
+    AddResult,
+    Source,
+    add,
+    bucket_sources,
+    known_versions,
+    path_sources,
+    text_source,
+)
 from pipeline.models import PipelineRun, Scope
 from retrieval.contract import SearchRequest, SearchResult, SearchType
 from retrieval.registry import search
@@ -42,11 +51,34 @@ class Kenning:
         return self.add([text_source(text, name)], dataset)
 
     def add_paths(self, paths: Sequence[str], dataset: str | None = None) -> AddResult:
-        """Add files, directories and `-` (stdin); unreadable paths are reported, not raised."""
+        """Add files, directories, `-` (stdin) and `s3://bucket/prefix` URIs.
+
+        Unreadable paths and objects are reported in the result, not raised.
+        """
         errors: dict[str, str] = {}
-        result = self.add(list(path_sources(paths, errors)), dataset)
+        local = [path for path in paths if not path.startswith("s3://")]
+        result = self.add(list(path_sources(local, errors)), dataset)
         result.errors.update(errors)
+        for uri in (path for path in paths if path.startswith("s3://")):
+            self._add_bucket(uri, dataset, result)
         return result
+
+    def _add_bucket(self, uri: str, dataset: str | None, result: AddResult) -> None:
+        from storage.s3 import S3Source, parse_s3_uri
+
+        bucket, prefix = parse_s3_uri(uri)
+        source = S3Source(bucket, self.settings.s3_endpoint_url or None)
+        known = known_versions(self.wiring.metadata, self.scope(dataset))
+        found = AddResult()
+        sources = bucket_sources(
+            source, f"s3://{bucket}", prefix, known, found, self.settings.max_document_bytes
+        )
+        for batch in batched(sources, 64):
+            added = self.add(batch, dataset)
+            result.added += added.added
+            result.unchanged += added.unchanged
+        result.skipped += found.skipped
+        result.errors.update(found.errors)
 
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = _quiet) -> PipelineRun:
         runner = LocalRunner(
@@ -109,3 +141,10 @@ class Kenning:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def batched(sources: Iterable[Source], size: int) -> Iterator[list[Source]]:
+    """Bounded lists, so a large bucket is never held in memory whole."""
+    iterator = iter(sources)
+    while batch := list(islice(iterator, size)):
+        yield batch

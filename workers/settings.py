@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     vector_backend: Literal["qdrant"] = "qdrant"
     qdrant_url: str = Field(default="", description="A Qdrant server; empty = local mode under home")
     qdrant_api_key: str = ""
+    s3_endpoint_url: str = Field(default="", description="Any S3-compatible store; empty = boto3's own")
 
     embedding_provider: Literal["local", "openai", "hash"] = "local"
     embedding_url: str = ""
