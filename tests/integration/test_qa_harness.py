@@ -1,0 +1,34 @@
+"""The QA harness runs end to end against the project's LLM simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.qa import DATA, evaluate, exact_match, token_f1
+from workers.settings import load_settings
+from workers.simulator import Simulator
+
+
+def test_answer_scores() -> None:
+    assert exact_match("The Eiffel Tower!", "eiffel tower") == 1.0
+    assert exact_match("Paris, France", "Paris") == 0.0
+    assert token_f1("Paris, France", "Paris") == pytest.approx(2 / 3)
+    assert token_f1("", "Paris") == 0.0
+
+
+@pytest.mark.skipif(
+    not (DATA / "hotpotqa_100").exists(), reason="../shared/data is not beside the repository"
+)
+@pytest.mark.parametrize("name", ["hotpotqa", "cognee_hotpot"])
+def test_harness_scores_every_question_with_the_simulator(name: str, tmp_path: Path) -> None:
+    with Simulator() as simulator:
+        settings = load_settings(
+            home=tmp_path, embedding_provider="hash", llm_url=simulator.base_url, llm_api_key="test"
+        )
+        figures = evaluate(settings, name, 2, "GRAPH_COMPLETION", documents=20)
+        chat_calls = simulator.stats()["calls"]["chat"]
+    assert figures["questions"] == 2 and 0.0 <= float(figures["f1"]) <= 1.0  # type: ignore[arg-type]
+    assert all(row["answer"] for row in figures["rows"])  # type: ignore[attr-defined]
+    assert chat_calls >= 2
