@@ -19,7 +19,6 @@ from workers.memory import Kenning
 from workers.settings import Settings
 from workers.wiring import Wiring
 
-DEFAULT_TIMEOUT_S = 6 * 3600.0
 POLL_S = 0.5
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.ERRORED})
 
@@ -62,7 +61,7 @@ def enqueue_cognify(settings: Settings, scope: Scope) -> str:
 
 
 def cognify_distributed(
-    memory: Kenning, dataset: str | None, console: Console, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    memory: Kenning, dataset: str | None, console: Console, *, timeout_s: float | None = None
 ) -> PipelineRun:
     """Cognify the dataset on the workers, drawing its progress, until the run completes or errors.
 
@@ -71,7 +70,7 @@ def cognify_distributed(
     """
     job = enqueue(memory.wiring, memory.settings, memory.scope(dataset))
     console.print(f"run {job.run_id[:8]} of dataset {job.dataset!r} sent to the workers")
-    return follow(memory.wiring, job, console, timeout_s)
+    return follow(memory.wiring, job, console, timeout_s or memory.settings.cognify_timeout_s)
 
 
 def follow(services: Services, job: Job, console: Console, timeout_s: float) -> PipelineRun:
@@ -87,8 +86,10 @@ def follow(services: Services, job: Job, console: Console, timeout_s: float) -> 
             if run.status in FINISHED:
                 return run
             if time.monotonic() >= deadline:
-                console.print(f"run {job.run_id[:8]} is still {run.status.value} after {timeout_s:.0f} s; "
-                              "the workers go on with it (`kenning status` follows it)")
+                console.print(
+                    f"run {job.run_id[:8]} is still {run.status.value} after {timeout_s:.0f} s; "
+                    "the workers go on with it (`kenning status` follows it)"
+                )
                 return run
             time.sleep(POLL_S)
 

@@ -113,8 +113,10 @@ class KenningCelery(Celery):  # type: ignore[misc]  # celery ships no type hints
 
     def use_settings(self, settings: Settings) -> None:
         if self._settings is not None and self._settings != settings:
-            raise ConfigError("the Celery app is already configured with other settings; "
-                              "one process serves one configuration")
+            raise ConfigError(
+                "the Celery app is already configured with other settings; "
+                "one process serves one configuration"
+            )
         if self._settings is None:
             self._settings = settings
             self.config_from_object(celery_config(settings))

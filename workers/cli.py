@@ -100,7 +100,7 @@ def print_run(run: PipelineRun) -> None:
     "--type",
     "search_type",
     type=click.Choice([t.value for t in SearchType], case_sensitive=False),
-    default=SearchType.GRAPH_COMPLETION.value,
+    default=SearchType.HYBRID_COMPLETION.value,
     show_default=True,
 )
 @click.option("--dataset", "datasets", multiple=True, help="Dataset(s) to search (repeatable).")

@@ -93,7 +93,7 @@ class Kenning:
     def search(
         self,
         query: str,
-        type: str | SearchType = SearchType.GRAPH_COMPLETION,
+        type: str | SearchType = SearchType.HYBRID_COMPLETION,
         *,
         datasets: Sequence[str] | None = None,
         top_k: int = 10,

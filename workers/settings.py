@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pipeline.chunking import ChunkingConfig
 from pipeline.context import PipelineConfig
 from pipeline.errors import ConfigError
+from pipeline.ratelimit import Limits
 
 
 class Settings(BaseSettings):
@@ -49,6 +50,9 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_s: float = Field(default=60.0, gt=0)
     llm_max_retries: int = Field(default=4, ge=0)
+    llm_rpm: int = Field(default=0, ge=0, description="LLM requests a minute, all workers together; 0: none")
+    llm_tpm: int = Field(default=0, ge=0, description="LLM tokens a minute, all workers together; 0: none")
+    llm_limit_per_tenant: bool = Field(default=False, description="One rpm/tpm budget per tenant")
 
     chunk_size: int = Field(default=256, ge=16)
     chunk_overlap: int = Field(default=24, ge=0)
@@ -61,11 +65,14 @@ class Settings(BaseSettings):
     result_backend: str = "redis://127.0.0.1:6379/1"
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Locks and coordination")
     lock_ttl_s: float = Field(default=600.0, gt=0)
+    lock_wait_s: float = Field(default=3600.0, gt=0, description="How long a run waits for its dataset")
+    cognify_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="How long --distributed follows")
     queue_prefix: str = "kenning"
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
         ChunkingConfig(size=self.chunk_size, overlap=self.chunk_overlap)
+        Limits(rpm=self.llm_rpm, tpm=self.llm_tpm)
         if self.graph_backend in ("memgraph", "falkordb") and not self.graph_url:
             raise ValueError(f"graph_backend {self.graph_backend!r} needs KENNING_GRAPH_URL")
         if self.embedding_provider == "openai" and not self.embedding_url:

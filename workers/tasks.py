@@ -42,7 +42,6 @@ RETRY: dict[str, Any] = {
     "max_retries": 5,
 }
 LOCK_POLL_S = 1.0
-LOCK_WAIT_S = 3600.0
 
 
 class Message(BaseModel):
@@ -62,7 +61,7 @@ def begin(self: Any, job: dict[str, Any]) -> dict[str, Any]:
     parsed = Job.model_validate(job)
     resources = app.resources()
     name = lock_name(parsed.scope)
-    retry = {"countdown": LOCK_POLL_S, "max_retries": int(LOCK_WAIT_S / LOCK_POLL_S)}
+    retry = {"countdown": LOCK_POLL_S, "max_retries": int(resources.settings.lock_wait_s / LOCK_POLL_S)}
     try:
         token = resources.lock.acquire(name, resources.settings.lock_ttl_s)
     except TransientStoreError as error:
@@ -137,8 +136,8 @@ def finish(self: Any, state: dict[str, Any]) -> dict[str, int]:
 def fail(request: Any, exc: BaseException, _traceback: Any, job: dict[str, Any]) -> None:
     """Error callback of every task of a run: mark the run errored, release the lock if it was taken.
 
-    Celery calls it in the failing worker with the failed task's request, whose first
-    message argument carries the lock's fencing token once `begin` has taken it.
+    Celery calls it in the failing worker with the failed task's request, whose message
+    argument carries the lock's fencing token once `begin` has taken it.
     """
     parsed, resources = Job.model_validate(job), app.resources()
     run = resources.wiring.metadata.get_run(parsed.run_id)

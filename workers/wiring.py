@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from pipeline.context import PipelineConfig
 from pipeline.errors import NoLLMConfigured
+from pipeline.lexical import LexicalIndex
 from pipeline.offline import OfflineExtractor
 from pipeline.ports import (
     BlobStore,
@@ -23,10 +24,13 @@ from pipeline.ports import (
     MetadataStore,
     VectorStore,
 )
+from pipeline.ratelimit import Limits, RateLimiter, provider_key
 from storage.blob import FileBlobStore
 from storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+from storage.lexical_sql import SqlLexicalIndex
 from storage.lock import FileLock
 from storage.metadata_sql import SqlMetadataStore, migrate
+from storage.ratelimit_memory import MemoryRateLimiter
 from storage.sql_engine import open_engine
 from workers.settings import Settings
 
@@ -40,10 +44,13 @@ class Wiring:
     that never loads or queries must never open it.
     """
 
-    def __init__(self, settings: Settings, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, overrides: dict[str, Any] | None = None, *, distributed: bool = False
+    ) -> None:
         """`overrides` replaces ports by name (e.g. {"embedder": ...}): the injection point for
-        tests and benchmarks."""
+        tests and benchmarks. `distributed`: this process is one of many workers (shared Redis limiter)."""
         self.settings = settings
+        self._distributed = distributed
         self._made: dict[str, Any] = dict(overrides or {})
         self._mutex = threading.RLock()
         self._closers: list[Callable[[], None]] = []
@@ -113,16 +120,40 @@ class Wiring:
         return store
 
     @property
+    def lexical(self) -> LexicalIndex:
+        return self._once("lexical", lambda: SqlLexicalIndex(self.engine))
+
+    @property
     def embedder(self) -> Embedder:
         return self._once("embedder", lambda: CachingEmbedder(open_embedder(self.settings)))
 
     @property
     def extractor(self) -> Extractor:
-        return self._once("extractor", lambda: open_extractor(self.settings))
+        return self._once("extractor", lambda: open_extractor(self.settings, self.limiter))
 
     @property
     def completer(self) -> Completer:
-        return self._once("completer", lambda: open_completer(self.settings))
+        return self._once("completer", lambda: open_completer(self.settings, self.limiter))
+
+    @property
+    def limiter(self) -> RateLimiter | None:
+        return self._once("limiter", self._open_limiter)
+
+    def _open_limiter(self) -> RateLimiter | None:
+        settings = self.settings
+        if not settings.llm_url or not (settings.llm_rpm or settings.llm_tpm):
+            return None
+        key = provider_key(settings.llm_url, settings.llm_model)
+        limits = {key: Limits(rpm=settings.llm_rpm, tpm=settings.llm_tpm)}
+        if not self._distributed:
+            return MemoryRateLimiter(limits)
+        import redis
+
+        from storage.ratelimit_redis import RedisRateLimiter
+
+        client = redis.Redis.from_url(settings.redis_url)
+        self._closers.append(client.close)
+        return RedisRateLimiter(client, limits, prefix=f"{settings.queue_prefix}:ratelimit:")
 
     @property
     def lock(self) -> Lock:
@@ -167,15 +198,15 @@ def open_embedder(settings: Settings) -> Embedder:
     return LocalEmbedder(batch_size=settings.embedding_batch)
 
 
-def open_extractor(settings: Settings) -> Extractor:
+def open_extractor(settings: Settings, limiter: RateLimiter | None = None) -> Extractor:
     if not settings.llm_url:
         return OfflineExtractor()
     from storage.llm_openai import OpenAIExtractor
 
-    return OpenAIExtractor(llm_config(settings))
+    return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings))
 
 
-def open_completer(settings: Settings) -> Completer:
+def open_completer(settings: Settings, limiter: RateLimiter | None = None) -> Completer:
     if not settings.llm_url:
         raise NoLLMConfigured(
             "no LLM is configured: set KENNING_LLM_URL (and KENNING_LLM_API_KEY) to an "
@@ -183,7 +214,13 @@ def open_completer(settings: Settings) -> Completer:
         )
     from storage.llm_openai import OpenAICompleter
 
-    return OpenAICompleter(llm_config(settings))
+    return OpenAICompleter(llm_config(settings), limiter, llm_limit_key(settings))
+
+
+def llm_limit_key(settings: Settings) -> str:
+    """`host/model`, or `host/model/tenant` when each tenant has its own budget."""
+    tenant = settings.tenant if settings.llm_limit_per_tenant else ""
+    return provider_key(settings.llm_url, settings.llm_model, tenant)
 
 
 def llm_config(settings: Settings) -> Any:
