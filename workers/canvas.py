@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from celery import chain
+from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.exceptions import OperationalError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -14,6 +15,7 @@ from pipeline.context import Job, Services
 from pipeline.errors import TransientStoreError
 from pipeline.models import ChunkStatus, PipelineRun, RunStatus, Scope
 from pipeline.plan import PLAN, fail_run, start_run
+from retrieval.contract import SearchResult
 from workers.celery_app import app, configure_app
 from workers.memory import Kenning
 from workers.settings import Settings
@@ -116,3 +118,26 @@ def draw(
     total = sum(counts.values())
     extracted = counts[ChunkStatus.EXTRACTED] + counts[ChunkStatus.LOADED]
     bars.update(chunks, completed=extracted, total=total or None)
+
+
+def search_remote(
+    settings: Settings, query: str, search_type: str, datasets: list[str], top_k: int, only_context: bool
+) -> SearchResult:
+    """Run a search on a query worker (`kenning.search`) and wait for its result."""
+    configure_app(app, settings)
+    request = {
+        "query": query,
+        "type": search_type,
+        "datasets": datasets,
+        "tenant": settings.tenant,
+        "top_k": top_k,
+        "only_context": only_context,
+    }
+    try:
+        reply = app.send_task("kenning.search", args=[request]).get(timeout=settings.query_timeout_s)
+    except CeleryTimeout as error:
+        raise TransientStoreError(
+            f"no query worker answered within {settings.query_timeout_s:.0f} s "
+            f"(is a worker consuming {settings.queue_prefix}.query?)"
+        ) from error
+    return SearchResult.model_validate(reply)

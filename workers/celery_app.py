@@ -9,7 +9,7 @@ Queues (`<prefix>` is `KENNING_QUEUE_PREFIX`, default `kenning`):
 - `<prefix>.pipeline`: begin, classify, chunk, fan-out, gather, finish (metadata store only)
 - `<prefix>.extract`: one task per batch of chunks (metadata store and the LLM)
 - `<prefix>.load`: load and fk-edges, the only tasks that open the graph and vector stores
-- `<prefix>.query`: reserved for query tasks
+- `<prefix>.query`: `kenning.search`, the query worker (it opens the graph and vector stores)
 
 Every worker needs the same settings as the process that enqueues work: the metadata
 database (`KENNING_METADATA_URL`, PostgreSQL), the broker and result backend
@@ -52,7 +52,12 @@ from workers.wiring import Wiring
 QUEUE_KINDS = ("pipeline", "extract", "load", "query")
 # Tasks that open the graph and vector stores run on the load queue only, so that a
 # Qdrant local path is opened by the one process that consumes that queue.
-TASK_QUEUES = {"kenning.extract": "extract", "kenning.load": "load", "kenning.fk_edges": "load"}
+TASK_QUEUES = {
+    "kenning.extract": "extract",
+    "kenning.load": "load",
+    "kenning.fk_edges": "load",
+    "kenning.search": "query",
+}
 BROKER_VISIBILITY_TIMEOUT_S = 2 * 3600
 MAX_TASKS_PER_CHILD = 500
 RESULT_EXPIRY_S = 24 * 3600
@@ -93,7 +98,7 @@ class KenningCelery(Celery):  # type: ignore[misc]  # celery ships no type hints
     """The Celery app: configured from the settings on first use, one `Resources` per process."""
 
     def __init__(self) -> None:
-        super().__init__("kenning", include=["workers.tasks"])
+        super().__init__("kenning", include=["workers.tasks", "workers.service_tasks"])
         self._settings: Settings | None = None
         self._resources: Resources | None = None
         self._resources_mutex = threading.Lock()

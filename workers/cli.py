@@ -107,18 +107,32 @@ def print_run(run: PipelineRun) -> None:
 @click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--only-context", is_flag=True, help="Stop after retrieval; no LLM call.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--remote", is_flag=True, help="Run on a query worker (kenning.search) instead of here.")
 def search_command(
-    query: str, search_type: str, datasets: tuple[str, ...], top_k: int, only_context: bool, as_json: bool
+    query: str,
+    search_type: str,
+    datasets: tuple[str, ...],
+    top_k: int,
+    only_context: bool,
+    as_json: bool,
+    remote: bool,
 ) -> None:
     """Search a dataset's memory."""
     with open_memory() as memory:
-        result = memory.search(
-            query,
-            search_type.upper(),
-            datasets=list(datasets) or None,
-            top_k=top_k,
-            only_context=only_context,
-        )
+        if remote:
+            from workers.canvas import search_remote
+
+            result = search_remote(
+                memory.settings, query, search_type.upper(), list(datasets), top_k, only_context
+            )
+        else:
+            result = memory.search(
+                query,
+                search_type.upper(),
+                datasets=list(datasets) or None,
+                top_k=top_k,
+                only_context=only_context,
+            )
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), ensure_ascii=False))
     else:

@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Locks and coordination")
     lock_ttl_s: float = Field(default=600.0, gt=0)
     lock_wait_s: float = Field(default=3600.0, gt=0, description="How long a run waits for its dataset")
+    query_timeout_s: float = Field(default=120.0, gt=0, description="How long --remote waits for an answer")
     cognify_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="How long --distributed follows")
     queue_prefix: str = "kenning"
 

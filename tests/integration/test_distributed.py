@@ -7,14 +7,8 @@ queues and lock keys) and its own tenant, so parallel runs never share work.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,16 +17,13 @@ from qdrant_client import QdrantClient
 
 from pipeline.locking import lock_name
 from pipeline.models import ItemStatus, PipelineRun, RunStatus, Scope
+from tests.integration.cluster import CLI_TIMEOUT_S, ROOT, Deployment, Workers, kenning_env, settings_of
 from workers.celery_app import open_lock
 from workers.memory import Kenning
-from workers.settings import Settings, load_settings
+from workers.settings import Settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
-ROOT = Path(__file__).resolve().parents[2]
-CLI_TIMEOUT_S = 180.0
-READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 20.0
 MAX_POINTS = 10_000
 
 DOCUMENTS = {
@@ -50,130 +41,6 @@ TABLES = {
     "orders.csv": "id,customer_id,total\n10,1,250\n11,2,75\n12,1,30\n13,3,120\n",
 }
 EMPTY = "empty.txt"
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """One distributed configuration: the environment its processes share, and its settings."""
-
-    env: dict[str, str]
-    settings: Settings
-
-    def memory(self) -> Kenning:
-        return Kenning(self.settings)
-
-    def cognify_command(self, dataset: str) -> list[str]:
-        return [sys.executable, "-m", "workers.cli", "cognify", "--distributed", "--dataset", dataset]
-
-    def cognify(self, dataset: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.cognify_command(dataset), cwd=ROOT, env=self.env, capture_output=True, text=True,
-            timeout=CLI_TIMEOUT_S,
-        )
-
-
-class Workers:
-    """Two `kenning worker` processes, logging to files; stopped with SIGTERM, then SIGKILL."""
-
-    QUEUES = {"a": "pipeline,extract", "b": "extract,load"}
-
-    def __init__(self, deployment: Deployment, logs: Path) -> None:
-        self._deployment = deployment
-        self._logs = logs
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self) -> None:
-        for name, queues in self.QUEUES.items():
-            command = [sys.executable, "-m", "workers.cli", "worker", "--queues", queues, "--concurrency=2"]
-            with self._log(name).open("wb") as log:
-                self._processes[name] = subprocess.Popen(
-                    command, cwd=ROOT, env=self._deployment.env, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        for name in self.QUEUES:
-            self._wait_ready(name)
-
-    def _log(self, name: str) -> Path:
-        return self._logs / f"worker-{name}.log"
-
-    def _wait_ready(self, name: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if " ready." in self._log(name).read_text(errors="replace"):
-                return
-            if self._processes[name].poll() is not None:
-                break
-            time.sleep(0.2)
-        raise AssertionError(f"worker {name} did not become ready:\n{self.logs()}")
-
-    def stop(self) -> None:
-        for process in self._processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self._processes.values():
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-            # The worker's pool processes share its session; none may outlive the test.
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(timeout=STOP_TIMEOUT_S)
-
-    def logs(self) -> str:
-        tails = []
-        for name in self.QUEUES:
-            path = self._log(name)
-            text = path.read_text(errors="replace") if path.exists() else ""
-            tails.append(f"--- worker {name} ---\n{text[-4000:]}")
-        return "\n".join(tails)
-
-
-def kenning_env(**values: str) -> dict[str, str]:
-    """This process's environment without any KENNING_* of its own, plus `values` as KENNING_*."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("KENNING_")}
-    env.update({f"KENNING_{key.upper()}": value for key, value in values.items()})
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def settings_of(env: dict[str, str]) -> Settings:
-    values = {key.lower(): value for key, value in env.items()}
-    return load_settings(**{key.removeprefix("kenning_"): value for key, value in values.items()
-                            if key.startswith("kenning_")})
-
-
-@pytest.fixture
-def shared() -> dict[str, str]:
-    """Settings the distributed and the embedded configuration have in common."""
-    return {"tenant": f"t-{uuid.uuid4().hex[:8]}", "embedding_provider": "hash", "extract_batch": "2"}
-
-
-@pytest.fixture
-def deployment(tmp_path: Path, postgres_url: str, redis_url: str, shared: dict[str, str]) -> Deployment:
-    env = kenning_env(
-        **shared,
-        home=str(tmp_path / "distributed"),
-        metadata_url=postgres_url,
-        graph_backend="sql",
-        broker_url=redis_url,
-        result_backend=redis_url,
-        redis_url=redis_url,
-        queue_prefix=f"kenning-test-{uuid.uuid4().hex[:8]}",
-    )
-    return Deployment(env=env, settings=settings_of(env))
-
-
-@pytest.fixture
-def workers(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(deployment, tmp_path)
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture
@@ -318,8 +185,14 @@ def test_concurrent_cognify_requests_on_one_dataset_run_one_after_the_other(
 
     # When two cognify requests for it are made at the same time
     requests = [
-        subprocess.Popen(deployment.cognify_command("shared"), cwd=ROOT, env=deployment.env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            deployment.cognify_command("shared"),
+            cwd=ROOT,
+            env=deployment.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     outputs = [finished(request) for request in requests]

@@ -1,0 +1,46 @@
+"""Fixtures of the integration tests: a distributed deployment and its workers."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, settings_of
+
+
+@pytest.fixture
+def shared() -> dict[str, str]:
+    """Settings the distributed and the embedded configuration have in common."""
+    return {"tenant": f"t-{uuid.uuid4().hex[:8]}", "embedding_provider": "hash", "extract_batch": "2"}
+
+
+@pytest.fixture
+def deployment(
+    tmp_path: Path, postgres_url: str, redis_url: str, shared: dict[str, str]
+) -> Iterator[Deployment]:
+    prefix = f"kenning-test-{uuid.uuid4().hex[:8]}"
+    env = kenning_env(
+        **shared,
+        home=str(tmp_path / "distributed"),
+        metadata_url=postgres_url,
+        graph_backend="sql",
+        broker_url=redis_url,
+        result_backend=redis_url,
+        redis_url=redis_url,
+        queue_prefix=prefix,
+    )
+    yield Deployment(env=env, settings=settings_of(env))
+    forget_keys(redis_url, prefix)
+
+
+@pytest.fixture
+def workers(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
+    running = Workers(deployment, tmp_path)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()

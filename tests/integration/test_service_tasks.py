@@ -1,0 +1,154 @@
+"""Other services enqueue work by task name; the query worker answers; Flower watches the workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import CLI_TIMEOUT_S, ROOT, Deployment, Workers
+from tests.services import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+CLIENT = textwrap.dedent(
+    """
+    import json, sys, time
+    from celery import Celery
+
+    broker, prefix, tenant = sys.argv[1:4]
+    app = Celery("client", broker=broker, backend=broker)
+
+    def call(name, payload, kind):
+        return app.send_task(name, args=[payload], queue=f"{prefix}.{kind}").get(timeout=120)
+
+    texts = [
+        {"name": "ada.txt", "text": "Ada Lovelace wrote the first published algorithm."},
+        {"name": "hopper.txt", "text": "Grace Hopper built the first compiler at Remington Rand."},
+    ]
+    added = call("kenning.add", {"dataset": "svc", "tenant": tenant, "texts": texts}, "pipeline")
+    run_id = call("kenning.cognify", {"dataset": "svc", "tenant": tenant}, "pipeline")["run_id"]
+    deadline = time.monotonic() + 120
+    run = call("kenning.run", {"run_id": run_id}, "pipeline")
+    while run["status"] not in ("completed", "errored") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        run = call("kenning.run", {"run_id": run_id}, "pipeline")
+    query = {"query": "Who built the first compiler?", "type": "CHUNKS", "datasets": ["svc"], "tenant": tenant}
+    found = call("kenning.search", query, "query")
+    try:
+        call("kenning.search", {"type": "CHUNKS"}, "query")
+        invalid = "accepted"
+    except Exception as error:
+        invalid = f"{type(error).__name__}: {error}"
+    leaked = sorted(name for name in sys.modules if name.split(".")[0] in ("kenning", "workers", "pipeline"))
+    print(json.dumps({"added": added, "run": run, "found": found, "invalid": invalid, "leaked": leaked}))
+    """
+)
+
+
+@pytest.fixture
+def one_worker(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
+    """One worker consuming every queue, the query queue included."""
+    running = Workers(deployment, tmp_path, {"all": "pipeline,extract,load,query"})
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def test_a_service_with_only_celery_ingests_and_queries_by_task_name(
+    deployment: Deployment, one_worker: Workers, tmp_path: Path
+) -> None:
+    # Given a client script that imports celery and nothing of kenning, run outside the repository
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    settings = deployment.settings
+    # When it adds texts, starts a cognify run, follows it and searches, all with send_task
+    done = subprocess.run(
+        [sys.executable, "-I", str(script), settings.broker_url, settings.queue_prefix, settings.tenant],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr + one_worker.logs()
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    # Then the work was done and the answer came back, without the client importing kenning
+    assert reply["added"]["added"] == 2 and reply["run"]["status"] == "completed"
+    assert "Grace Hopper" in reply["found"]["results"][0]["text"]
+    assert "ValueError" in reply["invalid"] and "query" in reply["invalid"]
+    assert reply["leaked"] == []
+
+
+def test_search_remote_runs_on_the_query_worker(deployment: Deployment, one_worker: Workers) -> None:
+    with deployment.memory() as memory:
+        memory.add_text("Rosalind Franklin photographed DNA with X-rays.", "remote")
+        assert memory.cognify("remote").status.value == "completed"
+    command = [
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "search",
+        "Who photographed DNA?",
+        "--remote",
+        "--type",
+        "CHUNKS",
+        "--dataset",
+        "remote",
+        "--json",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, env=deployment.env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr + one_worker.logs()
+    result = json.loads(done.stdout)
+    assert "Rosalind Franklin" in result["results"][0]["text"]
+    assert "succeeded" in one_worker.logs() and "kenning.search" in one_worker.logs()
+
+
+def test_flower_lists_the_workers(deployment: Deployment, one_worker: Workers, tmp_path: Path) -> None:
+    port = free_port()
+    env = {**deployment.env, "FLOWER_UNAUTHENTICATED_API": "true"}
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app",
+        "flower",
+        "--address=127.0.0.1",
+        f"--port={port}",
+    ]
+    with (tmp_path / "flower.log").open("wb") as log:
+        flower = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        workers = _poll_workers(f"http://127.0.0.1:{port}/api/workers?refresh=1", deadline_s=60)
+    finally:
+        flower.terminate()
+        flower.wait(timeout=20)
+    assert any(name.startswith("kenning-") for name in workers), (tmp_path / "flower.log").read_text()
+
+
+def _poll_workers(url: str, deadline_s: float) -> dict[str, object]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                workers = json.loads(response.read())
+            if workers:
+                return dict(workers)
+        except OSError:
+            pass
+        time.sleep(1)
+    return {}

@@ -1,0 +1,133 @@
+"""Tasks that other services send by name, with only `celery` installed.
+
+Every task takes one JSON object and returns one JSON object (queues are
+`<prefix>.<kind>`, prefix `KENNING_QUEUE_PREFIX`, default `kenning`):
+
+- `kenning.add` (pipeline queue): `{"dataset", "tenant"?, "texts"?: [{"name", "text"}],
+  "uris"?: ["s3://bucket/prefix"]}` -> `{"added", "unchanged", "skipped", "errors"}`
+- `kenning.cognify` (pipeline queue): `{"dataset", "tenant"?}` -> `{"run_id"}`
+- `kenning.run` (pipeline queue): `{"run_id"}` -> the run: `{"id", "status", "step",
+  "error", "stats", "started_at", "finished_at"}`
+- `kenning.search` (query queue): `{"query", "type"?, "datasets"?, "tenant"?, "top_k"?,
+  "only_context"?}` -> `{"query", "type", "results", "context", "answer", "notice"}`
+
+A request that does not validate fails the task with a `ValueError` naming the field.
+Texts sent through `kenning.add` travel in the message, so keep them small (a few
+hundred kilobytes each); put large corpora in a bucket and send its URI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+from pipeline.ingest import text_source
+from retrieval.contract import SearchType
+from workers.celery_app import app
+from workers.memory import Kenning
+
+MAX_TEXT_CHARS = 1_000_000
+
+
+class TextItem(BaseModel):
+    name: str = "text"
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+
+
+class AddRequest(BaseModel):
+    dataset: str
+    tenant: str | None = None
+    texts: list[TextItem] = Field(default_factory=list)
+    uris: list[str] = Field(default_factory=list)
+
+
+class CognifyRequest(BaseModel):
+    dataset: str
+    tenant: str | None = None
+
+
+class RunRequest(BaseModel):
+    run_id: str
+
+
+class RemoteSearch(BaseModel):
+    query: str
+    type: SearchType = SearchType.GRAPH_COMPLETION
+    datasets: list[str] = Field(default_factory=list)
+    tenant: str | None = None
+    top_k: int = Field(default=10, ge=1, le=1000)
+    only_context: bool = False
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _parse(model: type[M], request: Any) -> M:
+    try:
+        return model.model_validate(request)
+    except ValidationError as error:
+        raise ValueError(f"invalid {model.__name__}: {error}") from error
+
+
+def _memory(tenant: str | None = None) -> Kenning:
+    """The worker's stores, seen as the request's tenant (or the settings' one)."""
+    resources = app.resources()
+    settings = resources.settings
+    if tenant and tenant != settings.tenant:
+        settings = settings.model_copy(update={"tenant": tenant})
+    return Kenning(settings, resources.wiring)
+
+
+def add_task(request: dict[str, Any]) -> dict[str, Any]:
+    parsed = _parse(AddRequest, request)
+    memory = _memory(parsed.tenant)
+    result = memory.add([text_source(item.text, item.name) for item in parsed.texts], parsed.dataset)
+    if parsed.uris:
+        from_buckets = memory.add_paths(parsed.uris, parsed.dataset)
+        result.added += from_buckets.added
+        result.unchanged += from_buckets.unchanged
+        result.skipped += from_buckets.skipped
+        result.errors.update(from_buckets.errors)
+    return {
+        "added": len(result.added),
+        "unchanged": len(result.unchanged),
+        "skipped": len(result.skipped),
+        "errors": result.errors,
+    }
+
+
+def cognify_task(request: dict[str, Any]) -> dict[str, Any]:
+    from workers.canvas import enqueue
+
+    parsed = _parse(CognifyRequest, request)
+    memory = _memory(parsed.tenant)
+    job = enqueue(memory.wiring, memory.settings, memory.scope(parsed.dataset))
+    return {"run_id": job.run_id}
+
+
+def run_task(request: dict[str, Any]) -> dict[str, Any]:
+    parsed, memory = _parse(RunRequest, request), _memory()
+    run = memory.wiring.metadata.get_run(parsed.run_id)
+    if run is None:
+        raise ValueError(f"no pipeline run {parsed.run_id}")
+    return run.model_dump(mode="json")
+
+
+def search_task(request: dict[str, Any]) -> dict[str, Any]:
+    parsed = _parse(RemoteSearch, request)
+    memory = _memory(parsed.tenant)
+    result = memory.search(
+        parsed.query,
+        parsed.type,
+        datasets=parsed.datasets or None,
+        top_k=parsed.top_k,
+        only_context=parsed.only_context,
+    )
+    return result.model_dump(mode="json")
+
+
+app.task(add_task, name="kenning.add")
+app.task(cognify_task, name="kenning.cognify")
+app.task(run_task, name="kenning.run")
+app.task(search_task, name="kenning.search")
