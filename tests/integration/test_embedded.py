@@ -59,7 +59,16 @@ def test_add_cognify_search_status_through_the_cli(env: Path) -> None:
     assert "Marie Curie" in top["text"] and top["document_id"] and top["chunk_id"] and top["score"] >= 0
 
     graph = json.loads(
-        invoke("search", "Niels Bohr", "--dataset", "science", "--only-context", "--json").output
+        invoke(
+            "search",
+            "Niels Bohr",
+            "--type",
+            "GRAPH_COMPLETION",
+            "--dataset",
+            "science",
+            "--only-context",
+            "--json",
+        ).output
     )
     assert graph["type"] == "GRAPH_COMPLETION" and "Niels Bohr" in graph["context"]
 

@@ -41,7 +41,8 @@ CLIENT = textwrap.dedent(
     while run["status"] not in ("completed", "errored") and time.monotonic() < deadline:
         time.sleep(0.5)
         run = call("kenning.run", {"run_id": run_id}, "pipeline")
-    query = {"query": "Who built the first compiler?", "type": "CHUNKS", "datasets": ["svc"], "tenant": tenant}
+    query = {"query": "Who built the first compiler?", "type": "CHUNKS",
+             "datasets": ["svc"], "tenant": tenant}
     found = call("kenning.search", query, "query")
     try:
         call("kenning.search", {"type": "CHUNKS"}, "query")
