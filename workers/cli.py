@@ -72,9 +72,15 @@ def add_command(paths: tuple[str, ...], dataset: str | None) -> None:
 @main.command("cognify")
 @click.option("--dataset", default=None)
 @click.option("--distributed", is_flag=True, help="Enqueue on the Celery workers and follow progress.")
-def cognify_command(dataset: str | None, distributed: bool) -> None:
+@click.option(
+    "--dry-run", is_flag=True, help="Print the LLM calls, tokens and cost it would spend; do nothing."
+)
+def cognify_command(dataset: str | None, distributed: bool, dry_run: bool) -> None:
     """Build the knowledge graph and vector index of a dataset."""
     with open_memory() as memory:
+        if dry_run:
+            click.echo(json.dumps(memory.estimate(dataset).model_dump(mode="json")))
+            return
         if distributed:
             from workers.canvas import cognify_distributed
 

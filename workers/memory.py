@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
+from pipeline.estimate import Estimate, estimate
 from pipeline.ingest import (
     AddResult,
     Source,
@@ -89,6 +90,12 @@ class Kenning:
             progress=progress,
         )
         return runner.run(self.scope(dataset))
+
+    def estimate(self, dataset: str | None = None) -> Estimate:
+        """LLM calls, tokens and cost the next cognify would spend; writes nothing."""
+        settings = self.settings
+        found = estimate(self.wiring, self.scope(dataset))
+        return found.price(settings.llm_price_prompt_per_1k, settings.llm_price_completion_per_1k)
 
     def search(
         self,

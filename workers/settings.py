@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_s: float = Field(default=60.0, gt=0)
     llm_max_retries: int = Field(default=4, ge=0)
+    llm_price_prompt_per_1k: float = Field(
+        default=0.0, ge=0, description="Currency units per 1k prompt tokens"
+    )
+    llm_price_completion_per_1k: float = Field(default=0.0, ge=0, description="... per 1k completion tokens")
     llm_rpm: int = Field(default=0, ge=0, description="LLM requests a minute, all workers together; 0: none")
     llm_tpm: int = Field(default=0, ge=0, description="LLM tokens a minute, all workers together; 0: none")
     llm_limit_per_tenant: bool = Field(default=False, description="One rpm/tpm budget per tenant")

@@ -161,3 +161,31 @@ def test_an_llm_endpoint_extracts_and_answers(tmp_path: Path) -> None:
     assert run.status.value == "completed" and run.stats["llm_calls"] == 1
     assert calls == 2
     assert result.answer and result.notice is None
+
+
+def test_dry_run_estimates_calls_and_tokens_without_spending(tmp_path: Path) -> None:
+    from workers.simulator import Simulator
+
+    with Simulator() as simulator:
+        settings = load_settings(
+            home=tmp_path / "home",
+            embedding_provider="hash",
+            llm_url=simulator.base_url,
+            llm_api_key="test",
+            llm_price_prompt_per_1k=0.5,
+            llm_price_completion_per_1k=1.5,
+        )
+        with Kenning(settings) as memory:
+            memory.add_text("Dorothy Hodgkin solved the structure of penicillin in 1945.")
+            memory.add_text("Dorothy Hodgkin solved the structure of penicillin in 1945. ", name="twin")
+            memory.add_text("")
+            # When the next run is estimated
+            estimate = memory.estimate()
+            spent_before_run = simulator.stats()["calls"]["chat"]
+            memory.cognify()
+            after = memory.estimate()
+    # Then it counts the calls and tokens a run would spend, and spends nothing itself
+    assert spent_before_run == 0
+    assert estimate.items == 3 and estimate.unreadable_items == 1 and estimate.chunks == 2
+    assert estimate.llm_calls == 1 and estimate.prompt_tokens > 0 and estimate.cost > 0
+    assert after.llm_calls == 0 and after.items == 0

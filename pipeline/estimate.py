@@ -1,0 +1,86 @@
+"""What cognify would spend, before spending it: LLM calls and tokens, from the pending work.
+
+Nothing is written: pending items are read and chunked in memory, and chunks whose
+extraction is already cached (or already extracted) are not counted.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from pipeline.chunking import chunk_text
+from pipeline.context import Services
+from pipeline.errors import InputError
+from pipeline.loaders import detect_kind, extract_text
+from pipeline.models import ChunkStatus, ItemStatus, Scope, content_hash
+from pipeline.tasks import extraction_key
+
+# Measured on the offline extractor's output for 2Wiki paragraphs: the JSON answer is
+# about as long as the chunk, plus the schema's fixed part.
+PROMPT_OVERHEAD_TOKENS = 700
+COMPLETION_PER_CHUNK_TOKEN = 1.0
+COMPLETION_OVERHEAD_TOKENS = 120
+
+
+class Estimate(BaseModel):
+    dataset: str
+    items: int = 0
+    unreadable_items: int = 0
+    chunks: int = 0
+    cached_chunks: int = 0
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+    def price(self, per_1k_prompt: float, per_1k_completion: float) -> Estimate:
+        cost = self.prompt_tokens / 1000 * per_1k_prompt + self.completion_tokens / 1000 * per_1k_completion
+        return self.model_copy(update={"cost": round(cost, 6)})
+
+
+def estimate(services: Services, scope: Scope) -> Estimate:
+    """LLM calls and tokens the next cognify of `scope` would spend (offline extraction costs none)."""
+    result = Estimate(dataset=scope.dataset)
+    dataset = services.metadata.get_dataset(scope)
+    if dataset is None:
+        return result
+    texts = _pending_chunk_texts(services, dataset.id, result)
+    extractor = services.extractor
+    keys = [
+        extraction_key(extractor.model, extractor.prompt_version, content_hash(t.encode())) for t in texts
+    ]
+    cached = services.cache.get_extractions(sorted(set(keys)))
+    result.cached_chunks = sum(1 for key in keys if key in cached)
+    # Identical chunk texts are extracted once.
+    fresh = list({key: text for key, text in zip(keys, texts, strict=True) if key not in cached}.values())
+    if extractor.model == "offline":
+        return result
+    result.llm_calls = len(fresh)
+    chunk_tokens = sum(len(text) // 4 for text in fresh)
+    result.prompt_tokens = chunk_tokens + PROMPT_OVERHEAD_TOKENS * len(fresh)
+    result.completion_tokens = int(
+        chunk_tokens * COMPLETION_PER_CHUNK_TOKEN
+    ) + COMPLETION_OVERHEAD_TOKENS * len(fresh)
+    return result
+
+
+def _pending_chunk_texts(services: Services, dataset_id: str, result: Estimate) -> list[str]:
+    """Texts of the chunks the next run would extract: new items chunked here, plus stored chunks waiting."""
+    texts: list[str] = []
+    items = services.metadata.list_items(dataset_id, ItemStatus.PENDING)
+    for item in items + services.metadata.list_items(dataset_id, ItemStatus.CLASSIFIED):
+        result.items += 1
+        try:
+            data = services.blobs.get(item.content_hash)
+            if item.size > services.config.max_document_bytes:
+                raise InputError("over the size limit")
+            text = extract_text(detect_kind(item.name, data), data)
+        except InputError:
+            result.unreadable_items += 1
+            continue
+        texts += [piece.text for piece in chunk_text(text, services.config.chunking)]
+    waiting = services.chunks.list_chunk_ids(dataset_id, ChunkStatus.PENDING)
+    waiting += services.chunks.list_chunk_ids(dataset_id, ChunkStatus.FAILED)
+    texts += [record.text for record in services.chunks.get_chunks(waiting)]
+    result.chunks = len(texts)
+    return texts
