@@ -23,7 +23,6 @@ from pipeline.models import (
     DataItem,
     Document,
     DocumentRecord,
-    Extraction,
     ItemStatus,
     VectorPoint,
     content_hash,
@@ -138,21 +137,25 @@ def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str,
     extractor = services.extractor
     keys = {c.id: extraction_key(extractor.model, extractor.prompt_version, c.text_hash) for c in chunks}
     cached = services.cache.get_extractions(list(set(keys.values())))
-    fresh: dict[str, Extraction] = {}
-    failed = 0
-    for record in chunks:
+    hits = [c.id for c in chunks if keys[c.id] in cached]
+    services.chunks.set_chunk_status(hits, ChunkStatus.EXTRACTED)
+    done: set[str] = set(cached)
+    calls = failed = 0
+    for record in (c for c in chunks if keys[c.id] not in cached):
         key = keys[record.id]
-        if key in cached or key in fresh:
-            continue
-        try:
-            fresh[key] = extractor.extract(record.text)
-        except LLMError as error:
-            failed += 1
-            services.chunks.set_chunk_status([record.id], ChunkStatus.FAILED, str(error))
-    services.cache.put_extractions(fresh)
-    done = [c.id for c in chunks if keys[c.id] in cached or keys[c.id] in fresh]
-    services.chunks.set_chunk_status(done, ChunkStatus.EXTRACTED)
-    return {"llm_calls": len(fresh) + failed, "cache_hits": len(done) - len(fresh), "failed_chunks": failed}
+        if key not in done:
+            calls += 1
+            try:
+                extraction = extractor.extract(record.text)
+            except LLMError as error:
+                failed += 1
+                services.chunks.set_chunk_status([record.id], ChunkStatus.FAILED, str(error))
+                continue
+            # Kept at once: a worker killed later in the batch never pays for this call again.
+            services.cache.put_extractions({key: extraction})
+            done.add(key)
+        services.chunks.set_chunk_status([record.id], ChunkStatus.EXTRACTED)
+    return {"llm_calls": calls, "cache_hits": len(hits), "failed_chunks": failed}
 
 
 _EXTRACTABLE = frozenset({ChunkStatus.PENDING, ChunkStatus.FAILED})
@@ -220,12 +223,15 @@ def _write(services: Services, job: Job, assembly: Assembly, vectors: dict[str, 
         job.scope, [graph_edge(edge, assembly.chunk_of[edge.id]) for edge in assembly.edges.values()]
     )
     by_collection: dict[str, list[VectorPoint]] = {}
-    for entry in index_entries(assembly):
+    entries = index_entries(assembly)
+    for entry in entries:
         point = VectorPoint(id=entry.point_id, vector=vectors[entry.text], payload=entry.payload)
         by_collection.setdefault(entry.collection, []).append(point)
     for collection, points in by_collection.items():
         services.vectors.ensure_collection(collection, services.embedder.dimension)
         services.vectors.upsert(job.scope, collection, points)
+    chunk_texts = [(e.point_id, e.text, e.payload) for e in entries if e.collection == "DocumentChunk_text"]
+    services.lexical.index(job.scope, chunk_texts)
     return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=len(vectors))
 
 
