@@ -46,6 +46,7 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 
 from pipeline.errors import ConfigError
 from storage.lock import RedisLock
+from workers.schedule import beat_schedule
 from workers.settings import Settings, load_settings
 from workers.wiring import Wiring
 
@@ -179,6 +180,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_max_tasks_per_child": MAX_TASKS_PER_CHILD,
         "result_expires": RESULT_EXPIRY_S,
         "task_default_queue": queue_name(settings, "pipeline"),
+        "beat_schedule": beat_schedule(settings.schedule),
         "task_routes": routes,
         "task_track_started": True,
         "worker_send_task_events": True,

@@ -8,6 +8,8 @@ Every task takes one JSON object and returns one JSON object (queues are
 - `kenning.cognify` (pipeline queue): `{"dataset", "tenant"?}` -> `{"run_id"}`
 - `kenning.run` (pipeline queue): `{"run_id"}` -> the run: `{"id", "status", "step",
   "error", "stats", "started_at", "finished_at"}`
+- `kenning.maintenance` (pipeline queue; Celery beat runs it, see workers/schedule.py):
+  `datasets`? -> `{"started": {dataset: run_id}}` for datasets with work left
 - `kenning.search` (query queue): `{"query", "type"?, "datasets"?, "tenant"?, "top_k"?,
   "only_context"?}` -> `{"query", "type", "results", "context", "answer", "notice"}`
 
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from pipeline.ingest import text_source
+from pipeline.models import ChunkStatus, ItemStatus, RunStatus
 from retrieval.contract import SearchType
 from workers.celery_app import app
 from workers.memory import Kenning
@@ -127,7 +130,35 @@ def search_task(request: dict[str, Any]) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
+def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
+    """The scheduled job: start a cognify run for every dataset with work left and no run going.
+
+    Work left is data never processed, or chunks whose extraction failed: after a
+    provider outage, the next maintenance retries them with no manual clean-up.
+    """
+    from workers.canvas import enqueue
+
+    memory = _memory()
+    metadata, chunks = memory.wiring.metadata, memory.wiring.chunks
+    started: dict[str, str] = {}
+    for dataset in metadata.list_datasets(memory.settings.tenant):
+        if datasets and dataset.name not in datasets:
+            continue
+        busy = any(
+            run.status in (RunStatus.INITIATED, RunStatus.STARTED) for run in metadata.list_runs(dataset.id)
+        )
+        waiting = any(
+            metadata.list_items(dataset.id, status) for status in OPEN_ITEMS
+        ) or chunks.list_chunk_ids(dataset.id, ChunkStatus.FAILED)
+        if waiting and not busy:
+            started[dataset.name] = enqueue(memory.wiring, memory.settings, dataset.scope).run_id
+    return {"started": started}
+
+
+OPEN_ITEMS = (ItemStatus.PENDING, ItemStatus.CLASSIFIED, ItemStatus.CHUNKED)
+
 app.task(add_task, name="kenning.add")
+app.task(maintenance_task, name="kenning.maintenance")
 app.task(cognify_task, name="kenning.cognify")
 app.task(run_task, name="kenning.run")
 app.task(search_task, name="kenning.search")

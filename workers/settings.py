@@ -12,6 +12,7 @@ from pipeline.chunking import ChunkingConfig
 from pipeline.context import PipelineConfig
 from pipeline.errors import ConfigError
 from pipeline.ratelimit import Limits
+from workers.schedule import DEFAULT_SCHEDULE, ScheduleEntry
 
 
 class Settings(BaseSettings):
@@ -54,7 +55,7 @@ class Settings(BaseSettings):
         default=0.0, ge=0, description="Currency units per 1k prompt tokens"
     )
     llm_price_completion_per_1k: float = Field(default=0.0, ge=0, description="... per 1k completion tokens")
-    llm_rpm: int = Field(default=0, ge=0, description="LLM requests a minute, all workers together; 0: none")
+    llm_rpm: int = Field(default=0, ge=0, description="LLM requests a minute, all workers; 0: none, else >= 3")
     llm_tpm: int = Field(default=0, ge=0, description="LLM tokens a minute, all workers together; 0: none")
     llm_limit_per_tenant: bool = Field(default=False, description="One rpm/tpm budget per tenant")
 
@@ -73,6 +74,10 @@ class Settings(BaseSettings):
     query_timeout_s: float = Field(default=120.0, gt=0, description="How long --remote waits for an answer")
     cognify_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="How long --distributed follows")
     queue_prefix: str = "kenning"
+    schedule: dict[str, ScheduleEntry] = Field(
+        default_factory=lambda: {name: ScheduleEntry(**entry) for name, entry in DEFAULT_SCHEDULE.items()},
+        description="Celery beat jobs (JSON): {name: {task, every_s | cron, arguments}}",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

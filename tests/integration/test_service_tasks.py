@@ -153,3 +153,53 @@ def _poll_workers(url: str, deadline_s: float) -> dict[str, object]:
             pass
         time.sleep(1)
     return {}
+
+
+def test_maintenance_starts_runs_for_datasets_with_work_left(
+    deployment: Deployment, one_worker: Workers
+) -> None:
+    from workers.celery_app import app, configure_app
+
+    # Given one dataset with new data and one already cognified
+    with deployment.memory() as memory:
+        memory.add_text("Barbara McClintock discovered transposons.", "fresh")
+        memory.add_text("Lise Meitner explained fission.", "done")
+        assert memory.cognify("done").status.value == "completed"
+    configure_app(app, deployment.settings)
+    # When the scheduled maintenance job runs
+    started = app.send_task("kenning.maintenance").get(timeout=CLI_TIMEOUT_S)["started"]
+    # Then it starts a run for the dataset with work left, and only for it
+    assert list(started) == ["fresh"]
+    with deployment.memory() as memory:
+        runs = memory.wiring.metadata.list_runs(
+            memory.wiring.metadata.ensure_dataset(memory.scope("fresh")).id
+        )
+        job = next(run for run in runs if run.id == started["fresh"])
+        assert job.status.value in ("started", "completed")
+
+
+def test_beat_schedule_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.celery_app import celery_config
+    from workers.settings import load_settings
+
+    monkeypatch.setenv(
+        "KENNING_SCHEDULE",
+        json.dumps(
+            {
+                "nightly": {
+                    "task": "kenning.maintenance",
+                    "cron": "0 3 * * *",
+                    "arguments": {"datasets": ["a"]},
+                }
+            }
+        ),
+    )
+    schedule = celery_config(load_settings())["beat_schedule"]
+    assert list(schedule) == ["nightly"]
+    assert schedule["nightly"]["task"] == "kenning.maintenance" and schedule["nightly"]["kwargs"] == {
+        "datasets": ["a"]
+    }
+    assert "3" in str(schedule["nightly"]["schedule"].hour)
+    monkeypatch.setenv("KENNING_SCHEDULE", json.dumps({"bad": {"task": "kenning.maintenance"}}))
+    with pytest.raises(Exception, match="every_s or cron"):
+        load_settings()
