@@ -10,13 +10,14 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import openai
 
 from pipeline.errors import ConfigError, LLMError, TransientLLMError
 from pipeline.ports import Embedder
+from pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
 
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
 WORD = re.compile(r"\w+")
@@ -85,6 +86,8 @@ class OpenAIEmbedder:
     `base_url` includes the `/v1` prefix, as the `openai` client expects. Each request has
     one `timeout` and at most `max_retries` retries (429 and 5xx, honouring Retry-After);
     what still fails raises `TransientLLMError` (worth retrying later) or `LLMError`.
+    With a shared `RateLimiter`, every HTTP attempt, the client's retries included, first
+    waits for its turn under `limit_key` (default `host/model`), and a 429 penalizes the key.
     """
 
     def __init__(
@@ -97,15 +100,28 @@ class OpenAIEmbedder:
         timeout: float = 30.0,
         max_retries: int = 3,
         batch_size: int = 256,
+        limiter: RateLimiter | None = None,
+        limit_key: str = "",
+        rate_limit_wait_s: float = 300.0,
     ) -> None:
         if not 1 <= batch_size <= 256:
             raise ConfigError(f"embedding batch_size must be within 1..256, got {batch_size}")
         self._model = model
         self._dimension = dimension
         self._batch_size = batch_size
+        http_client = None
+        if limiter is not None:
+            gate = _RateGate(limiter, limit_key or provider_key(base_url, model), rate_limit_wait_s)
+            # Hooks see every attempt, so the client's own retries wait their turn too.
+            hooks: dict[str, list[Callable[[Any], None]]] = {"request": [gate.admit], "response": [gate.note]}
+            http_client = openai.DefaultHttpxClient(event_hooks=hooks)
         # Local servers need no key, but the client insists on one.
         self._client = openai.OpenAI(
-            base_url=base_url, api_key=api_key or "unused", timeout=timeout, max_retries=max_retries
+            base_url=base_url,
+            api_key=api_key or "unused",
+            timeout=timeout,
+            max_retries=max_retries,
+            http_client=http_client,
         )
 
     @property
@@ -148,6 +164,23 @@ class OpenAIEmbedder:
                 f"{self._model} returned vectors of dimension {sorted(sizes)}, configured {self._dimension}"
             )
         return vectors
+
+
+class _RateGate:
+    """Waits for the limiter before each request, and penalizes its key on a 429."""
+
+    def __init__(self, limiter: RateLimiter, key: str, wait_s: float) -> None:
+        self._limiter = limiter
+        self._key = key
+        self._wait_s = wait_s
+
+    def admit(self, request: Any) -> None:
+        self._limiter.acquire(self._key, estimate_tokens(len(request.content)), self._wait_s)
+
+    def note(self, response: Any) -> None:
+        if response.status_code == 429:
+            wait = retry_after_s(response.headers)
+            self._limiter.penalize(self._key, 1.0 if wait is None else wait)
 
 
 class HashEmbedder:

@@ -6,6 +6,10 @@ errors and unusable answers are retried with exponential backoff plus jitter,
 honouring `Retry-After`, at most `max_retries` times. Then the call raises
 `TransientLLMError` (the endpoint was unavailable) or `LLMError` (it answered
 something unusable, or rejected the request).
+
+With a shared `RateLimiter`, every attempt first waits for its turn under `limit_key`
+(at most `rate_limit_wait_s`, else `TransientLLMError`), and a 429 penalizes the key
+for everyone sharing it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -26,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import LLMError, TransientLLMError
 from pipeline.models import Extraction
+from pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
 
 PROMPT_VERSION = "kg-1"
 
@@ -51,6 +56,8 @@ Use only facts stated in the chunk. Answer with a single JSON object that matche
 given schema, and nothing else."""
 
 _CHUNK_ELEMENT = re.compile(r"<(chunk-[0-9a-f]{16})>\n(.*)\n</\1>", re.DOTALL)
+# How long the limiter keeps a key shut after a 429 that did not say.
+_DEFAULT_PENALTY_S = 1.0
 
 
 class LLMConfig(BaseModel):
@@ -66,6 +73,8 @@ class LLMConfig(BaseModel):
     temperature: float = 0.0
     backoff_base_s: float = Field(default=0.5, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
+    rate_limit_wait_s: float = Field(default=300.0, ge=0)
+    completion_tokens_estimate: int = Field(default=1024, ge=0)
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,9 @@ class OpenAIExtractor:
 
     prompt_version = PROMPT_VERSION
 
-    def __init__(self, config: LLMConfig) -> None:
-        self._chat = _ChatCaller(config)
+    def __init__(self, config: LLMConfig, limiter: RateLimiter | None = None, limit_key: str = "") -> None:
+        """`limit_key` defaults to `host/model` of the config."""
+        self._chat = _ChatCaller(config, limiter, limit_key)
         self._response_format: ResponseFormat = {
             "type": "json_schema",
             "json_schema": {"name": "extraction", "schema": Extraction.model_json_schema(), "strict": False},
@@ -123,8 +133,9 @@ class OpenAIExtractor:
 class OpenAICompleter:
     """A `Completer`: one plain chat call answering `prompt` under `system`."""
 
-    def __init__(self, config: LLMConfig) -> None:
-        self._chat = _ChatCaller(config)
+    def __init__(self, config: LLMConfig, limiter: RateLimiter | None = None, limit_key: str = "") -> None:
+        """`limit_key` defaults to `host/model` of the config."""
+        self._chat = _ChatCaller(config, limiter, limit_key)
 
     @property
     def model(self) -> str:
@@ -157,8 +168,10 @@ class _Retry(Exception):
 class _ChatCaller:
     """The retry layer around single chat.completions requests, with usage counts."""
 
-    def __init__(self, config: LLMConfig) -> None:
+    def __init__(self, config: LLMConfig, limiter: RateLimiter | None, limit_key: str) -> None:
         self.config = config
+        self._limiter = limiter
+        self._limit_key = limit_key or provider_key(config.base_url, config.model)
         self._client = openai.OpenAI(
             base_url=config.base_url,
             api_key=config.api_key or "unused",
@@ -181,10 +194,11 @@ class _ChatCaller:
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ]
+        tokens = estimate_tokens(len(system) + len(user), self.config.completion_tokens_estimate)
         attempts = self.config.max_retries + 1
         for attempt in range(attempts):
             try:
-                return _parse_answer(self._send(messages, response_format), parse)
+                return _parse_answer(self._send(messages, response_format, tokens), parse)
             except _Retry as failure:
                 if attempt + 1 == attempts:
                     raise self._final_error(failure, attempts) from failure.__cause__
@@ -196,8 +210,10 @@ class _ChatCaller:
         self._client.close()
 
     def _send(
-        self, messages: list[ChatCompletionMessageParam], response_format: ResponseFormat | None
+        self, messages: list[ChatCompletionMessageParam], response_format: ResponseFormat | None, tokens: int
     ) -> ChatCompletion:
+        if self._limiter is not None:
+            self._limiter.acquire(self._limit_key, tokens, self.config.rate_limit_wait_s)
         self._count(calls=1)
         try:
             response = self._client.chat.completions.create(
@@ -207,6 +223,7 @@ class _ChatCaller:
                 response_format=response_format if response_format is not None else openai.omit,
             )
         except openai.APIStatusError as exc:
+            self._note_rate_limit(exc)
             raise _status_failure(exc) from exc
         except openai.APITimeoutError as exc:
             raise _Retry(f"request timed out after {self.config.timeout_s:g} s", transient=True) from exc
@@ -217,6 +234,11 @@ class _ChatCaller:
                 prompt_tokens=response.usage.prompt_tokens, completion_tokens=response.usage.completion_tokens
             )
         return response
+
+    def _note_rate_limit(self, exc: openai.APIStatusError) -> None:
+        if self._limiter is not None and exc.status_code == 429:
+            wait = retry_after_s(exc.response.headers)
+            self._limiter.penalize(self._limit_key, _DEFAULT_PENALTY_S if wait is None else wait)
 
     def _count(
         self, calls: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0, retries: int = 0
@@ -279,17 +301,5 @@ def _status_failure(exc: openai.APIStatusError) -> Exception:
     status = exc.status_code
     if status in (408, 429) or status >= 500:
         cause = "rate limited (HTTP 429)" if status == 429 else f"HTTP {status} from the endpoint"
-        return _Retry(cause, transient=True, retry_after=_retry_after_s(exc.response.headers))
+        return _Retry(cause, transient=True, retry_after=retry_after_s(exc.response.headers))
     return LLMError(f"the endpoint rejected the request with HTTP {status}: {exc.message}")
-
-
-def _retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from `retry-after-ms` or `retry-after` (its delay-seconds form only)."""
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        try:
-            value = float(headers.get(name) or "")
-        except ValueError:
-            continue
-        if value >= 0:
-            return value * scale
-    return None

@@ -1,0 +1,164 @@
+"""Rate limits on LLM calls: the limiter port, the limits, and what its adapters share.
+
+One limiter is shared by every process that calls a provider, so that a fleet of
+workers stays under the provider's limits together instead of each process limiting
+itself. A key names what is limited: `provider-host/model`, optionally `/tenant`.
+
+Each key has two token buckets, one of requests and one of LLM tokens, and an adaptive
+factor. A provider's 429 (`penalize`) stops every caller of the key until its
+Retry-After has passed, empties the buckets and halves the factor (at most once per
+429 episode, never below `FACTOR_FLOOR`); every clean minute after it gives back
+`RECOVERY_STEP` of the full rate.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipeline.errors import TransientLLMError
+
+WINDOW_S = 60.0
+# Between its acquisition and its arrival at the provider a request may be delayed
+# (a new connection, a pause of the process); the buckets refill as if a window lasted
+# this much longer, so that such a request still lands inside the provider's limit.
+SKEW_S = 1.0
+PENALTY_CUT = 0.5
+FACTOR_FLOOR = 0.1
+RECOVERY_STEP = 0.1
+RECOVERY_PERIOD_S = 60.0
+# A bucket's state lives this long after its last use: past the longest recovery
+# (floor to full in nine periods), so forgetting an idle key changes nothing.
+IDLE_TTL_S = 15 * 60.0
+# The most a sleeping caller adds to the announced wait, so that waiters spread out.
+MAX_JITTER_S = 0.02
+
+
+class Limits(BaseModel):
+    """Within any 60-second window at most `rpm` requests and `tpm` tokens start (0: unlimited).
+
+    Up to `burst` requests may start back to back after a quiet spell; the token bucket
+    holds the same share of `tpm` (one second's worth when requests are unlimited). The
+    buckets refill at (limit - burst) per 61 seconds: that is what keeps a sliding 60-second
+    window, as providers count, from ever seeing more than the limit, even when requests
+    reach the provider up to `SKEW_S` later than they were admitted. A request asking more
+    tokens than the token bucket holds starts when the bucket is full.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    rpm: int = Field(default=0, ge=0)
+    tpm: int = Field(default=0, ge=0)
+    # Two, not one: a bucket of one loses whatever refills while the next waiter wakes up.
+    burst: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Limits:
+        if self.rpm and self.burst >= self.rpm:
+            raise ValueError(f"rpm must exceed burst, got rpm {self.rpm} and burst {self.burst}")
+        return self
+
+    @property
+    def unlimited(self) -> bool:
+        return not self.rpm and not self.tpm
+
+    @property
+    def request_capacity(self) -> float:
+        return float(self.burst) if self.rpm else 0.0
+
+    @property
+    def request_rate(self) -> float:
+        """Requests per second the request bucket refills at full factor."""
+        return (self.rpm - self.burst) / (WINDOW_S + SKEW_S) if self.rpm else 0.0
+
+    @property
+    def token_capacity(self) -> float:
+        if not self.tpm:
+            return 0.0
+        return self.tpm * self.burst / self.rpm if self.rpm else self.tpm / WINDOW_S
+
+    @property
+    def token_rate(self) -> float:
+        """Tokens per second the token bucket refills at full factor."""
+        return (self.tpm - self.token_capacity) / (WINDOW_S + SKEW_S)
+
+
+class RateLimiter(Protocol):
+    """Requests and tokens per minute per key, shared by everyone holding the same limiter."""
+
+    def acquire(self, key: str, tokens: int, deadline_s: float) -> None:
+        """Wait until a request of `tokens` tokens may start under `key`'s limits, and count it.
+
+        Raises `TransientLLMError` ("rate limit wait exceeded") when that would take
+        longer than `deadline_s` seconds from now; nothing is counted then.
+        """
+        ...
+
+    def penalize(self, key: str, retry_after_s: float) -> None:
+        """The provider answered 429: nobody sharing `key` starts a request for `retry_after_s`
+        seconds, and the key's rate drops, to recover gradually."""
+        ...
+
+
+def limits_for(limits_by_key: Mapping[str, Limits], key: str) -> Limits:
+    """The limits of `key`, else of its nearest parent (`host/model` for `host/model/tenant`),
+    else of the "" key; no limits at all when none of them is configured."""
+    parts = key.split("/")
+    for end in range(len(parts), 0, -1):
+        candidate = "/".join(parts[:end])
+        if candidate in limits_by_key:
+            return limits_by_key[candidate]
+    return limits_by_key.get("", Limits())
+
+
+def provider_key(base_url: str, model: str, tenant: str = "") -> str:
+    """The limiter key of a model at an endpoint: `host[:port]/model`, plus `/tenant` if given."""
+    host = urlsplit(base_url).netloc or base_url
+    return f"{host}/{model}" + (f"/{tenant}" if tenant else "")
+
+
+def estimate_tokens(text_chars: int, completion_tokens: int = 0) -> int:
+    """About four characters a token, plus what the answer may take."""
+    return (text_chars + 3) // 4 + completion_tokens
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from `retry-after-ms` or `retry-after` (its delay-seconds form only)."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            value = float(headers.get(name) or "")
+        except ValueError:
+            continue
+        if value >= 0:
+            return value * scale
+    return None
+
+
+def wait_until_admitted(
+    attempt: Callable[[], float],
+    key: str,
+    deadline_s: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    jitter: Callable[[float, float], float] = random.uniform,
+) -> None:
+    """Call `attempt` (0: admitted, else seconds to wait) until it admits, sleeping in between.
+
+    Gives up as soon as the announced wait would end past the deadline: waits only grow
+    while others take what refills, so sleeping first would only fail later.
+    """
+    give_up = time.monotonic() + deadline_s
+    # Every attempt that does not admit sleeps at least a millisecond: bounded by the deadline.
+    for _ in range(int(deadline_s * 1000) + 2):
+        wait = attempt()
+        if wait <= 0:
+            return
+        if time.monotonic() + wait > give_up:
+            break
+        sleep(wait + jitter(0.0, min(MAX_JITTER_S, 0.1 * wait)))
+    raise TransientLLMError(f"rate limit wait exceeded: {key} admits no request within {deadline_s:g} s")

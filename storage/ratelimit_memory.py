@@ -1,0 +1,106 @@
+"""The in-process twin of the Redis rate limiter: the same buckets, penalties and factor,
+on a monotonic clock behind a lock. For embedded mode (one process) and tests."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from pipeline.ratelimit import (
+    FACTOR_FLOOR,
+    PENALTY_CUT,
+    RECOVERY_PERIOD_S,
+    RECOVERY_STEP,
+    Limits,
+    limits_for,
+    wait_until_admitted,
+)
+
+_MIN_WAIT_S = 0.001
+
+
+@dataclass
+class _Bucket:
+    """One key's state; None levels mean full buckets."""
+
+    requests: float | None = None
+    tokens: float | None = None
+    at: float = 0.0
+    factor: float = 1.0
+    since: float = 0.0
+    until: float = 0.0
+
+    def factor_at(self, now: float) -> float:
+        clean_periods = math.floor(max(0.0, now - self.since) / RECOVERY_PERIOD_S)
+        return min(1.0, self.factor + RECOVERY_STEP * clean_periods)
+
+
+class MemoryRateLimiter:
+    """A `RateLimiter` for the threads of one process."""
+
+    def __init__(
+        self, limits_by_key: Mapping[str, Limits], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._limits = dict(limits_by_key)
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._mutex = threading.Lock()
+
+    def acquire(self, key: str, tokens: int, deadline_s: float) -> None:
+        limits = limits_for(self._limits, key)
+        wait_until_admitted(lambda: self._try(key, limits, tokens), key, deadline_s)
+
+    def penalize(self, key: str, retry_after_s: float) -> None:
+        with self._mutex:
+            now = self._clock()
+            bucket = self._buckets.setdefault(key, _Bucket(at=now, since=now))
+            factor = bucket.factor_at(now)
+            if now >= bucket.until:  # a new 429 episode, not another answer from the same one
+                factor = max(FACTOR_FLOOR, factor * PENALTY_CUT)
+            bucket.until = max(bucket.until, now + max(0.0, retry_after_s))
+            bucket.factor, bucket.since = factor, bucket.until
+            bucket.requests, bucket.tokens = 0.0, min(0.0, bucket.tokens or 0.0)
+            bucket.at = bucket.until
+
+    def factor(self, key: str) -> float:
+        """The share of the key's full rate it refills at now (1.0 when never penalized)."""
+        with self._mutex:
+            bucket = self._buckets.get(key)
+            return bucket.factor_at(self._clock()) if bucket else 1.0
+
+    def _try(self, key: str, limits: Limits, tokens: int) -> float:
+        with self._mutex:
+            now = self._clock()
+            bucket = self._buckets.setdefault(key, _Bucket(at=now, since=now))
+            if now < bucket.until:
+                return bucket.until - now
+            if limits.unlimited:
+                return 0.0
+            return self._take(bucket, limits, tokens, now)
+
+    @staticmethod
+    def _take(bucket: _Bucket, limits: Limits, tokens: int, now: float) -> float:
+        factor = bucket.factor_at(now)
+        elapsed = max(0.0, now - bucket.at)
+        request_rate, token_rate = limits.request_rate * factor, limits.token_rate * factor
+        requests = _refill(bucket.requests, limits.request_capacity, request_rate, elapsed)
+        held = _refill(bucket.tokens, limits.token_capacity, token_rate, elapsed)
+        wait = 0.0
+        if limits.rpm and requests < 1:
+            wait = (1 - requests) / request_rate
+        needed = min(float(tokens), limits.token_capacity)
+        if limits.tpm and held < needed:
+            wait = max(wait, (needed - held) / token_rate)
+        if wait > 0:
+            return max(wait, _MIN_WAIT_S)
+        bucket.requests = requests - 1 if limits.rpm else requests
+        bucket.tokens = held - tokens if limits.tpm else held
+        bucket.at = now
+        return 0.0
+
+
+def _refill(level: float | None, capacity: float, rate: float, elapsed: float) -> float:
+    return capacity if level is None else min(capacity, level + elapsed * rate)
