@@ -267,6 +267,13 @@ class CypherGraphStore:
         nodes_statement, edges_statement = count_statements(scope)
         return _count(self._runner.read(nodes_statement)), _count(self._runner.read(edges_statement))
 
+    def read_query(self, scope: Scope, query: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
+        """Run a read-only query (FalkorDB refuses writes on this path; Memgraph runs it in a
+        read transaction). `$tenant` and `$dataset` are bound to the scope. Values come back
+        plain: nodes and relationships as dicts of their properties."""
+        rows = self._runner.read(Statement(query, _scoped(scope, **(params or {}))))
+        return [[plain_value(value) for value in row] for row in rows]
+
     def close(self) -> None:
         self._runner.close()
 
@@ -339,3 +346,17 @@ def _is_plain_scalar(value: Any) -> bool:
         # FalkorDB answers doubles with 15 significant digits; others would come back changed.
         return math.isfinite(value) and float(f"{value:.15g}") == value
     return False
+
+
+def plain_value(value: Any) -> Any:
+    """Driver values as JSON-ready ones: nodes and relationships become property dicts."""
+    if isinstance(value, list | tuple):
+        return [plain_value(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): plain_value(item) for key, item in value.items()}
+    properties = getattr(value, "properties", None)
+    if isinstance(properties, dict):
+        return {str(key): plain_value(item) for key, item in properties.items()}
+    if hasattr(value, "items") and hasattr(value, "keys"):
+        return {str(key): plain_value(item) for key, item in value.items()}
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
