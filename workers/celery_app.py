@@ -15,6 +15,8 @@ Every worker needs the same settings as the process that enqueues work: the meta
 database (`KENNING_METADATA_URL`, PostgreSQL), the broker and result backend
 (`KENNING_BROKER_URL`, `KENNING_RESULT_BACKEND`), `KENNING_REDIS_URL` for the dataset
 lock, and a `KENNING_HOME` whose `blobs/` folder is shared with the process that adds data.
+The tasks of a worker that dies come back after `KENNING_BROKER_VISIBILITY_TIMEOUT_S`
+(default 2 hours), which must outlast the longest task, the load of a whole dataset.
 Start each worker type with `kenning worker` (or the equivalent `celery` command):
 
     # pipeline steps and extraction: any number of these, on any hosts
@@ -38,14 +40,15 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
 
-from pipeline.errors import ConfigError
-from storage.lock import RedisLock
+from pipeline.errors import ConfigError, TransientStoreError
 from workers.schedule import beat_schedule
 from workers.settings import Settings, load_settings
 from workers.wiring import Wiring
@@ -59,40 +62,161 @@ TASK_QUEUES = {
     "kenning.fk_edges": "load",
     "kenning.search": "query",
 }
-BROKER_VISIBILITY_TIMEOUT_S = 2 * 3600
 MAX_TASKS_PER_CHILD = 500
+# Waits for a Redis that went away: about a minute in all, then the task fails.
+REDIS_RETRIES = 20
+PUBLISH_RETRY = {"max_retries": 30, "interval_start": 0, "interval_step": 0.5, "interval_max": 2}
 RESULT_EXPIRY_S = 24 * 3600
 
 
 class Resources:
-    """What the tasks of one worker process share: the wiring (every port) and the dataset lock."""
+    """What the tasks of one worker process share: the wiring (every port), the dataset lock and
+    the delivery counts."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.wiring = Wiring(settings)
+        self.wiring = Wiring(settings, distributed=True)
         self._client: redis.Redis | None = None
-        self._lock: RedisLock | None = None
+        self._lock: RunLock | None = None
+        self._deliveries: Deliveries | None = None
         self._mutex = threading.Lock()
 
     @property
-    def lock(self) -> RedisLock:
+    def lock(self) -> RunLock:
         with self._mutex:
             if self._lock is None:
-                self._client = redis.Redis.from_url(self.settings.redis_url)
-                self._lock = open_lock(self._client, self.settings)
+                self._lock = open_lock(self._redis(), self.settings)
             return self._lock
+
+    @property
+    def deliveries(self) -> Deliveries:
+        with self._mutex:
+            if self._deliveries is None:
+                self._deliveries = open_deliveries(self._redis(), self.settings)
+            return self._deliveries
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.settings.redis_url)
+        return self._client
 
     def close(self) -> None:
         self.wiring.close()
         with self._mutex:
             if self._client is not None:
                 self._client.close()
-            self._client, self._lock = None, None
+            self._client, self._lock, self._deliveries = None, None, None
 
 
-def open_lock(client: redis.Redis, settings: Settings) -> RedisLock:
+def open_lock(client: redis.Redis, settings: Settings) -> RunLock:
     """The dataset lock; its keys carry the queue prefix so that deployments sharing a Redis stay apart."""
-    return RedisLock(client, prefix=f"{settings.queue_prefix}:lock:")
+    return RunLock(client, prefix=f"{settings.queue_prefix}:lock:")
+
+
+def open_deliveries(client: redis.Redis, settings: Settings) -> Deliveries:
+    return Deliveries(client, prefix=f"{settings.queue_prefix}:deliveries:", expiry_s=RESULT_EXPIRY_S)
+
+
+# Keys of a dataset lock: <name> holds the fencing token of the latest take and expires unless
+# extended; <name>:fence the last token given (tokens only grow); <name>:run the id of the run
+# that took it, expiring with it. Each script checks and updates in one atomic step.
+_TAKE = """
+local holder = redis.call('get', KEYS[1])
+if holder then
+  if redis.call('get', KEYS[3]) ~= ARGV[1] then return nil end
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('pexpire', KEYS[3], ARGV[2])
+  return tonumber(holder)
+end
+local token = redis.call('incr', KEYS[2])
+redis.call('set', KEYS[1], token, 'PX', ARGV[2])
+redis.call('set', KEYS[3], ARGV[1], 'PX', ARGV[2])
+return token
+"""
+_KEEP = """
+local holder = redis.call('get', KEYS[1])
+if holder and redis.call('get', KEYS[3]) == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('pexpire', KEYS[3], ARGV[2])
+  return tonumber(holder)
+end
+return nil
+"""
+_RELEASE = """
+if redis.call('get', KEYS[3]) == ARGV[1] then return redis.call('del', KEYS[1], KEYS[3]) end
+return 0
+"""
+
+
+class RunLock:
+    """The dataset lock in Redis, held by a pipeline run: by all of its tasks, under a fencing token.
+
+    The rule the tasks follow is in `workers.tasks.holding`.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._take = client.register_script(_TAKE)
+        self._keep = client.register_script(_KEEP)
+        self._release = client.register_script(_RELEASE)
+
+    def take(self, name: str, run_id: str, ttl_s: float) -> int | None:
+        """For the run: a new, larger token when the lock is free; the current one, extended, when the
+        run holds it already; None when another run holds it."""
+        return self._token(self._take, name, [run_id, int(ttl_s * 1000)])
+
+    def keep(self, name: str, run_id: str, ttl_s: float) -> int | None:
+        """Extend the lock if the run holds it; its token, or None when it is free or held by another run."""
+        return self._token(self._keep, name, [run_id, int(ttl_s * 1000)])
+
+    def release(self, name: str, run_id: str) -> None:
+        """Let go, only if the run holds the lock."""
+        with _translated("dataset lock"):
+            self._release(keys=self._keys(name), args=[run_id])
+
+    def holder(self, name: str) -> int | None:
+        """The token the lock is held under, or None when it is free."""
+        with _translated("dataset lock"):
+            value = self._client.get(self._prefix + name)
+        return int(value) if value is not None else None
+
+    def _token(self, script: Any, name: str, args: list[str | int]) -> int | None:
+        with _translated("dataset lock"):
+            token = script(keys=self._keys(name), args=args)
+        return int(token) if token is not None else None
+
+    def _keys(self, name: str) -> list[str]:
+        key = self._prefix + name
+        return [key, key + ":fence", key + ":run"]
+
+
+class Deliveries:
+    """How many times each attempt of a task has been redelivered: one expiring Redis counter each."""
+
+    def __init__(self, client: redis.Redis, prefix: str, expiry_s: float) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._expiry_s = int(expiry_s)
+
+    def count(self, task_id: str, attempt: int) -> int:
+        """Count one more delivery of the task's attempt (its retry number); the count so far."""
+        key = f"{self._prefix}{task_id}:{attempt}"
+        with _translated("delivery count"):
+            pipeline = self._client.pipeline()
+            pipeline.incr(key)
+            pipeline.expire(key, self._expiry_s)
+            delivered, _ = pipeline.execute()
+        return int(delivered)
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    # The lock and the counts sit in Redis next to the broker: a lost connection is worth a retry.
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise TransientStoreError(f"{what}: {exc}") from exc
 
 
 class KenningCelery(Celery):  # type: ignore[misc]  # celery ships no type hints
@@ -159,7 +283,7 @@ def queue_name(settings: Settings, kind: str) -> str:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """The Celery settings: acknowledge late, prefetch one, JSON only, long visibility timeout."""
+    """The Celery settings: acknowledge late, prefetch one, JSON only, `broker_options` for redelivery."""
     routes = {task: {"queue": queue_name(settings, kind)} for task, kind in TASK_QUEUES.items()}
     return {
         "broker_url": settings.broker_url,
@@ -175,8 +299,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "broker_transport_options": {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S},
+        "broker_transport_options": broker_options(settings),
         "broker_connection_retry_on_startup": True,
+        # A Redis that restarts (or fails over) must not fail the tasks that finish meanwhile:
+        # storing their results and sending the next task of the chain wait for it (bounded).
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": REDIS_RETRIES,
+        "task_publish_retry_policy": PUBLISH_RETRY,
         "worker_max_tasks_per_child": MAX_TASKS_PER_CHILD,
         "result_expires": RESULT_EXPIRY_S,
         "task_default_queue": queue_name(settings, "pipeline"),
@@ -185,6 +314,25 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_track_started": True,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
+    }
+
+
+def broker_options(settings: Settings) -> dict[str, Any]:
+    """Redis transport options: when and how unacknowledged tasks come back.
+
+    A task taken by a worker that died before acknowledging it is redelivered once it is older
+    than the visibility timeout, so the timeout must outlast the longest task (and the longest
+    retry countdown). Every worker looks for such tasks every few seconds. The keys that track
+    them carry the queue prefix: a deployment never redelivers another one's running tasks.
+    """
+    timeout, prefix = settings.broker_visibility_timeout_s, settings.queue_prefix
+    return {
+        "visibility_timeout": timeout,
+        "unacked_key": f"{prefix}.unacked",
+        "unacked_index_key": f"{prefix}.unacked_index",
+        "unacked_mutex_key": f"{prefix}.unacked_mutex",
+        "unacked_restore_interval": min(10, max(1, int(timeout / 4))),
+        "unacked_restore_throttle": 1,
     }
 
 

@@ -55,7 +55,7 @@ class Settings(BaseSettings):
         default=0.0, ge=0, description="Currency units per 1k prompt tokens"
     )
     llm_price_completion_per_1k: float = Field(default=0.0, ge=0, description="... per 1k completion tokens")
-    llm_rpm: int = Field(default=0, ge=0, description="LLM requests a minute, all workers; 0: none, else >= 3")
+    llm_rpm: int = Field(default=0, ge=0, description="LLM requests a minute, all workers; 0: none; >= 3")
     llm_tpm: int = Field(default=0, ge=0, description="LLM tokens a minute, all workers together; 0: none")
     llm_limit_per_tenant: bool = Field(default=False, description="One rpm/tpm budget per tenant")
 
@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Locks and coordination")
     lock_ttl_s: float = Field(default=600.0, gt=0)
     lock_wait_s: float = Field(default=3600.0, gt=0, description="How long a run waits for its dataset")
+    broker_visibility_timeout_s: float = Field(
+        default=7200.0, gt=0, description="Unacknowledged tasks are redelivered after this; > longest task"
+    )
+    max_redeliveries: int = Field(default=5, ge=0, description="Deliveries of a task beyond the first")
     query_timeout_s: float = Field(default=120.0, gt=0, description="How long --remote waits for an answer")
     cognify_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="How long --distributed follows")
     queue_prefix: str = "kenning"

@@ -12,10 +12,12 @@ It binds 127.0.0.1 only and answers deterministically:
 Usage counts are approximate (a token is four characters). Faults are opt-in:
 latency, requests and tokens per minute (429 with `Retry-After` beyond them, over a
 sliding window), and random 500s, stalls past the client's timeout and malformed
-JSON, drawn from a seeded generator so that a sequential run is reproducible.
+JSON, drawn from a seeded generator so that a sequential run is reproducible. With
+`fail_on`, every chat request whose messages contain that text is refused with a 400:
+a permanent failure, as a provider's refusal of some content would be.
 
 `/stats` answers `calls` (per endpoint), `prompt_tokens`, `completion_tokens`,
-`rate_limited`, `server_errors`, `timeouts`, `malformed`, `in_flight` and
+`rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `in_flight` and
 `max_in_flight`.
 """
 
@@ -70,7 +72,8 @@ class Simulator:
 
     `port` 0 picks a free port. `rpm`/`tpm` 0 mean unlimited; `rpm_scope` says whether
     chat calls alone, or chat and embedding calls, count toward them. `stall_s` bounds how long a
-    simulated timeout holds its request before answering 504.
+    simulated timeout holds its request before answering 504. `fail_on` (None: off) is read
+    at each request, so it may be set or cleared while the simulator serves.
     """
 
     port: int = 0
@@ -84,6 +87,7 @@ class Simulator:
     stall_s: float = 65.0
     window_s: float = 60.0
     seed: int | None = None
+    fail_on: str | None = None
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -154,6 +158,16 @@ class Simulator:
             self._recent.append(body)
         return chat_reply(body, self._extractor)
 
+    def refuses(self, body: JSON) -> bool:
+        """Whether the chat request holds the `fail_on` text in one of its messages."""
+        text = self.fail_on
+        if not text:
+            return False
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return False
+        return any(text in _text_of(m.get("content")) for m in messages if isinstance(m, dict))
+
     @contextmanager
     def in_flight(self, endpoint: str) -> Iterator[None]:
         self._stats.enter(endpoint)
@@ -183,6 +197,9 @@ class Simulator:
             self._stats.add(counter[fault])
         return fault
 
+    def count(self, counter: str) -> None:
+        self._stats.add(counter)
+
     def pause(self, seconds: float) -> None:
         """Sleep, cut short when the simulator stops."""
         if seconds > 0:
@@ -206,6 +223,8 @@ def check_options(simulator: Simulator) -> None:
         )
     if simulator.rpm_scope not in ("all", "chat"):
         raise ConfigError(f"rpm_scope must be 'all' or 'chat', got {simulator.rpm_scope!r}")
+    if simulator.fail_on == "":
+        raise ConfigError("fail_on must be None (off) or a non-empty text")
 
 
 def pick_fault(draw: float, error_rate: float, timeout_rate: float, malformed_rate: float) -> Fault:
@@ -264,6 +283,7 @@ class _Stats:
         "server_errors",
         "timeouts",
         "malformed",
+        "refused",
     )
 
     def __init__(self) -> None:
@@ -504,7 +524,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _route_post(self, path: str, raw: bytes) -> None:
         simulator = self.server.simulator
         if path == "/v1/chat/completions":
-            self._serve_model_call("chat", simulator.chat_reply(parse_body(raw)))
+            self._serve_chat(parse_body(raw))
         elif path == "/v1/embeddings":
             self._serve_model_call("embeddings", embeddings_reply(parse_body(raw)))
         elif path == "/stats/reset":
@@ -518,6 +538,16 @@ class _Handler(BaseHTTPRequestHandler):
         with simulator.in_flight("models"):
             model = {"id": "simulator", "object": "model", "created": 0, "owned_by": "kenning"}
             self._send_json(200, {"object": "list", "data": [model]})
+
+    def _serve_chat(self, body: JSON) -> None:
+        simulator = self.server.simulator
+        if not simulator.refuses(body):
+            self._serve_model_call("chat", simulator.chat_reply(body))
+            return
+        with simulator.in_flight("chat"):
+            simulator.pause(simulator.latency_ms / 1000)
+            simulator.count("refused")
+            self._send_error(400, "simulated refusal: the request holds the fail_on text", "invalid_request")
 
     def _serve_model_call(self, endpoint: str, reply: _Reply) -> None:
         simulator = self.server.simulator
@@ -570,6 +600,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stall-s", type=float, default=65.0, help="how long a stalled call holds")
     parser.add_argument("--window-s", type=float, default=60.0, help="the rate limits' sliding window")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--fail-on", default=None, help="refuse (400) chat requests holding this text")
     return parser.parse_args(argv)
 
 

@@ -4,34 +4,40 @@ A run is one chain, built from `pipeline.plan.PLAN` by `workers.canvas`:
 
     kenning.begin -> kenning.<step> ... -> kenning.fan_out -> ... -> kenning.finish
 
-`begin` takes the dataset lock and every later message carries its fencing token; each
-task extends the lock while it works and aborts the run with `LockLost` when the lock is
-no longer its own. A fan-out step's task replaces itself with a flat chord: one
-`kenning.<step>` task per batch of item ids, then `kenning.gather`, which records the
-merged counters and lets the chain go on. `kenning.fail`, linked as the error callback of
-every task, marks the run errored and releases the lock.
+`begin` takes the dataset lock for the run and every later message carries its fencing
+token; each task holds the lock while it works (see `holding` for the rule) and aborts
+the run with `LockLost` when another run has it. A fan-out step's task replaces itself
+with a flat chord: one `kenning.<step>` task per batch of item ids, then `kenning.gather`,
+which records the merged counters and lets the chain go on. `kenning.fail`, linked as the
+error callback of every task, marks the run errored and releases the lock.
+
+Tasks are acknowledged when done, so the task of a worker that died is delivered again;
+redeliveries are counted, and a task redelivered more than `max_redeliveries` times (a
+poison message) fails the run with `Redelivered` instead of coming back forever.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from celery import chord
+from celery import Task, chord
 from celery.exceptions import CPendingDeprecationWarning
 from pydantic import BaseModel, Field
 
 from pipeline.context import Job
-from pipeline.errors import LockLost, TransientLLMError, TransientStoreError
+from pipeline.errors import KenningError, LockLost, TransientLLMError, TransientStoreError
 from pipeline.locking import LockBusy, lock_name
 from pipeline.models import RunStatus
 from pipeline.plan import PLAN, STEPS, Step, StepResult, fail_run, finish_run, merge_counts, record_step
 from pipeline.ports import chunked
-from storage.lock import RedisLock
-from workers.celery_app import Resources, app
+from workers.celery_app import Deliveries, Resources, app
+
+log = logging.getLogger(__name__)
 
 # A transient store or LLM failure is retried a bounded number of times, with backoff.
 RETRY: dict[str, Any] = {
@@ -42,6 +48,11 @@ RETRY: dict[str, Any] = {
     "max_retries": 5,
 }
 LOCK_POLL_S = 1.0
+ENDED = frozenset({RunStatus.COMPLETED, RunStatus.ERRORED})
+
+
+class Redelivered(KenningError):
+    """A task was delivered more often than `max_redeliveries` allows: a poison message, given up."""
 
 
 class Message(BaseModel):
@@ -62,8 +73,12 @@ def begin(self: Any, job: dict[str, Any]) -> dict[str, Any]:
     resources = app.resources()
     name = lock_name(parsed.scope)
     retry = {"countdown": LOCK_POLL_S, "max_retries": int(resources.settings.lock_wait_s / LOCK_POLL_S)}
+    run = resources.wiring.metadata.get_run(parsed.run_id)
+    if run is None or run.status in ENDED:
+        # A begin delivered again after its run ended must not start the run over.
+        raise LockLost(f"{name}: run {parsed.run_id} has ended, its tasks stop")
     try:
-        token = resources.lock.acquire(name, resources.settings.lock_ttl_s)
+        token = resources.lock.take(name, parsed.run_id, resources.settings.lock_ttl_s)
     except TransientStoreError as error:
         raise self.retry(exc=error, **retry) from error
     if token is None:
@@ -80,17 +95,18 @@ def register_step(step: Step) -> None:
             with holding(resources, message):
                 return step.run(resources.wiring, message.job, items).counts
 
-        app.task(run_batch, bind=True, name=f"kenning.{step.name}", **RETRY)
+        app.task(run_batch, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
         return
 
     def run_step(self: Any, state: dict[str, Any]) -> dict[str, Any]:
         message, resources = Message.model_validate(state), app.resources()
-        with holding(resources, message):
+        with holding(resources, message) as token:
             result = step.run(resources.wiring, message.job, message.items)
             record_step(resources.wiring, message.job, step.name, result.counts)
-        return message.model_copy(update={"items": result.items, "counts": result.counts}).encode()
+        update = {"token": token, "items": result.items, "counts": result.counts}
+        return message.model_copy(update=update).encode()
 
-    app.task(run_step, bind=True, name=f"kenning.{step.name}", **RETRY)
+    app.task(run_step, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
 
 
 def fan_out(self: Any, state: dict[str, Any], step: str) -> Any:
@@ -129,68 +145,114 @@ def finish(self: Any, state: dict[str, Any]) -> dict[str, int]:
     message, resources = Message.model_validate(state), app.resources()
     with holding(resources, message):
         run = finish_run(resources.wiring, message.job)
-    resources.lock.release(lock_name(message.job.scope), message.token)
+    resources.lock.release(lock_name(message.job.scope), message.job.run_id)
     return run.stats
 
 
 def fail(request: Any, exc: BaseException, _traceback: Any, job: dict[str, Any]) -> None:
-    """Error callback of every task of a run: mark the run errored, release the lock if it was taken.
+    """Error callback of every task of a run: mark the run errored, release the lock if the run holds it.
 
-    Celery calls it in the failing worker with the failed task's request, whose message
-    argument carries the lock's fencing token once `begin` has taken it.
+    Celery calls it in the failing worker with the failed task's request.
     """
     parsed, resources = Job.model_validate(job), app.resources()
     run = resources.wiring.metadata.get_run(parsed.run_id)
     # Several batches of one fan-out may fail; the first error is the one to keep.
-    if run is not None and run.status not in (RunStatus.ERRORED, RunStatus.COMPLETED):
+    if run is not None and run.status not in ENDED:
         fail_run(resources.wiring, parsed, f"{type(exc).__name__}: {exc}")
-    token = _token_of(request)
-    if token:
-        resources.lock.release(lock_name(parsed.scope), token)
-
-
-def _token_of(request: Any) -> int:
-    for arg in getattr(request, "args", None) or ():
-        if isinstance(arg, dict) and isinstance(arg.get("token"), int):
-            return int(arg["token"])
-    return 0
+    resources.lock.release(lock_name(parsed.scope), parsed.run_id)
 
 
 @contextmanager
-def holding(resources: Resources, message: Message) -> Iterator[None]:
-    """Extend the run's lock now, and every third of its ttl while the block runs.
+def holding(resources: Resources, message: Message) -> Iterator[int]:
+    """Hold the run's dataset lock now, and every third of its ttl while the block runs; yields its token.
 
-    Raises `LockLost` when the lock is no longer held with the message's token: it expired,
-    or another run took it, so this run must stop.
+    The rule: a task may work while the lock is held by its run, under any token (all the tasks
+    of a run hold it together). When the lock is free, because every task that extended it died
+    (a killed worker) and it expired, a task of a run that has not ended takes it again for its
+    run, with a new, larger fencing token, and goes on: a redelivered task continues its run.
+    When another run holds it, the task raises `LockLost` and its run ends errored. Two runs
+    never interleave: a run only ever takes a free lock, never one that another run holds, and
+    a run that has ended never takes it again.
     """
-    lock, name, ttl = resources.lock, lock_name(message.job.scope), resources.settings.lock_ttl_s
-    if not lock.extend(name, message.token, ttl):
-        raise LockLost(f"{name} is no longer held by run {message.job.run_id} (token {message.token})")
+    token = hold(resources, message)
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(lock, name, message.token, ttl, stop), daemon=True)
+    beat = threading.Thread(target=_heartbeat, args=(resources, message, stop), daemon=True)
     beat.start()
     try:
-        yield
+        yield token
     finally:
         stop.set()
         beat.join(timeout=5.0)
 
 
-def _heartbeat(lock: RedisLock, name: str, token: int, ttl_s: float, stop: threading.Event) -> None:
-    while not stop.wait(ttl_s / 3):
+def hold(resources: Resources, message: Message) -> int:
+    """The token under which the message's run holds the dataset lock, taken again if it was free."""
+    lock, job, ttl = resources.lock, message.job, resources.settings.lock_ttl_s
+    name = lock_name(job.scope)
+    token = lock.keep(name, job.run_id, ttl)
+    if token is not None:
+        return token
+    run = resources.wiring.metadata.get_run(job.run_id)
+    if run is None or run.status in ENDED:
+        raise LockLost(f"{name}: run {job.run_id} has ended, its tasks stop")
+    token = lock.take(name, job.run_id, ttl)
+    if token is None:
+        raise LockLost(f"{name} is held by another run than {job.run_id}")
+    log.warning("%s had expired; run %s took it again (token %d)", name, job.run_id, token)
+    return token
+
+
+def _heartbeat(resources: Resources, message: Message, stop: threading.Event) -> None:
+    while not stop.wait(resources.settings.lock_ttl_s / 3):
         try:
-            if not lock.extend(name, token, ttl_s):
-                return
+            hold(resources, message)
         except TransientStoreError:
             continue
+        except LockLost:
+            return
+
+
+class RunTask(Task):  # type: ignore[misc]  # celery ships no type hints
+    """A task of a run: a redelivery is counted before the task starts (`check_redelivery`)."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        if not (self.request.delivery_info or {}).get("redelivered"):
+            return
+        resources = app.resources()
+        try:
+            check_redelivery(
+                resources.deliveries,
+                self.name,
+                task_id,
+                int(self.request.retries or 0),
+                resources.settings.max_redeliveries,
+            )
+        except TransientStoreError as error:
+            # The count is best effort: with Redis away, the task's own lock call retries it.
+            log.warning("delivery of %s [%s] not counted: %s", self.name, task_id, error)
+
+
+def check_redelivery(deliveries: Deliveries, task: str, task_id: str, attempt: int, limit: int) -> None:
+    """Count a redelivery of the task's attempt; raise `Redelivered` once there were more than `limit`.
+
+    A task whose worker dies while running it (killed, out of memory) is delivered again
+    after the broker's visibility timeout; one that brings its worker down every time would
+    otherwise come back forever. A retry is a new attempt, counted on its own.
+    """
+    redelivered = deliveries.count(task_id, attempt)
+    if redelivered > limit:
+        raise Redelivered(
+            f"task {task} [{task_id}] was redelivered {redelivered} times, more than the {limit} allowed "
+            "(KENNING_MAX_REDELIVERIES): its worker was lost each time it ran it, so it is given up"
+        )
 
 
 # The task table: every name a message can carry. Registered by call, not decorator, so the
 # functions keep their types.
-app.task(begin, bind=True, name="kenning.begin")
+app.task(begin, bind=True, name="kenning.begin", base=RunTask)
 for _step in PLAN:
     register_step(_step)
-app.task(fan_out, bind=True, name="kenning.fan_out", **RETRY)
-app.task(gather, bind=True, name="kenning.gather", **RETRY)
-app.task(finish, bind=True, name="kenning.finish", **RETRY)
+app.task(fan_out, bind=True, name="kenning.fan_out", base=RunTask, **RETRY)
+app.task(gather, bind=True, name="kenning.gather", base=RunTask, **RETRY)
+app.task(finish, bind=True, name="kenning.finish", base=RunTask, **RETRY)
 app.task(fail, name="kenning.fail")

