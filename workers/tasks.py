@@ -35,7 +35,8 @@ from pipeline.locking import LockBusy, lock_name
 from pipeline.models import RunStatus
 from pipeline.plan import PLAN, STEPS, Step, StepResult, fail_run, finish_run, merge_counts, record_step
 from pipeline.ports import chunked
-from workers.celery_app import Deliveries, Resources, app
+from storage.lock import Deliveries
+from workers.celery_app import Resources, app
 
 log = logging.getLogger(__name__)
 

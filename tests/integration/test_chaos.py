@@ -25,10 +25,11 @@ from pipeline.errors import LockLost
 from pipeline.locking import lock_name
 from pipeline.models import ChunkRecord, ChunkStatus, Dataset, ItemStatus, RunStatus, Scope
 from pipeline.plan import fail_run, start_run
+from storage.lock import Deliveries
 from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers
 from tests.integration.test_distributed import embedded_memory, graph_of, lock_released, runs_of, vector_ids
 from tests.services import free_port
-from workers.celery_app import Deliveries, Resources
+from workers.celery_app import Resources
 from workers.memory import Kenning
 from workers.settings import load_settings
 from workers.simulator import Simulator
