@@ -16,6 +16,7 @@ from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_cont
 
 NODE_COLLECTIONS = ("DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name")
 EDGE_COLLECTION = "Edge_description"
+HUB_TYPES = frozenset({"EntityType"})
 WIDE_TOP_K = 100
 MISS_PENALTY = 6.5
 TOP_EDGES = 15
@@ -50,23 +51,34 @@ class GraphCompletionRetriever:
         wide = int(request.options.get("wide_top_k", WIDE_TOP_K))
         hits: list[Hit] = []
         for scope in request.scopes:
-            fragment = self._project(scope, vector, wide)
+            fragment = self._project(scope, vector, wide, top)
             ranked = sorted(fragment.edges.values(), key=lambda e: (fragment.score(e, penalty), e.id))
             hits += [self._hit(scope, fragment, edge, fragment.score(edge, penalty)) for edge in ranked[:top]]
         return sorted(hits, key=lambda hit: hit.score)[:top]
 
-    def _project(self, scope: Scope, vector: Sequence[float], wide: int) -> Fragment:
+    def _project(self, scope: Scope, vector: Sequence[float], wide: int, top: int) -> Fragment:
         fragment = Fragment()
+        hubs: set[str] = set()
         for collection in NODE_COLLECTIONS:
             for point in self._ports.vectors.search(scope, collection, vector, wide):
                 previous = fragment.node_distance.get(point.id, point.score)
                 fragment.node_distance[point.id] = min(previous, point.score)
+                if point.payload.get("type") in HUB_TYPES:
+                    hubs.add(point.id)
         endpoints: set[str] = set()
         for point in self._ports.vectors.search(scope, EDGE_COLLECTION, vector, wide):
             fragment.edge_distance[point.id] = point.score
             endpoints.update(str(point.payload.get(key, "")) for key in ("source_id", "target_id"))
-        seeds = sorted((set(fragment.node_distance) | endpoints) - {""})
-        for edge in self._ports.graph.get_edges(scope, seeds):
+        # A type node links to every entity of its type: expanding it would fetch a large share of
+        # the graph, all of it scored with a miss penalty. Its distance still counts where it is
+        # an endpoint of an edge reached from another hit.
+        seeds = sorted((set(fragment.node_distance) - hubs | endpoints) - {""})
+        # An edge with an endpoint that was not hit scores at least one penalty more than any edge
+        # between hits, so the edges among the hits are enough unless they are too few.
+        edges = self._ports.graph.get_edges(scope, seeds, among=True)
+        if len(edges) < top:
+            edges = self._ports.graph.get_edges(scope, seeds)
+        for edge in edges:
             fragment.edges[edge.id] = edge
         node_ids = {e.source_id for e in fragment.edges.values()} | {
             e.target_id for e in fragment.edges.values()

@@ -69,6 +69,7 @@ _EDGE_COLUMNS = "RETURN a.id AS source_id, b.id AS target_id, properties(r) AS p
 _EDGES_FROM = "UNWIND $ids AS id MATCH (a:Node " + _SCOPED_NODE % "id" + ")-[r]->(b:Node) "
 _EDGES_TO = "UNWIND $ids AS id MATCH (a:Node)-[r]->(b:Node " + _SCOPED_NODE % "id" + ") "
 _GET_EDGES = f"{_EDGES_FROM}{_EDGE_IN_SCOPE}{_EDGE_COLUMNS} UNION {_EDGES_TO}{_EDGE_IN_SCOPE}{_EDGE_COLUMNS}"
+_EDGES_AMONG = f"{_EDGES_FROM}{_EDGE_IN_SCOPE}AND b.id IN $all {_EDGE_COLUMNS}"
 _SCOPE_NODES = "MATCH (n:Node {tenant: $tenant, dataset: $dataset}) "
 _SCOPE_EDGES = "MATCH (a:Node {tenant: $tenant, dataset: $dataset})-[r]->(b:Node) " + _EDGE_IN_SCOPE
 _EXPORT_NODES = _SCOPE_NODES + "RETURN properties(n)"
@@ -153,10 +154,16 @@ def get_node_statements(
 
 
 def get_edge_statements(
-    scope: Scope, node_ids: Sequence[str], batch_size: int = BATCH_SIZE
+    scope: Scope, node_ids: Sequence[str], batch_size: int = BATCH_SIZE, among: bool = False
 ) -> list[Statement]:
-    """Statements returning (source id, target id, property map) of edges touching the ids."""
+    """Statements returning (source id, target id, property map) of edges touching the ids
+    (with both endpoints among them, when `among`)."""
     unique = list(dict.fromkeys(node_ids))
+    if among:
+        return [
+            Statement(_EDGES_AMONG, _scoped(scope, ids=batch, all=unique))
+            for batch in _batches(unique, batch_size)
+        ]
     return [Statement(_GET_EDGES, _scoped(scope, ids=batch)) for batch in _batches(unique, batch_size)]
 
 
@@ -249,9 +256,9 @@ class CypherGraphStore:
         statements = get_node_statements(scope, node_ids, self._batch_size)
         return [node_from_row(row) for statement in statements for row in self._runner.read(statement)]
 
-    def get_edges(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphEdge]:
+    def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
         found: dict[str, GraphEdge] = {}
-        for statement in get_edge_statements(scope, node_ids, self._batch_size):
+        for statement in get_edge_statements(scope, node_ids, self._batch_size, among):
             for row in self._runner.read(statement):
                 edge = edge_from_row(row)
                 found[edge.id] = edge

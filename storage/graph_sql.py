@@ -96,12 +96,17 @@ class SqlGraphStore:
             data_ids = _provenance(conn, scope, NODE, [row.id for row in found])
         return [_node(row, data_ids) for row in found]
 
-    def get_edges(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphEdge]:
+    def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
         found: dict[str, sa.Row[Any]] = {}
         table = edges_table
+        unique = list(dict.fromkeys(node_ids))
         with _translated(), self._engine.connect() as conn:
-            for batch in chunked(list(dict.fromkeys(node_ids)), BATCH_SIZE):
-                touching = sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
+            for batch in chunked(unique, BATCH_SIZE):
+                touching = (
+                    sa.and_(table.c.source_id.in_(batch), table.c.target_id.in_(unique))
+                    if among
+                    else sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
+                )
                 query = sa.select(table).where(_in_scope(table, scope), touching)
                 found.update((row.id, row) for row in conn.execute(query))
             data_ids = _provenance(conn, scope, EDGE, list(found))

@@ -92,14 +92,15 @@ class MemoryGraphStore:
             found = [nodes[node_id] for node_id in dict.fromkeys(node_ids) if node_id in nodes]
             return [node.model_copy(deep=True) for node in found]
 
-    def get_edges(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphEdge]:
+    def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
         wanted = set(node_ids)
         with self._lock:
             edges = self._graph(scope).edges.values()
             return [
                 edge.model_copy(deep=True)
                 for edge in edges
-                if edge.source_id in wanted or edge.target_id in wanted
+                if (edge.source_id in wanted and edge.target_id in wanted)
+                or (not among and (edge.source_id in wanted or edge.target_id in wanted))
             ]
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:

@@ -239,6 +239,21 @@ def test_get_edges_returns_every_edge_touching_any_of_the_ids(store: GraphStore,
     assert by_id(store.get_edges(scope, ["c"]))["c-knows-d"] == chain[2]
 
 
+def test_get_edges_among_returns_only_edges_between_the_ids(store: GraphStore, new_scope: NewScope) -> None:
+    # Given a chain a -> b -> c -> d and a loop on d
+    scope = new_scope()
+    store.upsert_nodes(scope, [node(i) for i in "abcd"])
+    store.upsert_edges(scope, [edge("a", "b"), edge("b", "c"), edge("c", "d"), edge("d", "d", "self")])
+
+    def among(*ids: str) -> list[str]:
+        return sorted(e.id for e in store.get_edges(scope, list(ids), among=True))
+
+    assert among("a", "b") == ["a-knows-b"]
+    assert among("b", "c", "d") == ["b-knows-c", "c-knows-d", "d-self-d"]
+    assert among("a", "c") == []
+    assert among("d") == ["d-self-d"]
+
+
 def test_export_and_counts_cover_the_whole_scope(store: GraphStore, new_scope: NewScope) -> None:
     scope = new_scope()
     assert store.export(scope) == ([], [])
