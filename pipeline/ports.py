@@ -128,8 +128,16 @@ class VectorStore(Protocol):
         ...
 
     def upsert(self, scope: Scope, collection: str, points: Sequence[VectorPoint]) -> None: ...
-    def search(self, scope: Scope, collection: str, vector: Sequence[float], limit: int) -> list[ScoredPoint]:
-        """Closest points first; an unknown collection gives no hits."""
+    def search(
+        self,
+        scope: Scope,
+        collection: str,
+        vector: Sequence[float],
+        limit: int,
+        fields: Sequence[str] | None = None,
+    ) -> list[ScoredPoint]:
+        """Closest points first; an unknown collection gives no hits. With `fields`, each
+        payload holds only those keys (and the scope's), which is cheaper to read."""
         ...
 
     def list_collections(self) -> list[str]: ...

@@ -17,6 +17,7 @@ from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_cont
 NODE_COLLECTIONS = ("DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name")
 EDGE_COLLECTION = "Edge_description"
 HUB_TYPES = frozenset({"EntityType"})
+ENDPOINTS = ("source_id", "target_id")
 WIDE_TOP_K = 100
 MISS_PENALTY = 6.5
 TOP_EDGES = 15
@@ -60,15 +61,15 @@ class GraphCompletionRetriever:
         fragment = Fragment()
         hubs: set[str] = set()
         for collection in NODE_COLLECTIONS:
-            for point in self._ports.vectors.search(scope, collection, vector, wide):
+            for point in self._ports.vectors.search(scope, collection, vector, wide, fields=("type",)):
                 previous = fragment.node_distance.get(point.id, point.score)
                 fragment.node_distance[point.id] = min(previous, point.score)
                 if point.payload.get("type") in HUB_TYPES:
                     hubs.add(point.id)
         endpoints: set[str] = set()
-        for point in self._ports.vectors.search(scope, EDGE_COLLECTION, vector, wide):
+        for point in self._ports.vectors.search(scope, EDGE_COLLECTION, vector, wide, fields=ENDPOINTS):
             fragment.edge_distance[point.id] = point.score
-            endpoints.update(str(point.payload.get(key, "")) for key in ("source_id", "target_id"))
+            endpoints.update(str(point.payload.get(key, "")) for key in ENDPOINTS)
         # A type node links to every entity of its type: expanding it would fetch a large share of
         # the graph, all of it scored with a miss penalty. Its distance still counts where it is
         # an endpoint of an edge reached from another hit.

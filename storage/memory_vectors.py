@@ -77,7 +77,14 @@ class MemoryVectorStore:
             staged = {_point_id(p.id): self._stage(scope, collection, target.dimension, p) for p in points}
             target.points.update(staged)
 
-    def search(self, scope: Scope, collection: str, vector: Sequence[float], limit: int) -> list[ScoredPoint]:
+    def search(
+        self,
+        scope: Scope,
+        collection: str,
+        vector: Sequence[float],
+        limit: int,
+        fields: Sequence[str] | None = None,
+    ) -> list[ScoredPoint]:
         """Closest points of the scope first; `score` is the cosine distance."""
         with self._lock:
             target = self._collections.get(collection)
@@ -93,7 +100,7 @@ class MemoryVectorStore:
             ScoredPoint(
                 id=rows[i][0],
                 score=distance_of(float(similarities[i])),
-                payload=_json_copy(rows[i][1].payload),
+                payload=_selected(_json_copy(rows[i][1].payload), fields),
             )
             for i in order
         ]
@@ -142,3 +149,10 @@ def _normalized(vector: Sequence[float]) -> Vector:
 
 def _in_scope(payload: dict[str, Any], scope: Scope) -> bool:
     return payload.get("tenant") == scope.tenant and payload.get("dataset") == scope.dataset
+
+
+def _selected(payload: dict[str, Any], fields: Sequence[str] | None) -> dict[str, Any]:
+    if fields is None:
+        return payload
+    keep = {*fields, "tenant", "dataset"}
+    return {key: value for key, value in payload.items() if key in keep}

@@ -85,17 +85,25 @@ class QdrantVectorStore:
                 batch = points[start : start + self._batch_size]
                 client.upsert(collection, points=[_point_struct(scope, p) for p in batch], wait=True)
 
-    def search(self, scope: Scope, collection: str, vector: Sequence[float], limit: int) -> list[ScoredPoint]:
+    def search(
+        self,
+        scope: Scope,
+        collection: str,
+        vector: Sequence[float],
+        limit: int,
+        fields: Sequence[str] | None = None,
+    ) -> list[ScoredPoint]:
         """Closest points of the scope first; `score` is the cosine distance, 1 - similarity."""
+        selector: bool | list[str] = [*fields, "tenant", "dataset"] if fields is not None else True
         with self._session(f"search {collection!r}") as client:
             dimension = self._dimension_of(client, collection)
             if dimension is None or limit <= 0:
                 return []
             require_dimension(collection, dimension, vector)
             if self._path is None:
-                hits = _query(client, collection, vector, _scope_filter(scope), limit)
+                hits = _query(client, collection, vector, _scope_filter(scope), limit, selector)
             else:
-                hits = _query_local(client, collection, vector, scope, limit)
+                hits = _query_local(client, collection, vector, scope, limit, selector)
         return [
             ScoredPoint(id=str(hit.id), score=distance_of(hit.score), payload=dict(hit.payload or {}))
             for hit in hits
@@ -221,16 +229,26 @@ def _held_message(path: Path) -> str:
 
 
 def _query(
-    client: QdrantClient, collection: str, vector: Sequence[float], where: qm.Filter | None, limit: int
+    client: QdrantClient,
+    collection: str,
+    vector: Sequence[float],
+    where: qm.Filter | None,
+    limit: int,
+    selector: bool | list[str] = True,
 ) -> list[qm.ScoredPoint]:
     response = client.query_points(
-        collection, query=list(vector), query_filter=where, limit=limit, with_payload=True
+        collection, query=list(vector), query_filter=where, limit=limit, with_payload=selector
     )
     return response.points
 
 
 def _query_local(
-    client: QdrantClient, collection: str, vector: Sequence[float], scope: Scope, limit: int
+    client: QdrantClient,
+    collection: str,
+    vector: Sequence[float],
+    scope: Scope,
+    limit: int,
+    selector: bool | list[str] = True,
 ) -> list[qm.ScoredPoint]:
     """The scope's closest points, exactly as a filtered query finds them, usually much faster.
 
@@ -240,11 +258,11 @@ def _query_local(
     or when the wide list already covers the whole collection; otherwise filter.
     """
     wide = max(limit * LOCAL_OVERSAMPLE, LOCAL_MIN_WIDE)
-    hits = _query(client, collection, vector, None, wide)
+    hits = _query(client, collection, vector, None, wide, selector)
     mine = [hit for hit in hits if _in_scope(hit, scope)]
     if len(mine) >= limit or len(hits) < wide:
         return mine[:limit]
-    return _query(client, collection, vector, _scope_filter(scope), limit)
+    return _query(client, collection, vector, _scope_filter(scope), limit, selector)
 
 
 def _in_scope(hit: qm.ScoredPoint, scope: Scope) -> bool:

@@ -238,6 +238,16 @@ def test_payload_round_trips(store: VectorStore, prefix: str) -> None:
     assert hit.payload == {**payload, "tenant": SCOPE.tenant, "dataset": SCOPE.dataset}
 
 
+def test_search_can_return_only_some_payload_fields(store: VectorStore, prefix: str) -> None:
+    name = prefix + "Edge_description"
+    store.ensure_collection(name, 2)
+    store.upsert(SCOPE, name, [point("e", [1.0, 0.0], text="a long sentence", source_id="s", target_id="t")])
+
+    [hit] = store.search(SCOPE, name, [1.0, 0.0], limit=1, fields=("source_id", "target_id"))
+
+    assert hit.payload == {"source_id": "s", "target_id": "t", "tenant": SCOPE.tenant, "dataset": SCOPE.dataset}
+
+
 def test_a_thousand_points_in_batches(store: VectorStore, prefix: str) -> None:
     # Given 1,000 random points, more than the store's batch of 100
     name = prefix + "DocumentChunk_text"
