@@ -34,8 +34,15 @@ class Estimate(BaseModel):
     cost: float = 0.0
 
     def price(self, per_1k_prompt: float, per_1k_completion: float) -> Estimate:
-        cost = self.prompt_tokens / 1000 * per_1k_prompt + self.completion_tokens / 1000 * per_1k_completion
-        return self.model_copy(update={"cost": round(cost, 6)})
+        cost = price(self.prompt_tokens, self.completion_tokens, per_1k_prompt, per_1k_completion)
+        return self.model_copy(update={"cost": cost})
+
+
+def price(
+    prompt_tokens: int, completion_tokens: int, per_1k_prompt: float, per_1k_completion: float
+) -> float:
+    """What the tokens cost at those prices per 1000 tokens, rounded to 6 decimals."""
+    return round(prompt_tokens / 1000 * per_1k_prompt + completion_tokens / 1000 * per_1k_completion, 6)
 
 
 def estimate(services: Services, scope: Scope) -> Estimate:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 NAMESPACE = uuid.UUID("6f1e4c1a-9a5e-4d2b-8a3c-4b656e6e696e")
 DEFAULT_TENANT = "default"
@@ -204,11 +205,28 @@ class KnowledgeGraph(BaseModel):
     edges: list[KnowledgeEdge] = Field(default_factory=list)
 
 
+class TokenUsage(BaseModel):
+    """The tokens an LLM call was billed for."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class Extraction(BaseModel):
-    """What extraction produces for one chunk: its graph and a short summary."""
+    """What extraction produces for one chunk: its graph and a short summary.
+
+    `usage` is what producing it cost; it is neither cached nor part of the answer's schema.
+    """
 
     graph: KnowledgeGraph
     summary: str
+    usage: SkipJsonSchema[TokenUsage | None] = Field(default=None, exclude=True)
+
+    def __eq__(self, other: object) -> bool:
+        # What it cost is not what it says: equal graph and summary are the same extraction.
+        if not isinstance(other, Extraction):
+            return NotImplemented
+        return self.graph == other.graph and self.summary == other.summary
 
 
 # Records kept in the metadata store.

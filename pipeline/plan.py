@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,11 +26,19 @@ StepFunction = Callable[[Services, Job, Sequence[str]], StepResult]
 @dataclass(frozen=True)
 class Step:
     name: str
-    run: StepFunction
+    function: StepFunction
     fan_out: bool = False
 
     def batch_size(self, config: PipelineConfig) -> int:
         return config.extract_batch if self.fan_out else 1
+
+    def run(self, services: Services, job: Job, items: Sequence[str]) -> StepResult:
+        """The step's result; its counters include `ms_<name>`, the milliseconds it ran here."""
+        started = time.perf_counter()
+        result = self.function(services, job, items)
+        key = f"ms_{self.name}"
+        result.counts[key] = result.counts.get(key, 0) + round((time.perf_counter() - started) * 1000)
+        return result
 
 
 def _classify(services: Services, job: Job, _items: Sequence[str]) -> StepResult:

@@ -131,7 +131,8 @@ def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str,
     """Chunks -> knowledge graph + summary each, through the response cache.
 
     Only chunks not already extracted are sent to the extractor; a chunk whose
-    extraction fails is marked failed with the error and the others proceed.
+    extraction fails is marked failed with the error and the others proceed. The
+    tokens counted are those of the extractor's calls; cached extractions cost none.
     """
     chunks = [c for c in services.chunks.get_chunks(chunk_ids) if c.status in _EXTRACTABLE]
     extractor = services.extractor
@@ -140,7 +141,7 @@ def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str,
     hits = [c.id for c in chunks if keys[c.id] in cached]
     services.chunks.set_chunk_status(hits, ChunkStatus.EXTRACTED)
     done: set[str] = set(cached)
-    calls = failed = 0
+    calls = failed = prompt_tokens = completion_tokens = 0
     for record in (c for c in chunks if keys[c.id] not in cached):
         key = keys[record.id]
         if key not in done:
@@ -151,11 +152,20 @@ def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str,
                 failed += 1
                 services.chunks.set_chunk_status([record.id], ChunkStatus.FAILED, str(error))
                 continue
+            if extraction.usage is not None:
+                prompt_tokens += extraction.usage.prompt_tokens
+                completion_tokens += extraction.usage.completion_tokens
             # Kept at once: a worker killed later in the batch never pays for this call again.
-            services.cache.put_extractions({key: extraction})
+            services.cache.put_extractions({key: extraction.model_copy(update={"usage": None})})
             done.add(key)
         services.chunks.set_chunk_status([record.id], ChunkStatus.EXTRACTED)
-    return {"llm_calls": calls, "cache_hits": len(hits), "failed_chunks": failed}
+    return {
+        "llm_calls": calls,
+        "cache_hits": len(hits),
+        "failed_chunks": failed,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+    }
 
 
 _EXTRACTABLE = frozenset({ChunkStatus.PENDING, ChunkStatus.FAILED})

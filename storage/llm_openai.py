@@ -29,7 +29,7 @@ from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import LLMError, TransientLLMError
-from pipeline.models import Extraction
+from pipeline.models import Extraction, TokenUsage
 from pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
 
 PROMPT_VERSION = "kg-1"
@@ -121,10 +121,13 @@ class OpenAIExtractor:
         return self._chat.usage
 
     def extract(self, text: str) -> Extraction:
+        """The chunk's extraction, with `usage`: the tokens of every attempt it took."""
         user = "Extract the knowledge graph and the summary of this chunk.\n\n" + wrap_chunk(text)
-        return self._chat.ask(
+        extraction, usage = self._chat.ask(
             EXTRACTION_SYSTEM_PROMPT, user, Extraction.model_validate_json, self._response_format
         )
+        extraction.usage = usage
+        return extraction
 
     def close(self) -> None:
         self._chat.close()
@@ -146,7 +149,7 @@ class OpenAICompleter:
         return self._chat.usage
 
     def complete(self, system: str, prompt: str) -> str:
-        return self._chat.ask(system, prompt, _nonempty, None)
+        return self._chat.ask(system, prompt, _nonempty, None)[0]
 
     def close(self) -> None:
         self._chat.close()
@@ -189,16 +192,20 @@ class _ChatCaller:
 
     def ask(
         self, system: str, user: str, parse: Callable[[str], T], response_format: ResponseFormat | None
-    ) -> T:
+    ) -> tuple[T, TokenUsage]:
+        """The parsed answer, and the tokens billed for it over all attempts."""
         messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ]
         tokens = estimate_tokens(len(system) + len(user), self.config.completion_tokens_estimate)
         attempts = self.config.max_retries + 1
+        billed = TokenUsage()
         for attempt in range(attempts):
             try:
-                return _parse_answer(self._send(messages, response_format, tokens), parse)
+                response = self._send(messages, response_format, tokens)
+                billed = _add_usage(billed, response)
+                return _parse_answer(response, parse), billed
             except _Retry as failure:
                 if attempt + 1 == attempts:
                     raise self._final_error(failure, attempts) from failure.__cause__
@@ -265,6 +272,15 @@ class _ChatCaller:
             f"LLM {self.config.model} at {self.config.base_url}: {failure.cause} "
             f"(gave up after {attempts} attempts)"
         )
+
+
+def _add_usage(billed: TokenUsage, response: ChatCompletion) -> TokenUsage:
+    if response.usage is None:
+        return billed
+    return TokenUsage(
+        prompt_tokens=billed.prompt_tokens + response.usage.prompt_tokens,
+        completion_tokens=billed.completion_tokens + response.usage.completion_tokens,
+    )
 
 
 def _parse_answer(response: ChatCompletion, parse: Callable[[str], T]) -> T:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from celery import chain
@@ -77,23 +79,63 @@ def cognify_distributed(
 
 def follow(services: Services, job: Job, console: Console, timeout_s: float) -> PipelineRun:
     """Poll the run and its chunks until the run is finished, or `timeout_s` has passed."""
+    runs = watch(services, lambda: [job], console, timeout_s, POLL_S, labelled=False)
+    run = runs[job.run_id]
+    if run.status not in FINISHED:
+        console.print(
+            f"run {job.run_id[:8]} is still {run.status.value} after {timeout_s:.0f} s; "
+            "the workers go on with it (`kenning status` follows it)"
+        )
+    return run
+
+
+def watch(
+    services: Services,
+    find: Callable[[], list[Job]],
+    console: Console,
+    timeout_s: float,
+    poll_s: float,
+    *,
+    labelled: bool = True,
+) -> dict[str, PipelineRun]:
+    """Draw the runs `find` names (asked again at each poll) until every one of them is finished.
+
+    Each run has two bars: its steps, and its chunks extracted or loaded out of all its
+    chunks, `labelled` with the run's dataset and id. Returns the runs seen, by id, as they
+    last stood: after `timeout_s`, finished or not.
+    """
     deadline = time.monotonic() + timeout_s
-    columns = (TextColumn("{task.description:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    jobs: dict[str, Job] = {}
+    bars_of: dict[str, Bars] = {}
+    runs: dict[str, PipelineRun] = {}
     with Progress(*columns, console=console, transient=False) as bars:
-        steps = bars.add_task("starting", total=len(PLAN))
-        chunks = bars.add_task("chunks extracted", total=None)
         while True:
-            run = current_run(services, job)
-            draw(bars, steps, chunks, run, chunk_counts(services, job))
-            if run.status in FINISHED:
-                return run
-            if time.monotonic() >= deadline:
-                console.print(
-                    f"run {job.run_id[:8]} is still {run.status.value} after {timeout_s:.0f} s; "
-                    "the workers go on with it (`kenning status` follows it)"
-                )
-                return run
-            time.sleep(POLL_S)
+            jobs.update((job.run_id, job) for job in find())
+            for run_id, job in jobs.items():
+                if run_id not in bars_of:
+                    bars_of[run_id] = add_bars(bars, job, labelled)
+                runs[run_id] = current_run(services, job)
+                draw(bars, bars_of[run_id], runs[run_id], chunk_counts(services, job))
+            if all(run.status in FINISHED for run in runs.values()) or time.monotonic() >= deadline:
+                return runs
+            time.sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class Bars:
+    """The two bars of one run, and the label in front of their descriptions."""
+
+    steps: TaskID
+    chunks: TaskID
+    label: str = ""
+
+
+def add_bars(bars: Progress, job: Job, labelled: bool) -> Bars:
+    label = f"{job.dataset} {job.run_id[:8]} " if labelled else ""
+    steps = bars.add_task(f"{label}starting", total=len(PLAN))
+    chunks = bars.add_task(f"{label}chunks extracted", total=None)
+    return Bars(steps, chunks, label)
 
 
 def current_run(services: Services, job: Job) -> PipelineRun:
@@ -107,17 +149,15 @@ def chunk_counts(services: Services, job: Job) -> dict[ChunkStatus, int]:
     return {status: len(services.chunks.list_chunk_ids(job.dataset_id, status)) for status in ChunkStatus}
 
 
-def draw(
-    bars: Progress, steps: TaskID, chunks: TaskID, run: PipelineRun, counts: dict[ChunkStatus, int]
-) -> None:
+def draw(bars: Progress, run_bars: Bars, run: PipelineRun, counts: dict[ChunkStatus, int]) -> None:
     names = [step.name for step in PLAN]
     done = names.index(run.step) + 1 if run.step in names else 0
     upcoming = names[done] if done < len(names) else "finish"
     label = run.status.value if run.status in FINISHED else (upcoming if run.step else "starting")
-    bars.update(steps, completed=done, description=label)
+    bars.update(run_bars.steps, completed=done, description=run_bars.label + label)
     total = sum(counts.values())
     extracted = counts[ChunkStatus.EXTRACTED] + counts[ChunkStatus.LOADED]
-    bars.update(chunks, completed=extracted, total=total or None)
+    bars.update(run_bars.chunks, completed=extracted, total=total or None)
 
 
 def search_remote(

@@ -22,6 +22,7 @@ from workers.settings import load_settings
 
 console = Console(stderr=True)
 SAMPLES = Path(__file__).parent / "samples"
+WATCH_POLL_S = 1.0
 DEMO_QUESTIONS = (
     "Who founded the Harrow Point lighthouse keepers' guild?",
     "Which ship ran aground near Harrow Point, and what happened to its cargo?",
@@ -157,20 +158,33 @@ def print_search(result: SearchResult) -> None:
 @main.command("status")
 @click.option("--dataset", default=None)
 @click.option("--json", "as_json", is_flag=True)
-def status_command(dataset: str | None, as_json: bool) -> None:
-    """Datasets, their items, recent runs and graph size."""
+@click.option("--watch", is_flag=True, help="Draw the started runs live until none is left, then print.")
+@click.option("--timeout", "timeout_s", default=3600.0, show_default=True, type=click.FloatRange(0))
+def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: float) -> None:
+    """Datasets, their items, recent runs, graph size, LLM calls, tokens and cost."""
     with open_memory() as memory:
+        if watch:
+            from workers.canvas import watch as watch_runs
+
+            watch_runs(memory.wiring, lambda: memory.started_jobs(dataset), console, timeout_s, WATCH_POLL_S)
         status = memory.status(dataset)
     if as_json:
         click.echo(json.dumps({"datasets": status}, ensure_ascii=False))
         return
-    table = Table("dataset", "items", "graph", "last run")
+    table = Table("dataset", "items", "graph", "last run", "llm calls", "tokens", "cost")
     for entry in status:
         items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
         last = entry["runs"][0] if entry["runs"] else None
         run = f"{last['status']} ({last['step']})" if last else "-"
+        tokens = entry["tokens"]
         table.add_row(
-            entry["dataset"], items, f"{entry['graph']['nodes']} nodes, {entry['graph']['edges']} edges", run
+            entry["dataset"],
+            items,
+            f"{entry['graph']['nodes']} nodes, {entry['graph']['edges']} edges",
+            run,
+            str(entry["llm_calls"]),
+            f"{tokens['prompt']} in, {tokens['completion']} out",
+            f"{entry['cost']:.4f}",
         )
     Console().print(table)
 

@@ -7,7 +7,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-from pipeline.estimate import Estimate, estimate
+from pipeline.context import Job
+from pipeline.estimate import Estimate, estimate, price
 from pipeline.ingest import (
     AddResult,
     Source,
@@ -17,7 +18,7 @@ from pipeline.ingest import (
     path_sources,
     text_source,
 )
-from pipeline.models import PipelineRun, Scope
+from pipeline.models import PipelineRun, RunStatus, Scope
 from retrieval.contract import SearchRequest, SearchResult, SearchType
 from retrieval.registry import search
 from workers.local import LocalRunner, ProgressCallback, _quiet
@@ -119,7 +120,11 @@ class Kenning:
         return search(self.wiring, request)
 
     def status(self, dataset: str | None = None) -> list[dict[str, Any]]:
-        """Datasets with their items by status, recent runs and graph size."""
+        """Datasets with their items by status, recent runs and graph size.
+
+        Each run, and each dataset over all its runs, has its LLM `tokens` ({prompt,
+        completion}) and their `cost` at the settings' prices; a dataset also its `llm_calls`.
+        """
         metadata = self.wiring.metadata
         datasets = metadata.list_datasets(self.settings.tenant)
         if dataset:
@@ -131,14 +136,41 @@ class Kenning:
         items = metadata.list_items(dataset_id)
         runs = sorted(metadata.list_runs(dataset_id), key=lambda r: r.started_at, reverse=True)
         nodes, edges = self.wiring.graph.counts(scope)
+        total: Counter[str] = Counter()
+        for run in runs:
+            total.update(run.stats)
         return {
             "dataset": scope.dataset,
             "tenant": scope.tenant,
             "items": dict(Counter(item.status.value for item in items)),
             "errors": {item.name: item.error for item in items if item.error},
             "graph": {"nodes": nodes, "edges": edges},
-            "runs": [run.model_dump(mode="json") for run in runs[:5]],
+            "llm_calls": total["llm_calls"],
+            **self._spend(total),
+            "runs": [{**run.model_dump(mode="json"), **self._spend(run.stats)} for run in runs[:5]],
         }
+
+    def _spend(self, stats: dict[str, int]) -> dict[str, Any]:
+        prompt, completion = stats.get("prompt_tokens", 0), stats.get("completion_tokens", 0)
+        settings = self.settings
+        return {
+            "tokens": {"prompt": prompt, "completion": completion},
+            "cost": price(
+                prompt, completion, settings.llm_price_prompt_per_1k, settings.llm_price_completion_per_1k
+            ),
+        }
+
+    def started_jobs(self, dataset: str | None = None) -> list[Job]:
+        """The runs now started, of the dataset or of every dataset of the tenant."""
+        metadata = self.wiring.metadata
+        datasets = metadata.list_datasets(self.settings.tenant)
+        return [
+            Job(run_id=run.id, dataset_id=d.id, tenant=d.tenant, dataset=d.name)
+            for d in datasets
+            if not dataset or d.name == dataset
+            for run in metadata.list_runs(d.id)
+            if run.status == RunStatus.STARTED
+        ]
 
     def close(self) -> None:
         self.wiring.close()
