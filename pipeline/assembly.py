@@ -27,6 +27,8 @@ from pipeline.models import (
 
 _RELATION = re.compile(r"[^a-z0-9]+")
 MAX_RELATION_CHARS = 64
+# Edges the pipeline itself draws between a document, its chunks, summaries, entities and types.
+STRUCTURAL_RELATIONSHIPS = frozenset({"is_part_of", "contains", "is_a", "made_from"})
 
 
 def relation_name(text: str) -> str:
@@ -201,17 +203,36 @@ def index_entries(assembly: Assembly) -> list[IndexEntry]:
                 entries.append(IndexEntry(f"{node.type_name()}_{field_name}", node.id, text, payload))
     for edge in assembly.edges.values():
         if edge.description:
-            payload = {
-                "text": edge.description,
-                "type": "Edge",
-                "source_id": edge.source_id,
-                "target_id": edge.target_id,
-                "relationship": edge.relationship,
-                "chunk_id": assembly.chunk_of[edge.id],
-                "data_ids": edge.data_ids,
-            }
+            payload = _edge_payload(assembly, edge, edge.description, "Edge")
             entries.append(IndexEntry("Edge_description", edge.id, edge.description, payload))
+        triplet = triplet_text(assembly, edge)
+        if triplet:
+            payload = _edge_payload(assembly, edge, triplet, "Triplet")
+            entries.append(IndexEntry("Triplet_text", edge.id, triplet, payload))
     return entries
+
+
+def triplet_text(assembly: Assembly, edge: Edge) -> str:
+    """`source -> relationship -> target: description` for a fact between two entities, else ""."""
+    source, target = assembly.nodes.get(edge.source_id), assembly.nodes.get(edge.target_id)
+    if edge.relationship in STRUCTURAL_RELATIONSHIPS:
+        return ""
+    if not isinstance(source, Entity) or not isinstance(target, Entity):
+        return ""
+    text = f"{source.name} -> {edge.relationship.replace('_', ' ')} -> {target.name}"
+    return f"{text}: {edge.description}" if edge.description else text
+
+
+def _edge_payload(assembly: Assembly, edge: Edge, text: str, kind: str) -> dict[str, Any]:
+    return {
+        "text": text,
+        "type": kind,
+        "source_id": edge.source_id,
+        "target_id": edge.target_id,
+        "relationship": edge.relationship,
+        "chunk_id": assembly.chunk_of[edge.id],
+        "data_ids": edge.data_ids,
+    }
 
 
 def _payload(node: DataPoint, text: str, chunk_id: str) -> dict[str, Any]:

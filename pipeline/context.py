@@ -7,6 +7,7 @@ from typing import Protocol
 from pydantic import BaseModel, Field
 
 from pipeline.chunking import ChunkingConfig
+from pipeline.lexical import LexicalIndex
 from pipeline.models import Scope
 from pipeline.ports import (
     BlobStore,
@@ -46,6 +47,8 @@ class Services(Protocol):
     def graph(self) -> GraphStore: ...
     @property
     def vectors(self) -> VectorStore: ...
+    @property
+    def lexical(self) -> LexicalIndex: ...
     @property
     def embedder(self) -> Embedder: ...
     @property

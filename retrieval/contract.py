@@ -7,18 +7,24 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from pipeline.lexical import LexicalIndex
 from pipeline.models import Scope
 from pipeline.ports import Completer, Embedder, GraphStore, VectorStore
 
 
 class SearchType(enum.StrEnum):
     CHUNKS = "CHUNKS"
+    CHUNKS_LEXICAL = "CHUNKS_LEXICAL"
+    SUMMARIES = "SUMMARIES"
+    RAG_COMPLETION = "RAG_COMPLETION"
+    TRIPLET_COMPLETION = "TRIPLET_COMPLETION"
     GRAPH_COMPLETION = "GRAPH_COMPLETION"
+    HYBRID_COMPLETION = "HYBRID_COMPLETION"
 
 
 class SearchRequest(BaseModel):
     query: str
-    type: SearchType = SearchType.GRAPH_COMPLETION
+    type: SearchType = SearchType.HYBRID_COMPLETION
     scopes: list[Scope] = Field(default_factory=lambda: [Scope()])
     top_k: int = Field(default=10, ge=1, le=1000)
     only_context: bool = False
@@ -53,6 +59,8 @@ class SearchPorts(Protocol):
 
     @property
     def vectors(self) -> VectorStore: ...
+    @property
+    def lexical(self) -> LexicalIndex: ...
     @property
     def graph(self) -> GraphStore: ...
     @property

@@ -6,14 +6,24 @@ from collections.abc import Callable
 
 from pipeline.errors import NoLLMConfigured
 from retrieval.chunks import ChunksRetriever
+from retrieval.chunks_lexical import ChunksLexicalRetriever
 from retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
 from retrieval.graph_completion import GraphCompletionRetriever
+from retrieval.hybrid_completion import HybridCompletionRetriever
+from retrieval.rag_completion import RagCompletionRetriever
+from retrieval.summaries import SummariesRetriever
+from retrieval.triplet_completion import TripletCompletionRetriever
 
 RetrieverFactory = Callable[[SearchPorts], Retriever]
 
 REGISTRY: dict[SearchType, RetrieverFactory] = {
     SearchType.CHUNKS: ChunksRetriever,
+    SearchType.CHUNKS_LEXICAL: ChunksLexicalRetriever,
+    SearchType.SUMMARIES: SummariesRetriever,
+    SearchType.RAG_COMPLETION: RagCompletionRetriever,
+    SearchType.TRIPLET_COMPLETION: TripletCompletionRetriever,
     SearchType.GRAPH_COMPLETION: GraphCompletionRetriever,
+    SearchType.HYBRID_COMPLETION: HybridCompletionRetriever,
 }
 
 

@@ -13,6 +13,7 @@ from storage.blob import MemoryBlobStore
 from storage.embedder import HashEmbedder
 from storage.lock import MemoryLock
 from storage.memory_graph import MemoryGraphStore
+from storage.memory_lexical import MemoryLexicalIndex
 from storage.memory_metadata import MemoryMetadataStore
 from storage.memory_vectors import MemoryVectorStore
 
@@ -49,6 +50,7 @@ class TwinServices:
     blobs: MemoryBlobStore = field(default_factory=MemoryBlobStore)
     graph: MemoryGraphStore = field(default_factory=MemoryGraphStore)
     vectors: MemoryVectorStore = field(default_factory=MemoryVectorStore)
+    lexical: MemoryLexicalIndex = field(default_factory=MemoryLexicalIndex)
     embedder: HashEmbedder = field(default_factory=HashEmbedder)
     extractor: CountingExtractor = field(default_factory=CountingExtractor)
     completer: NoCompleter = field(default_factory=NoCompleter)

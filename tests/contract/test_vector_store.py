@@ -245,7 +245,8 @@ def test_search_can_return_only_some_payload_fields(store: VectorStore, prefix: 
 
     [hit] = store.search(SCOPE, name, [1.0, 0.0], limit=1, fields=("source_id", "target_id"))
 
-    assert hit.payload == {"source_id": "s", "target_id": "t", "tenant": SCOPE.tenant, "dataset": SCOPE.dataset}
+    scope_fields = {"tenant": SCOPE.tenant, "dataset": SCOPE.dataset}
+    assert hit.payload == {"source_id": "s", "target_id": "t", **scope_fields}
 
 
 def test_a_thousand_points_in_batches(store: VectorStore, prefix: str) -> None:

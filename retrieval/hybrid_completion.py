@@ -1,0 +1,188 @@
+"""HYBRID_COMPLETION: reciprocal-rank fusion of five lanes at chunk level, then one answer.
+
+Lanes, each a ranking of chunks:
+- chunks: vector search over chunk text;
+- lexical: BM25 over chunk text;
+- summaries: vector search over chunk summaries, mapped to the chunk summarised;
+- entities: entity-name hits, their graph neighbours, and the chunks that contain them
+  (`contains` edges), each entity's weight shared among the chunks that contain it;
+- facts: vector search over edge descriptions, mapped to the chunk each fact came from.
+The result is chunks; the context is their text, then the best edge facts they hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
+from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
+from retrieval.reference import best_first, chunk_hit, point_hit
+
+CHUNK_COLLECTION = "DocumentChunk_text"
+SUMMARY_COLLECTION = "TextSummary_text"
+ENTITY_COLLECTION = "Entity_name"
+EDGE_COLLECTION = "Edge_description"
+# A chunk holds several facts: the facts lane reads this many edge hits per chunk it ranks.
+FACTS_PER_CHUNK = 8
+
+
+class HybridCompletionRetriever:
+    """Chunks by fused rank. `score` is 1 - fused / best possible fused score, in [0, 1):
+    lower is closer. `extra` holds the fused score (`rrf`), the chunk's rank in each lane
+    (`lanes`) and the best edge facts drawn from it (`facts`: rank and text)."""
+
+    def __init__(self, ports: SearchPorts) -> None:
+        self._ports = ports
+
+    def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
+        config = FusionConfig.model_validate(request.options)
+        vector = self._ports.embedder.embed([request.query])[0]
+        hits: list[Hit] = []
+        for scope in request.scopes:
+            hits += self._scope_hits(scope, request, vector, config)
+        return best_first(hits, request.top_k)
+
+    def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
+        facts = sorted((fact for hit in objects for fact in hit.extra.get("facts", [])), key=_fact_rank)
+        context = "\n\n".join(hit.text for hit in objects)
+        if facts:
+            context += "\n\nFacts:\n" + "\n".join(f"- {fact['text']}" for fact in facts)
+        return context
+
+    def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
+        return answer_from_context(self._ports.completer, request.query, context)
+
+    def _scope_hits(
+        self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
+    ) -> list[Hit]:
+        lanes, facts, points = self._lanes(scope, request.query, vector, config)
+        fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)[: request.top_k]
+        top_facts = facts[: config.facts]
+        endpoints = [str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")]
+        nodes = self._nodes(scope, [entry.id for entry in fused] + endpoints)
+        hits = [self._hit(scope, entry, nodes, points, config) for entry in fused]
+        found = [hit for hit in hits if hit is not None]
+        _attach_facts(found, top_facts, nodes)
+        return found
+
+    def _lanes(
+        self, scope: Scope, query: str, vector: Sequence[float], config: FusionConfig
+    ) -> tuple[dict[str, list[str]], list[ScoredPoint], dict[str, ScoredPoint]]:
+        """(chunk ids ranked by each lane, the edge-fact hits, the chunk hits by id)."""
+        search, on, depth = self._ports.vectors.search, config.weight, config.depth
+        chunks = search(scope, CHUNK_COLLECTION, vector, depth("chunks")) if on("chunks") > 0 else []
+        lexical = self._ports.lexical.search(scope, query, depth("lexical")) if on("lexical") > 0 else []
+        summaries = (
+            search(scope, SUMMARY_COLLECTION, vector, depth("summaries")) if on("summaries") > 0 else []
+        )
+        wide = max(config.facts, depth("facts") * FACTS_PER_CHUNK) if on("facts") > 0 else config.facts
+        facts = search(scope, EDGE_COLLECTION, vector, wide) if wide else []
+        lanes = {
+            "chunks": [point.id for point in chunks],
+            "lexical": [point.id for point in lexical],
+            "summaries": _chunk_ids(summaries),
+            "entities": self._entity_lane(scope, vector, config) if on("entities") > 0 else [],
+            "facts": _chunk_ids(facts)[: depth("facts")],
+        }
+        return lanes, facts, {point.id: point for point in [*lexical, *chunks]}
+
+    def _entity_lane(self, scope: Scope, vector: Sequence[float], config: FusionConfig) -> list[str]:
+        seeds = self._ports.vectors.search(scope, ENTITY_COLLECTION, vector, config.entity_seeds)
+        if not seeds:
+            return []
+        weights = {point.id: 1.0 / rank for rank, point in enumerate(seeds, 1)}
+        edges = {edge.id: edge for edge in self._ports.graph.get_edges(scope, list(weights))}
+        neighbours = _neighbours(edges.values(), weights, config)
+        if neighbours:
+            weights.update(neighbours)
+            edges.update((edge.id, edge) for edge in self._ports.graph.get_edges(scope, list(neighbours)))
+        return _containing_chunks(edges.values(), weights)[: config.depth("entities")]
+
+    def _nodes(self, scope: Scope, ids: list[str]) -> dict[str, GraphNode]:
+        wanted = sorted(set(ids) - {""})
+        return {node.id: node for node in self._ports.graph.get_nodes(scope, wanted)} if wanted else {}
+
+    def _hit(
+        self,
+        scope: Scope,
+        entry: Fused,
+        nodes: dict[str, GraphNode],
+        points: dict[str, ScoredPoint],
+        config: FusionConfig,
+    ) -> Hit | None:
+        score = 1.0 - entry.score / config.best_score() if config.best_score() > 0 else 1.0
+        node = nodes.get(entry.id)
+        if node is not None:
+            hit = chunk_hit(scope, node, score)
+        elif entry.id in points:
+            # Indexed but not in the graph (the stores disagree): the indexed payload will do.
+            hit = point_hit(scope, points[entry.id], "chunk", {})
+            hit.score, hit.chunk_id = score, entry.id
+        else:
+            return None
+        hit.extra.update(rrf=entry.score, lanes=entry.ranks)
+        return hit
+
+
+def _chunk_ids(points: list[ScoredPoint]) -> list[str]:
+    """The chunks the points came from, each once, in the points' order."""
+    found = (str(point.payload.get("chunk_id") or "") for point in points)
+    return list(dict.fromkeys(chunk_id for chunk_id in found if chunk_id))
+
+
+def _neighbours(
+    edges: Iterable[GraphEdge], weights: dict[str, float], config: FusionConfig
+) -> dict[str, float]:
+    """Entities one fact away from a seed, weighted by their best seed's weight times the decay."""
+    found: dict[str, float] = {}
+    for edge in edges:
+        if edge.relationship in STRUCTURAL_RELATIONSHIPS:
+            continue
+        for near, far in ((edge.source_id, edge.target_id), (edge.target_id, edge.source_id)):
+            if near in weights and far not in weights:
+                found[far] = max(found.get(far, 0.0), weights[near] * config.neighbour_decay)
+    best = sorted(found.items(), key=lambda item: (-item[1], item[0]))[: config.neighbours]
+    return dict(best)
+
+
+def _containing_chunks(edges: Iterable[GraphEdge], weights: dict[str, float]) -> list[str]:
+    """Chunks by the summed weight of the entities they contain; an entity found in many chunks
+    spreads its weight thin, as a common term does in BM25."""
+    holders: dict[str, set[str]] = {}
+    for edge in edges:
+        if edge.relationship == "contains" and edge.target_id in weights:
+            holders.setdefault(edge.target_id, set()).add(edge.source_id)
+    scores: dict[str, float] = {}
+    for entity, chunks in holders.items():
+        share = weights[entity] / math.log2(1 + len(chunks))
+        for chunk_id in chunks:
+            scores[chunk_id] = scores.get(chunk_id, 0.0) + share
+    return [chunk_id for chunk_id, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))]
+
+
+def _attach_facts(hits: list[Hit], facts: list[ScoredPoint], nodes: dict[str, GraphNode]) -> None:
+    by_chunk = {hit.chunk_id: hit for hit in hits}
+    for rank, point in enumerate(facts, 1):
+        hit = by_chunk.get(str(point.payload.get("chunk_id") or ""))
+        if hit is not None:
+            hit.extra.setdefault("facts", []).append({"rank": rank, "text": render_fact(point, nodes)})
+
+
+def render_fact(point: ScoredPoint, nodes: dict[str, GraphNode]) -> str:
+    """`source -> relationship -> target: description`, with node names where the graph has them."""
+    source = _name(nodes.get(str(point.payload.get("source_id", ""))))
+    target = _name(nodes.get(str(point.payload.get("target_id", ""))))
+    relationship = str(point.payload.get("relationship", "related_to")).replace("_", " ")
+    return f"{source} -> {relationship} -> {target}: {point.payload.get('text', '')}"
+
+
+def _name(node: GraphNode | None) -> str:
+    return str(node.properties.get("name") or "?") if node else "?"
+
+
+def _fact_rank(fact: dict[str, Any]) -> int:
+    return int(fact["rank"])

@@ -1,0 +1,58 @@
+"""References from retrieved points to their sources: the data item, the document and the chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pipeline.models import GraphNode, Scope, ScoredPoint
+from pipeline.ports import GraphStore
+from retrieval.contract import Hit
+
+CHUNK_TYPE = "DocumentChunk"
+
+
+def chunk_nodes(graph: GraphStore, scope: Scope, chunk_ids: Iterable[str | None]) -> dict[str, GraphNode]:
+    """The chunk nodes of the scope among these ids, by id; one graph read."""
+    wanted = sorted({chunk_id for chunk_id in chunk_ids if chunk_id})
+    if not wanted:
+        return {}
+    return {node.id: node for node in graph.get_nodes(scope, wanted) if node.type == CHUNK_TYPE}
+
+
+def point_hit(scope: Scope, point: ScoredPoint, kind: str, chunks: dict[str, GraphNode]) -> Hit:
+    """A hit for a vector or lexical point whose payload names its chunk (`chunk_id`) and sources."""
+    chunk_id = str(point.payload.get("chunk_id") or "") or None
+    node = chunks.get(chunk_id or "")
+    document_id = point.payload.get("document_id") or (node.properties.get("document_id") if node else None)
+    return Hit(
+        text=str(point.payload.get("text", "")),
+        score=point.score,
+        kind=kind,
+        dataset=scope.dataset,
+        data_id=first(point.payload.get("data_ids")) or first(node.data_ids if node else None),
+        document_id=str(document_id) if document_id else None,
+        chunk_id=chunk_id,
+    )
+
+
+def chunk_hit(scope: Scope, node: GraphNode, score: float) -> Hit:
+    """A hit for a chunk node of the graph."""
+    document_id = node.properties.get("document_id")
+    return Hit(
+        text=str(node.properties.get("text", "")),
+        score=score,
+        kind="chunk",
+        dataset=scope.dataset,
+        data_id=first(node.data_ids),
+        document_id=str(document_id) if document_id else None,
+        chunk_id=node.id,
+    )
+
+
+def first(values: Sequence[str] | None) -> str | None:
+    return str(values[0]) if values else None
+
+
+def best_first(hits: list[Hit], limit: int) -> list[Hit]:
+    """The `limit` closest hits over every scope searched."""
+    return sorted(hits, key=lambda hit: hit.score)[:limit]

@@ -1,0 +1,251 @@
+"""The search types on in-memory twins: what each retrieves, the context it builds, its references."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from pipeline.ingest import Source, add
+from pipeline.models import DocumentRecord, Scope
+from retrieval.contract import SearchRequest, SearchResult, SearchType
+from retrieval.fusion import FusionConfig, reciprocal_rank_fusion
+from retrieval.registry import REGISTRY, search
+from tests.twins import TwinServices
+from workers.local import LocalRunner
+
+LIBRARY = Scope(tenant="t1", dataset="library")
+SECRET = Scope(tenant="t1", dataset="secret")
+CORPUS = [
+    (
+        "ada.txt",
+        "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London. "
+        "Ada Lovelace wrote the first published algorithm in 1843.",
+    ),
+    ("turing.txt", "Alan Turing worked at Bletchley Park. Alan Turing proposed the Turing Test in 1950."),
+    ("hopper.md", "# Grace Hopper\n\nGrace Hopper built the first compiler at Remington Rand in 1952."),
+    ("remington.txt", "Remington Rand was an American business machines manufacturer based in New York."),
+]
+SECRET_CORPUS = [("zephyr.txt", "Grace Hopper secretly designed the Zephyr Engine in Oslo.")]
+NEW_TYPES = [
+    SearchType.CHUNKS_LEXICAL,
+    SearchType.SUMMARIES,
+    SearchType.RAG_COMPLETION,
+    SearchType.TRIPLET_COMPLETION,
+    SearchType.HYBRID_COMPLETION,
+]
+COMPLETING = [SearchType.RAG_COMPLETION, SearchType.TRIPLET_COMPLETION, SearchType.HYBRID_COMPLETION]
+
+
+class RecordingCompleter:
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def complete(self, system: str, prompt: str) -> str:
+        self.prompts.append(prompt)
+        return "Grace Hopper."
+
+
+def sources(corpus: list[tuple[str, str]]) -> list[Source]:
+    return [Source(name=name, uri=f"test:{name}", data=text.encode()) for name, text in corpus]
+
+
+@pytest.fixture(scope="module")
+def services() -> TwinServices:
+    """Two datasets of one tenant, cognified: the library and a secret one."""
+    made = TwinServices()
+    for scope, corpus in ((LIBRARY, CORPUS), (SECRET, SECRET_CORPUS)):
+        add(made.metadata, made.blobs, scope, sources(corpus))
+        run = LocalRunner(made, made.lock, concurrency=2).run(scope)
+        assert run.status.value == "completed", run.error
+    return made
+
+
+def documents(services: TwinServices, scope: Scope) -> dict[str, DocumentRecord]:
+    dataset = services.metadata.get_dataset(scope)
+    assert dataset is not None
+    return {document.name: document for document in services.chunks.list_documents(dataset.id)}
+
+
+def run(services: TwinServices, kind: SearchType, query: str, **fields: object) -> SearchResult:
+    request = SearchRequest.model_validate({"query": query, "type": kind, "scopes": [LIBRARY], **fields})
+    return search(services, request)
+
+
+def test_every_search_type_is_registered() -> None:
+    assert set(REGISTRY) == set(SearchType)
+    assert SearchRequest(query="q").type == SearchType.HYBRID_COMPLETION
+
+
+def test_load_indexes_chunk_text_lexically_with_the_vector_payload(services: TwinServices) -> None:
+    [hit] = services.lexical.search(LIBRARY, "compiler", 5)
+    [point] = [
+        p for p in services.vectors.search(LIBRARY, "DocumentChunk_text", [1.0] * 384, 100) if p.id == hit.id
+    ]
+    assert "Grace Hopper built the first compiler" in hit.payload["text"]
+    for key in ("text", "chunk_id", "document_id", "data_ids", "index"):
+        assert hit.payload[key] == point.payload[key], key
+
+
+def test_load_embeds_facts_between_entities_as_triplets(services: TwinServices) -> None:
+    # Given the loaded library, its triplet points and its graph edges
+    points = services.vectors.search(LIBRARY, "Triplet_text", [1.0] * 384, 1000)
+    _, edges = services.graph.export(LIBRARY)
+    by_id = {edge.id: edge for edge in edges}
+    # Then every triplet is a fact edge of the graph, never a structural one, rendered with names
+    assert points
+    for point in points:
+        edge = by_id[point.id]
+        assert edge.relationship not in STRUCTURAL_RELATIONSHIPS
+        assert point.payload["chunk_id"] == edge.properties["chunk_id"] and point.payload["data_ids"]
+    texts = {point.payload["text"] for point in points}
+    assert (
+        "Grace Hopper -> built compiler at -> Remington Rand: "
+        "Grace Hopper built the first compiler at Remington Rand in 1952." in texts
+    )
+    facts = {edge.id for edge in edges if edge.relationship not in STRUCTURAL_RELATIONSHIPS}
+    assert {point.id for point in points} == facts
+
+
+@pytest.mark.parametrize(
+    ("kind", "query"),
+    [
+        (SearchType.CHUNKS_LEXICAL, "Who built the first compiler?"),
+        (SearchType.SUMMARIES, "Grace Hopper built the first compiler"),
+        (SearchType.RAG_COMPLETION, "Grace Hopper built the first compiler"),
+        (SearchType.TRIPLET_COMPLETION, "Grace Hopper built compiler at Remington Rand"),
+        (SearchType.HYBRID_COMPLETION, "Who built the first compiler?"),
+    ],
+)
+def test_each_type_finds_the_source_and_cites_it(
+    services: TwinServices, kind: SearchType, query: str
+) -> None:
+    # When asking about the compiler
+    result = run(services, kind, query, only_context=True)
+    # Then the best hit comes from hopper.md, with references to its item, document and chunk
+    hopper = documents(services, LIBRARY)["hopper.md"]
+    top = result.results[0]
+    assert "compiler" in top.text and top.dataset == "library"
+    assert (top.document_id, top.data_id) == (hopper.id, hopper.data_id)
+    [chunk] = services.graph.get_nodes(LIBRARY, [top.chunk_id or ""])
+    assert chunk.type == "DocumentChunk" and chunk.properties["document_id"] == hopper.id
+    # And every hit carries its references, best first, and appears in the context
+    assert all(hit.chunk_id and hit.document_id and hit.data_id for hit in result.results)
+    assert [hit.score for hit in result.results] == sorted(hit.score for hit in result.results)
+    assert all(hit.text in result.context for hit in result.results)
+    assert result.answer is None and result.notice is None
+
+
+def test_lexical_hits_carry_their_bm25_score(services: TwinServices) -> None:
+    result = run(services, SearchType.CHUNKS_LEXICAL, "Alan Turing Bletchley", only_context=True)
+    assert [hit.kind for hit in result.results] == ["chunk"]
+    top = result.results[0]
+    assert top.extra["bm25"] > 0 and top.score == pytest.approx(1 / (1 + top.extra["bm25"]))
+    assert run(services, SearchType.CHUNKS_LEXICAL, "the of and", only_context=True).results == []
+
+
+def test_hybrid_context_is_the_chunks_then_their_facts(services: TwinServices) -> None:
+    result = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True, top_k=3)
+    assert len(result.results) == 3 and {hit.kind for hit in result.results} == {"chunk"}
+    top = result.results[0]
+    assert "Grace Hopper" in top.text and 0 <= top.score < 1
+    assert set(top.extra["lanes"]) <= {"chunks", "lexical", "summaries", "entities", "facts"}
+    assert len(top.extra["lanes"]) >= 3 and top.extra["rrf"] > 0
+    chunks, facts = result.context.split("\n\nFacts:\n")
+    assert chunks.startswith(top.text)
+    assert "- Grace Hopper -> built compiler at -> Remington Rand: Grace Hopper built" in facts
+
+
+def test_hybrid_entity_lane_reaches_chunks_through_graph_neighbours(services: TwinServices) -> None:
+    # Given only the entity lane, started from the single best entity: Grace Hopper
+    lane = {"weights": {"entities": 1.0}, "entity_seeds": 1, "facts": 0}
+    # When searching with and without the seed's neighbours
+    near = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper", only_context=True, options=lane)
+    alone = run(
+        services,
+        SearchType.HYBRID_COMPLETION,
+        "Grace Hopper",
+        only_context=True,
+        options={**lane, "neighbours": 0},
+    )
+    # Then the neighbour Remington Rand brings in the chunk about it, which never names Grace Hopper
+    assert any(hit.text.startswith("Remington Rand was") for hit in near.results)
+    assert [hit.text for hit in alone.results] == [near.results[0].text]
+    assert "Grace Hopper" in near.results[0].text and "Facts:" not in near.context
+
+
+@pytest.mark.parametrize("kind", [*NEW_TYPES, SearchType.CHUNKS])
+def test_without_an_llm_the_answer_is_none_with_a_notice(services: TwinServices, kind: SearchType) -> None:
+    result = run(services, kind, "Who built the first compiler?")
+    assert result.results and result.context
+    assert result.answer is None and result.notice and "LLM" in result.notice
+
+
+@pytest.mark.parametrize("kind", COMPLETING)
+def test_completion_types_ask_once_with_the_context(kind: SearchType) -> None:
+    # Given a library served with an LLM that records its prompts
+    completer = RecordingCompleter()
+    served = TwinServices(completer=completer)  # type: ignore[arg-type]
+    add(served.metadata, served.blobs, LIBRARY, sources(CORPUS))
+    LocalRunner(served, served.lock, concurrency=1).run(LIBRARY)
+    # When a completion type answers
+    result = run(served, kind, "Who built the first compiler at Remington Rand?")
+    # Then one call was made, with the context in its prompt, and its answer is returned
+    assert result.answer == "Grace Hopper." and result.notice is None
+    assert len(completer.prompts) == 1 and result.context in completer.prompts[0]
+
+
+def test_rag_context_numbers_the_chunks(services: TwinServices) -> None:
+    result = run(services, SearchType.RAG_COMPLETION, "Grace Hopper compiler", only_context=True, top_k=2)
+    assert result.context.startswith(f"[1] {result.results[0].text}\n\n[2] {result.results[1].text}")
+
+
+@pytest.mark.parametrize("kind", [*NEW_TYPES, SearchType.CHUNKS, SearchType.GRAPH_COMPLETION])
+def test_another_datasets_data_never_appears(services: TwinServices, kind: SearchType) -> None:
+    # Given a secret dataset that shares the entity Grace Hopper with the library
+    query = "Grace Hopper secretly designed the Zephyr Engine in Oslo"
+    # When the library is searched for the secret's very text
+    mine = run(services, kind, query, only_context=True)
+    # Then nothing of the secret dataset comes back
+    secret = documents(services, SECRET)["zephyr.txt"]
+    assert all(hit.dataset == "library" for hit in mine.results)
+    assert all(hit.data_id != secret.data_id and hit.document_id != secret.id for hit in mine.results)
+    assert "Zephyr" not in mine.context and "Oslo" not in mine.context
+    # And an empty dataset gives nothing at all
+    empty = run(services, kind, query, only_context=True, scopes=[Scope(tenant="t1", dataset="empty")])
+    assert empty.results == [] and empty.context == ""
+    # And another tenant's dataset of the same name neither
+    other = run(services, kind, query, only_context=True, scopes=[Scope(tenant="t2", dataset="secret")])
+    assert other.results == []
+
+
+def test_hybrid_searches_each_requested_scope(services: TwinServices) -> None:
+    result = run(
+        services,
+        SearchType.HYBRID_COMPLETION,
+        "Zephyr Engine compiler",
+        only_context=True,
+        scopes=[LIBRARY, SECRET],
+    )
+    assert {hit.dataset for hit in result.results} == {"library", "secret"}
+    secret = documents(services, SECRET)["zephyr.txt"]
+    assert [hit.document_id for hit in result.results if hit.dataset == "secret"] == [secret.id]
+
+
+def test_rank_fusion_sums_weighted_reciprocal_ranks() -> None:
+    # Given two lanes that disagree, and a lane switched off
+    lanes = {"a": ["x", "y", "x"], "b": ["y", "z"], "off": ["w"]}
+    # When fused with k = 60
+    fused = reciprocal_rank_fusion(lanes, {"a": 1.0, "b": 2.0, "off": 0.0}, k=60)
+    # Then y leads (in both lanes), an item repeated in a lane counts once, the switched-off lane adds nothing
+    assert [entry.id for entry in fused] == ["y", "z", "x"]
+    by_id = {entry.id: entry for entry in fused}
+    assert by_id["y"].score == pytest.approx(1 / 62 + 2 / 61)
+    assert by_id["x"].score == pytest.approx(1 / 61) and by_id["x"].ranks == {"a": 1}
+    assert FusionConfig(weights={"chunks": 1.0, "facts": 0.5}).best_score() == pytest.approx(1.5 / 61)
+
+
+def test_fusion_options_are_validated() -> None:
+    config = FusionConfig.model_validate({"depths": {"chunks": 5}, "unrelated": True})
+    assert (config.depth("chunks"), config.depth("lexical")) == (5, 20)
+    with pytest.raises(ValueError, match="depths"):
+        FusionConfig.model_validate({"depths": {"chunks": 0}})
