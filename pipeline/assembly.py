@@ -24,6 +24,7 @@ from pipeline.models import (
     TextSummary,
     normalize_name,
 )
+from pipeline.temporal import Event, Timestamp, extract_events
 
 _RELATION = re.compile(r"[^a-z0-9]+")
 MAX_RELATION_CHARS = 64
@@ -70,8 +71,9 @@ def assemble(
     scope: Scope,
     chunks: list[tuple[ChunkRecord, DocumentRecord, Extraction]],
     content_hashes: dict[str, str],
+    temporal: bool = False,
 ) -> Assembly:
-    """Build the graph of a batch of extracted chunks, in chunk order."""
+    """Build the graph of a batch of extracted chunks, in chunk order (with dated events, if `temporal`)."""
     assembly = Assembly()
     for record, document, extraction in chunks:
         source = Provenance(
@@ -81,7 +83,21 @@ def assemble(
             task="load",
         )
         _add_chunk(assembly, scope, source, record, document, extraction)
+        if temporal:
+            _add_events(assembly, scope, source, record)
     return assembly
+
+
+def _add_events(assembly: Assembly, scope: Scope, source: Provenance, record: ChunkRecord) -> None:
+    """Event and Timestamp nodes for every sentence of the chunk that mentions a date."""
+    common: dict[str, Any] = {"tenant": scope.tenant, "dataset": scope.dataset, "source": source}
+    for sentence, start, end, label in extract_events(record.text):
+        event = Event(name=sentence[:80], text=sentence, time_from=start, time_to=end, label=label, **common)
+        stamp = Timestamp(label=label, time_from=start, time_to=end, **common)
+        assembly.add_node(event, record.id)
+        assembly.add_node(stamp, record.id)
+        _link(assembly, scope, source, record.id, event.id, "mentions_event", record.id)
+        _link(assembly, scope, source, event.id, stamp.id, "happened_at", record.id)
 
 
 def _add_chunk(
@@ -244,4 +260,6 @@ def _payload(node: DataPoint, text: str, chunk_id: str) -> dict[str, Any]:
     }
     if isinstance(node, Chunk):
         payload.update(document_id=node.document_id, index=node.index)
+    if isinstance(node, Event):
+        payload.update(time_from=node.time_from, time_to=node.time_to, label=node.label)
     return payload

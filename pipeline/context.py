@@ -28,6 +28,7 @@ class PipelineConfig(BaseModel):
     extract_batch: int = Field(default=8, ge=1, description="Chunks per extraction task")
     load_batch: int = Field(default=32, ge=1, description="Chunks written per load batch")
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
+    temporal: bool = Field(default=False, description="Also extract dated events into Event/Timestamp nodes")
 
 
 class Services(Protocol):

@@ -210,7 +210,7 @@ def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assem
     batch = [
         (r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions
     ]
-    return assemble(job.run_id, job.scope, batch, items)
+    return assemble(job.run_id, job.scope, batch, items, temporal=services.config.temporal)
 
 
 def _embed(services: Services, assembly: Assembly) -> dict[str, list[float]]:

@@ -8,10 +8,19 @@ from pipeline.errors import NoLLMConfigured
 from retrieval.chunks import ChunksRetriever
 from retrieval.chunks_lexical import ChunksLexicalRetriever
 from retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
+from retrieval.cypher import CypherRetriever, NaturalLanguageRetriever
 from retrieval.graph_completion import GraphCompletionRetriever
+from retrieval.graph_variants import (
+    ChainOfThoughtRetriever,
+    ContextExtensionRetriever,
+    DecompositionRetriever,
+    GraphSummaryRetriever,
+)
 from retrieval.hybrid_completion import HybridCompletionRetriever
 from retrieval.rag_completion import RagCompletionRetriever
+from retrieval.router import AgenticRetriever, FeelingLuckyRetriever
 from retrieval.summaries import SummariesRetriever
+from retrieval.temporal import TemporalRetriever
 from retrieval.triplet_completion import TripletCompletionRetriever
 
 RetrieverFactory = Callable[[SearchPorts], Retriever]
@@ -24,6 +33,15 @@ REGISTRY: dict[SearchType, RetrieverFactory] = {
     SearchType.TRIPLET_COMPLETION: TripletCompletionRetriever,
     SearchType.GRAPH_COMPLETION: GraphCompletionRetriever,
     SearchType.HYBRID_COMPLETION: HybridCompletionRetriever,
+    SearchType.GRAPH_SUMMARY_COMPLETION: GraphSummaryRetriever,
+    SearchType.GRAPH_COMPLETION_COT: ChainOfThoughtRetriever,
+    SearchType.GRAPH_COMPLETION_CONTEXT_EXTENSION: ContextExtensionRetriever,
+    SearchType.GRAPH_COMPLETION_DECOMPOSITION: DecompositionRetriever,
+    SearchType.TEMPORAL: TemporalRetriever,
+    SearchType.CYPHER: CypherRetriever,
+    SearchType.NATURAL_LANGUAGE: NaturalLanguageRetriever,
+    SearchType.FEELING_LUCKY: FeelingLuckyRetriever,
+    SearchType.AGENTIC_COMPLETION: AgenticRetriever,
 }
 
 

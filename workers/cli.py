@@ -76,9 +76,10 @@ def add_command(paths: tuple[str, ...], dataset: str | None) -> None:
 @click.option(
     "--dry-run", is_flag=True, help="Print the LLM calls, tokens and cost it would spend; do nothing."
 )
-def cognify_command(dataset: str | None, distributed: bool, dry_run: bool) -> None:
+@click.option("--temporal", is_flag=True, help="Also extract dated events (for TEMPORAL search); embedded.")
+def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, temporal: bool) -> None:
     """Build the knowledge graph and vector index of a dataset."""
-    with open_memory() as memory:
+    with open_memory(**({"temporal": True} if temporal else {})) as memory:
         if dry_run:
             click.echo(json.dumps(memory.estimate(dataset).model_dump(mode="json")))
             return

@@ -116,8 +116,16 @@ class Kenning:
             top_k=top_k,
             only_context=only_context,
             session_id=session_id,
+            options={"cypher_allowed": self.cypher_allowed()},
         )
         return search(self.wiring, request)
+
+    def cypher_allowed(self) -> bool:
+        """Whether this caller may run Cypher (CYPHER, NATURAL_LANGUAGE): enabled, and its tenant listed."""
+        settings = self.settings
+        return settings.cypher_enabled and (
+            not settings.cypher_tenants or settings.tenant in settings.cypher_tenants
+        )
 
     def status(self, dataset: str | None = None) -> list[dict[str, Any]]:
         """Datasets with their items by status, recent runs and graph size.

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     extract_batch: int = Field(default=8, ge=1)
     load_batch: int = Field(default=32, ge=1)
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
+    temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
+    cypher_enabled: bool = Field(default=False, description="Allow CYPHER and NATURAL_LANGUAGE search")
+    cypher_tenants: list[str] = Field(default_factory=list, description="Tenants allowed Cypher; empty = all")
     concurrency: int = Field(default=4, ge=1, le=256, description="Extractions in flight, embedded")
 
     broker_url: str = "redis://127.0.0.1:6379/0"
@@ -116,6 +119,7 @@ class Settings(BaseSettings):
             extract_batch=self.extract_batch,
             load_batch=self.load_batch,
             max_document_bytes=self.max_document_bytes,
+            temporal=self.temporal,
         )
 
 

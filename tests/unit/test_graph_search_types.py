@@ -1,0 +1,170 @@
+"""The LLM-driven graph variants, TEMPORAL, FEELING_LUCKY, AGENTIC and the CYPHER gate, on twins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from pipeline.errors import NoLLMConfigured
+from pipeline.ingest import Source, add
+from pipeline.models import Scope
+from retrieval.contract import SearchRequest, SearchResult, SearchType
+from retrieval.cypher import QueryRejected
+from retrieval.registry import REGISTRY, search
+from tests.twins import TwinServices
+from workers.local import LocalRunner
+
+SCOPE = Scope(tenant="t1", dataset="history")
+CORPUS = {
+    "ada.txt": "Ada Lovelace published the first algorithm in 1843. Ada Lovelace worked with Charles Babbage.",
+    "turing.txt": "Alan Turing proposed the Turing Test in 1950. Alan Turing worked at Bletchley Park.",
+    "hopper.txt": "Grace Hopper built the first compiler in 1952. Grace Hopper worked at Remington Rand.",
+}
+GRAPH_VARIANTS = (
+    SearchType.GRAPH_SUMMARY_COMPLETION,
+    SearchType.GRAPH_COMPLETION_COT,
+    SearchType.GRAPH_COMPLETION_CONTEXT_EXTENSION,
+    SearchType.GRAPH_COMPLETION_DECOMPOSITION,
+)
+
+
+class ScriptedCompleter:
+    """Answers from a function of (system, prompt), recording every call."""
+
+    def __init__(self, answer: Callable[[str, str], str]) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str]] = []
+
+    def complete(self, system: str, prompt: str) -> str:
+        self.calls.append((system, prompt))
+        return self.answer(system, prompt)
+
+
+@pytest.fixture(scope="module")
+def memory() -> TwinServices:
+    services = TwinServices()
+    services.config.temporal = True
+    sources = [Source(name=name, uri=f"test:{name}", data=text.encode()) for name, text in CORPUS.items()]
+    add(services.metadata, services.blobs, SCOPE, sources)
+    assert LocalRunner(services, services.lock).run(SCOPE).status.value == "completed"
+    return services
+
+
+def run(services: TwinServices, kind: SearchType, query: str, **options: object) -> SearchResult:
+    only_context = bool(options.pop("only_context", False))
+    request = SearchRequest(
+        query=query, type=kind, scopes=[SCOPE], only_context=only_context, options=options
+    )
+    return search(services, request)
+
+
+def with_completer(services: TwinServices, completer: ScriptedCompleter) -> TwinServices:
+    copy = TwinServices(**{**services.__dict__, "completer": completer})  # type: ignore[arg-type]
+    return copy
+
+
+def test_every_search_type_is_registered() -> None:
+    assert set(REGISTRY) == set(SearchType)
+
+
+@pytest.mark.parametrize("kind", GRAPH_VARIANTS)
+def test_graph_variants_give_the_graph_context_offline(memory: TwinServices, kind: SearchType) -> None:
+    plain = run(memory, SearchType.GRAPH_COMPLETION, "Who built the first compiler?", only_context=True)
+    result = run(memory, kind, "Who built the first compiler?")
+    assert result.context == plain.context and result.results
+    assert result.answer is None and result.notice and "LLM" in result.notice
+
+
+def test_decomposition_retrieves_for_each_sub_question(memory: TwinServices) -> None:
+    completer = ScriptedCompleter(
+        lambda system, prompt: (
+            "What did Grace Hopper build?\nWhere did Alan Turing work?"
+            if "sub-questions" in system
+            else "Grace Hopper and Alan Turing."
+        )
+    )
+    result = run(
+        with_completer(memory, completer), SearchType.GRAPH_COMPLETION_DECOMPOSITION, "Two pioneers?"
+    )
+    assert "Grace Hopper" in result.context and "Alan Turing" in result.context
+    assert result.answer == "Grace Hopper and Alan Turing."
+
+
+def test_chain_of_thought_searches_again_for_what_is_missing(memory: TwinServices) -> None:
+    def answer(system: str, prompt: str) -> str:
+        return "Bletchley Park Alan Turing" if "missing" in system else "Grace Hopper built it."
+
+    completer = ScriptedCompleter(answer)
+    first = run(memory, SearchType.GRAPH_COMPLETION, "Who built the first compiler?", only_context=True)
+    result = run(
+        with_completer(memory, completer),
+        SearchType.GRAPH_COMPLETION_COT,
+        "Who built the first compiler?",
+        only_context=True,
+        rounds=2,
+    )
+    assert len(result.results) > len(first.results) and "Bletchley" in result.context
+
+
+def test_graph_summary_uses_the_llm_summary_as_context(memory: TwinServices) -> None:
+    completer = ScriptedCompleter(lambda system, prompt: "SUMMARY: Hopper built a compiler.")
+    result = run(
+        with_completer(memory, completer), SearchType.GRAPH_SUMMARY_COMPLETION, "compiler", only_context=True
+    )
+    assert result.context == "SUMMARY: Hopper built a compiler."
+
+
+def test_temporal_keeps_events_in_the_asked_range(memory: TwinServices) -> None:
+    in_1952 = run(memory, SearchType.TEMPORAL, "What happened in 1952?", only_context=True)
+    assert in_1952.results and all("1952" in hit.text for hit in in_1952.results)
+    assert in_1952.results[0].chunk_id and in_1952.results[0].data_id
+    forties = run(memory, SearchType.TEMPORAL, "What was published between 1840 and 1849?", only_context=True)
+    assert [hit.text for hit in forties.results] == [
+        "[1843] Ada Lovelace published the first algorithm in 1843."
+    ]
+    undated = run(memory, SearchType.TEMPORAL, "the Turing Test", only_context=True)
+    assert "1950" in undated.results[0].text
+
+
+def test_feeling_lucky_routes_by_rules_offline_and_by_the_llm_when_there_is_one(memory: TwinServices) -> None:
+    dated = run(memory, SearchType.FEELING_LUCKY, "What happened in 1950?", only_context=True)
+    assert dated.results and dated.results[0].extra["routed_to"] == "TEMPORAL"
+    short = run(memory, SearchType.FEELING_LUCKY, "Remington Rand", only_context=True)
+    assert short.results[0].extra["routed_to"] == "CHUNKS_LEXICAL"
+    completer = ScriptedCompleter(lambda system, prompt: "CHUNKS")
+    picked = run(
+        with_completer(memory, completer),
+        SearchType.FEELING_LUCKY,
+        "What happened in 1950?",
+        only_context=True,
+    )
+    assert picked.results[0].extra["routed_to"] == "CHUNKS"
+
+
+def test_agentic_completion_follows_the_llm_tools_until_it_answers(memory: TwinServices) -> None:
+    replies = iter(["SEARCH_CHUNKS: first compiler", "ANSWER: Grace Hopper"])
+    completer = ScriptedCompleter(lambda system, prompt: next(replies))
+    result = run(
+        with_completer(memory, completer), SearchType.AGENTIC_COMPLETION, "Who built the first compiler?"
+    )
+    assert result.answer == "Grace Hopper"
+    assert any("Grace Hopper built the first compiler" in hit.text for hit in result.results)
+    assert "Observation" in completer.calls[1][1]
+
+
+def test_agentic_completion_offline_gives_context_and_a_notice(memory: TwinServices) -> None:
+    result = run(memory, SearchType.AGENTIC_COMPLETION, "Who built the first compiler?")
+    assert result.results and result.answer is None and result.notice
+
+
+def test_cypher_is_refused_unless_allowed_and_needs_a_cypher_store(memory: TwinServices) -> None:
+    with pytest.raises(QueryRejected, match="disabled"):
+        run(memory, SearchType.CYPHER, "MATCH (n) RETURN n")
+    with pytest.raises(QueryRejected, match="Cypher graph backend"):
+        run(memory, SearchType.CYPHER, "MATCH (n) RETURN n", cypher_allowed=True)
+
+
+def test_no_llm_completer_says_so() -> None:
+    with pytest.raises(NoLLMConfigured):
+        TwinServices().completer.complete("s", "p")
