@@ -17,7 +17,7 @@ from workers.local import LocalRunner
 
 SCOPE = Scope(tenant="t1", dataset="history")
 CORPUS = {
-    "ada.txt": "Ada Lovelace published the first algorithm in 1843. Ada Lovelace worked with Charles Babbage.",
+    "ada.txt": "Ada Lovelace published the first algorithm in 1843. Ada Lovelace knew Charles Babbage.",
     "turing.txt": "Alan Turing proposed the Turing Test in 1950. Alan Turing worked at Bletchley Park.",
     "hopper.txt": "Grace Hopper built the first compiler in 1952. Grace Hopper worked at Remington Rand.",
 }
