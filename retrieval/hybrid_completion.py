@@ -23,7 +23,8 @@ from retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from retrieval.reference import best_first, chunk_hit, point_hit
 
 CHUNK_COLLECTION = "DocumentChunk_text"
-SUMMARY_COLLECTION = "TextSummary_text"
+from retrieval.summaries import SUMMARY_COLLECTION
+
 ENTITY_COLLECTION = "Entity_name"
 EDGE_COLLECTION = "Edge_description"
 # A chunk holds several facts: the facts lane reads this many edge hits per chunk it ranks.

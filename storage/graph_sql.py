@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from pipeline.errors import StoreError, TransientStoreError
+from pipeline.errors import StoreError
 from pipeline.models import GraphEdge, GraphNode, Scope
 from pipeline.ports import chunked
 from storage.memory_graph import unique_edges, unique_nodes
+from storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
 NODE = "node"
@@ -65,7 +66,7 @@ class SqlGraphStore:
             raise StoreError(f"the SQL graph store supports SQLite and PostgreSQL, not {engine.dialect.name}")
         self._engine = engine
         with _translated():
-            _create_tables(engine)
+            create_tables(engine, metadata)
 
     def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
         unique = unique_nodes(nodes)
@@ -160,29 +161,6 @@ def _batches(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield rows[start : start + BATCH_SIZE]
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Driver errors become store errors; lost connections and locks are worth a retry."""
-    try:
-        yield
-    except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
-        raise TransientStoreError(f"graph database unavailable: {exc}") from exc
-    except sa.exc.DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise TransientStoreError(f"graph database connection lost: {exc}") from exc
-        raise StoreError(f"graph database error: {exc}") from exc
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"graph database error: {exc}") from exc
-
-
-def _create_tables(engine: sa.Engine) -> None:
-    try:
-        metadata.create_all(engine)
-    except (sa.exc.ProgrammingError, sa.exc.IntegrityError):
-        # Another process created them between our check and our CREATE; now the check sees them.
-        metadata.create_all(engine)
-
-
 def _in_scope(table: sa.Table, scope: Scope) -> sa.ColumnElement[bool]:
     return sa.and_(table.c.tenant == scope.tenant, table.c.dataset == scope.dataset)
 
@@ -272,3 +250,7 @@ def _edge(row: sa.Row[Any], data_ids: dict[str, list[str]]) -> GraphEdge:
         properties=json.loads(row.properties),
         data_ids=data_ids.get(row.id, []),
     )
+
+
+def _translated() -> AbstractContextManager[None]:
+    return translated_sql("graph database")

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from pipeline.errors import StoreError, TransientStoreError
+from pipeline.errors import StoreError
 from pipeline.lexical import K1, B, LexicalEntry, bm25_distance, query_terms, term_frequencies
 from pipeline.models import Scope, ScoredPoint
 from pipeline.ports import chunked
+from storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
 
@@ -76,7 +77,7 @@ class SqlLexicalIndex:
             raise StoreError(f"the lexical index supports SQLite and PostgreSQL, not {engine.dialect.name}")
         self._engine = engine
         with _translated():
-            _create_tables(engine)
+            create_tables(engine, metadata)
             self._needs_ln = engine.dialect.name == "sqlite" and not _has_ln(engine)
 
     def index(self, scope: Scope, entries: Sequence[LexicalEntry]) -> None:
@@ -252,24 +253,5 @@ def _has_ln(engine: sa.Engine) -> bool:
     return True
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Driver errors become store errors; lost connections and locks are worth a retry."""
-    try:
-        yield
-    except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
-        raise TransientStoreError(f"lexical index unavailable: {exc}") from exc
-    except sa.exc.DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise TransientStoreError(f"lexical index connection lost: {exc}") from exc
-        raise StoreError(f"lexical index error: {exc}") from exc
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"lexical index error: {exc}") from exc
-
-
-def _create_tables(engine: sa.Engine) -> None:
-    try:
-        metadata.create_all(engine)
-    except (sa.exc.ProgrammingError, sa.exc.IntegrityError):
-        # Another process created them between our check and our CREATE; now the check sees them.
-        metadata.create_all(engine)
+def _translated() -> AbstractContextManager[None]:
+    return translated_sql("lexical index")

@@ -1,0 +1,38 @@
+"""Retrievers that are one vector search over one collection: SUMMARIES and TRIPLET_COMPLETION."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from retrieval.reference import best_first, chunk_nodes, point_hit
+
+
+class VectorLaneRetriever:
+    """The collection's closest points, each referring to the chunk it came from."""
+
+    collection: ClassVar[str]
+    kind: ClassVar[str]
+    extra_fields: ClassVar[tuple[str, ...]] = ()
+    separator: ClassVar[str] = "\n\n"
+
+    def __init__(self, ports: SearchPorts) -> None:
+        self._ports = ports
+
+    def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
+        vector = self._ports.embedder.embed([request.query])[0]
+        hits: list[Hit] = []
+        for scope in request.scopes:
+            points = self._ports.vectors.search(scope, self.collection, vector, request.top_k)
+            chunks = chunk_nodes(self._ports.graph, scope, (p.payload.get("chunk_id") for p in points))
+            for point in points:
+                hit = point_hit(scope, point, self.kind, chunks)
+                hit.extra.update({key: point.payload.get(key) for key in self.extra_fields})
+                hits.append(hit)
+        return best_first(hits, request.top_k)
+
+    def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
+        return self.separator.join(hit.text for hit in objects)
+
+    def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
+        return answer_from_context(self._ports.completer, request.query, context)
