@@ -21,9 +21,9 @@ from pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
 from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from retrieval.reference import best_first, chunk_hit, point_hit
+from retrieval.summaries import SUMMARY_COLLECTION
 
 CHUNK_COLLECTION = "DocumentChunk_text"
-from retrieval.summaries import SUMMARY_COLLECTION
 
 ENTITY_COLLECTION = "Entity_name"
 EDGE_COLLECTION = "Edge_description"
