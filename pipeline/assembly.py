@@ -50,6 +50,7 @@ class Assembly:
         existing = self.nodes.setdefault(node.id, node)
         if existing is not node:
             _merge_sources(existing.data_ids, node.data_ids)
+            _merge_sources(existing.node_sets, node.node_sets)
         self.chunk_of.setdefault(node.id, chunk_id)
         return node.id
 
@@ -72,8 +73,12 @@ def assemble(
     chunks: list[tuple[ChunkRecord, DocumentRecord, Extraction]],
     content_hashes: dict[str, str],
     temporal: bool = False,
+    node_sets: dict[str, list[str]] | None = None,
 ) -> Assembly:
-    """Build the graph of a batch of extracted chunks, in chunk order (with dated events, if `temporal`)."""
+    """Build the graph of a batch of extracted chunks, in chunk order (with dated events, if `temporal`).
+
+    `node_sets` maps a data item's id to the node sets its document, chunks, summaries and entities join.
+    """
     assembly = Assembly()
     for record, document, extraction in chunks:
         source = Provenance(
@@ -82,7 +87,8 @@ def assemble(
             run_id=run_id,
             task="load",
         )
-        _add_chunk(assembly, scope, source, record, document, extraction)
+        sets = (node_sets or {}).get(record.data_id, [])
+        _add_chunk(assembly, scope, source, record, document, extraction, sets)
         if temporal:
             _add_events(assembly, scope, source, record)
     return assembly
@@ -107,8 +113,10 @@ def _add_chunk(
     record: ChunkRecord,
     document: DocumentRecord,
     extraction: Extraction,
+    node_sets: list[str],
 ) -> None:
     common: dict[str, Any] = {"tenant": scope.tenant, "dataset": scope.dataset, "source": source}
+    common["node_sets"] = node_sets
     doc = Document(
         name=document.name, kind=document.kind, data_id=document.data_id, mime=document.mime, **common
     )
@@ -257,6 +265,7 @@ def _payload(node: DataPoint, text: str, chunk_id: str) -> dict[str, Any]:
         "type": node.type_name(),
         "chunk_id": chunk_id,
         "data_ids": node.data_ids,
+        "node_sets": node.node_sets,
     }
     if isinstance(node, Chunk):
         payload.update(document_id=node.document_id, index=node.index)

@@ -22,6 +22,7 @@ class Source(BaseModel):
     data: bytes
     mime: str = ""
     version: str = ""
+    node_sets: list[str] = []
 
 
 class AddResult(BaseModel):
@@ -37,6 +38,7 @@ def add(metadata: MetadataStore, blobs: BlobStore, scope: Scope, sources: Sequen
     result = AddResult()
     for source in sources:
         item = DataItem.of(dataset, source.name, source.uri, source.data, source.mime, source.version)
+        item.node_sets = list(source.node_sets)
         blobs.put(item.content_hash, source.data)
         if metadata.add_item(item):
             result.added.append(item)

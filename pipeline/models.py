@@ -266,6 +266,7 @@ class DataItem(BaseModel):
     size: int
     mime: str = ""
     version: str = ""
+    node_sets: list[str] = Field(default_factory=list)
     status: ItemStatus = ItemStatus.PENDING
     error: str = ""
     created_at: datetime = Field(default_factory=utcnow)

@@ -206,11 +206,15 @@ def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assem
     keys = {r.id: extraction_key(extractor.model, extractor.prompt_version, r.text_hash) for r in records}
     extractions = services.cache.get_extractions(list(set(keys.values())))
     data_ids = [document.data_id for document in documents.values()]
-    items = {item.id: item.content_hash for item in services.metadata.get_items(data_ids)}
+    items = services.metadata.get_items(data_ids)
+    hashes = {item.id: item.content_hash for item in items}
+    node_sets = {item.id: item.node_sets for item in items}
     batch = [
         (r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions
     ]
-    return assemble(job.run_id, job.scope, batch, items, temporal=services.config.temporal)
+    return assemble(
+        job.run_id, job.scope, batch, hashes, temporal=services.config.temporal, node_sets=node_sets
+    )
 
 
 def _embed(services: Services, assembly: Assembly) -> dict[str, list[float]]:

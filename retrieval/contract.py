@@ -29,6 +29,7 @@ class SearchType(enum.StrEnum):
     NATURAL_LANGUAGE = "NATURAL_LANGUAGE"
     FEELING_LUCKY = "FEELING_LUCKY"
     AGENTIC_COMPLETION = "AGENTIC_COMPLETION"
+    CODING_RULES = "CODING_RULES"
 
 
 class SearchRequest(BaseModel):

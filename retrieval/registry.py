@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pipeline.errors import NoLLMConfigured
 from retrieval.chunks import ChunksRetriever
 from retrieval.chunks_lexical import ChunksLexicalRetriever
+from retrieval.coding_rules import CodingRulesRetriever
 from retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
 from retrieval.cypher import CypherRetriever, NaturalLanguageRetriever
 from retrieval.graph_completion import GraphCompletionRetriever
@@ -42,6 +43,7 @@ REGISTRY: dict[SearchType, RetrieverFactory] = {
     SearchType.NATURAL_LANGUAGE: NaturalLanguageRetriever,
     SearchType.FEELING_LUCKY: FeelingLuckyRetriever,
     SearchType.AGENTIC_COMPLETION: AgenticRetriever,
+    SearchType.CODING_RULES: CodingRulesRetriever,
 }
 
 

@@ -58,6 +58,8 @@ data_items = sa.Table(
     sa.Column("mime", sa.String(255), nullable=False),
     # The source's own version (an S3 ETag), to skip unchanged objects without reading them.
     sa.Column("version", sa.String(255), nullable=False, server_default=""),
+    # The named subsets the item belongs to, carried to every data point built from it.
+    sa.Column("node_sets", json_type(), nullable=False, server_default=sa.text("'[]'")),
     sa.Column("status", sa.String(32), nullable=False),
     sa.Column("error", sa.Text(), nullable=False),
     sa.Column("created_at", UtcDateTime(), nullable=False),

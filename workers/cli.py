@@ -57,10 +57,11 @@ def main() -> None:
 @main.command("add")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--dataset", default=None, help="Dataset to add to (default: KENNING_DATASET or 'main').")
-def add_command(paths: tuple[str, ...], dataset: str | None) -> None:
+@click.option("--node-set", "node_sets", multiple=True, help="A named subset the data joins (repeatable).")
+def add_command(paths: tuple[str, ...], dataset: str | None, node_sets: tuple[str, ...]) -> None:
     """Add files, directories, - (stdin) or s3://bucket/prefix to a dataset."""
     with open_memory() as memory:
-        result = memory.add_paths(list(paths), dataset)
+        result = memory.add_paths(list(paths), dataset, node_sets=list(node_sets))
     for path, error in result.errors.items():
         console.print(f"[red]error[/red] {path}: {error}")
     console.print(

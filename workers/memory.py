@@ -46,26 +46,37 @@ class Kenning:
     def scope(self, dataset: str | None = None) -> Scope:
         return Scope(tenant=self.settings.tenant, dataset=dataset or self.settings.dataset)
 
-    def add(self, sources: Sequence[Source], dataset: str | None = None) -> AddResult:
+    def add(
+        self, sources: Sequence[Source], dataset: str | None = None, node_sets: Sequence[str] = ()
+    ) -> AddResult:
+        """Add the sources; `node_sets` name the subsets every one of them joins, besides their own."""
+        if node_sets:
+            sources = [_with_node_sets(source, node_sets) for source in sources]
         return add(self.wiring.metadata, self.wiring.blobs, self.scope(dataset), sources)
 
-    def add_text(self, text: str, dataset: str | None = None, name: str = "text") -> AddResult:
-        return self.add([text_source(text, name)], dataset)
+    def add_text(
+        self, text: str, dataset: str | None = None, name: str = "text", node_sets: Sequence[str] = ()
+    ) -> AddResult:
+        return self.add([text_source(text, name)], dataset, node_sets)
 
-    def add_paths(self, paths: Sequence[str], dataset: str | None = None) -> AddResult:
-        """Add files, directories, `-` (stdin) and `s3://bucket/prefix` URIs.
+    def add_paths(
+        self, paths: Sequence[str], dataset: str | None = None, node_sets: Sequence[str] = ()
+    ) -> AddResult:
+        """Add files, directories, `-` (stdin) and `s3://bucket/prefix` URIs, into `node_sets` if given.
 
         Unreadable paths and objects are reported in the result, not raised.
         """
         errors: dict[str, str] = {}
         local = [path for path in paths if not path.startswith("s3://")]
-        result = self.add(list(path_sources(local, errors)), dataset)
+        result = self.add(list(path_sources(local, errors)), dataset, node_sets)
         result.errors.update(errors)
         for uri in (path for path in paths if path.startswith("s3://")):
-            self._add_bucket(uri, dataset, result)
+            self._add_bucket(uri, dataset, result, node_sets)
         return result
 
-    def _add_bucket(self, uri: str, dataset: str | None, result: AddResult) -> None:
+    def _add_bucket(
+        self, uri: str, dataset: str | None, result: AddResult, node_sets: Sequence[str] = ()
+    ) -> None:
         from storage.s3 import S3Source, parse_s3_uri
 
         bucket, prefix = parse_s3_uri(uri)
@@ -76,7 +87,7 @@ class Kenning:
             source, f"s3://{bucket}", prefix, known, found, self.settings.max_document_bytes
         )
         for batch in batched(sources, 64):
-            added = self.add(batch, dataset)
+            added = self.add(batch, dataset, node_sets)
             result.added += added.added
             result.unchanged += added.unchanged
         result.skipped += found.skipped
@@ -195,3 +206,8 @@ def batched(sources: Iterable[Source], size: int) -> Iterator[list[Source]]:
     iterator = iter(sources)
     while batch := list(islice(iterator, size)):
         yield batch
+
+
+def _with_node_sets(source: Source, node_sets: Sequence[str]) -> Source:
+    merged = list(dict.fromkeys([*source.node_sets, *node_sets]))
+    return source.model_copy(update={"node_sets": merged})
