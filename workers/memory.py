@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
@@ -119,7 +120,11 @@ class Kenning:
         only_context: bool = False,
         session_id: str | None = None,
     ) -> SearchResult:
-        scopes = [self.scope(name) for name in (datasets or [self.settings.dataset])]
+        wanted = [self.scope(name) for name in (datasets or [self.settings.dataset])]
+        # A dataset the caller may not read is left out, silently: no error tells it exists.
+        scopes = [scope for scope in wanted if self.may_read(scope)]
+        if not scopes:
+            return SearchResult(query=query, type=SearchType(type), results=[], context="")
         request = SearchRequest(
             query=query,
             type=SearchType(type),
@@ -130,6 +135,9 @@ class Kenning:
             options={"cypher_allowed": self.cypher_allowed()},
         )
         return search(self.wiring, request)
+
+    def may_read(self, scope: Scope) -> bool:
+        return any(fnmatch.fnmatchcase(f"{scope.tenant}/{scope.dataset}", p) for p in self.settings.readable)
 
     def cypher_allowed(self) -> bool:
         """Whether this caller may run Cypher (CYPHER, NATURAL_LANGUAGE): enabled, and its tenant listed."""

@@ -78,7 +78,8 @@ def _memory(tenant: str | None = None) -> Kenning:
     resources = app.resources()
     settings = resources.settings
     if tenant and tenant != settings.tenant:
-        settings = settings.model_copy(update={"tenant": tenant})
+        # The caller acts as that tenant, but reads only what this worker's settings allow.
+        settings = settings.model_copy(update={"tenant": tenant, "read_scopes": settings.readable})
     return Kenning(settings, resources.wiring)
 
 

@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
     temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
     cypher_enabled: bool = Field(default=False, description="Allow CYPHER and NATURAL_LANGUAGE search")
+    read_scopes: list[str] = Field(
+        default_factory=list,
+        description="tenant/dataset patterns this process may search; empty = own tenant",
+    )
     cypher_tenants: list[str] = Field(default_factory=list, description="Tenants allowed Cypher; empty = all")
     concurrency: int = Field(default=4, ge=1, le=256, description="Extractions in flight, embedded")
 
@@ -95,6 +99,11 @@ class Settings(BaseSettings):
         if self.embedding_provider == "openai" and not self.embedding_url:
             raise ValueError("embedding_provider 'openai' needs KENNING_EMBEDDING_URL")
         return self
+
+    @property
+    def readable(self) -> list[str]:
+        """The tenant/dataset glob patterns searches may read."""
+        return self.read_scopes or [f"{self.tenant}/*"]
 
     @property
     def metadata_dsn(self) -> str:

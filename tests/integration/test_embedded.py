@@ -189,3 +189,23 @@ def test_dry_run_estimates_calls_and_tokens_without_spending(tmp_path: Path) -> 
     assert estimate.items == 3 and estimate.unreadable_items == 1 and estimate.chunks == 2
     assert estimate.llm_calls == 1 and estimate.prompt_tokens > 0 and estimate.cost > 0
     assert after.llm_calls == 0 and after.items == 0
+
+
+def test_a_dataset_the_caller_may_not_read_gives_nothing_and_no_error(tmp_path: Path) -> None:
+    # Given tenant "acme" with a dataset of its own
+    acme = load_settings(home=tmp_path / "home", embedding_provider="hash", tenant="acme")
+    with Kenning(acme) as memory:
+        memory.add_text("Acme's secret formula is blue paint.", "secrets")
+        memory.cognify("secrets")
+        assert memory.search("secret formula", "CHUNKS", datasets=["secrets"]).results
+    # When another tenant asks for that dataset, acting as acme but allowed only its own scopes
+    outsider = acme.model_copy(update={"tenant": "acme", "read_scopes": ["globex/*"]})
+    with Kenning(outsider) as memory:
+        for kind in ("CHUNKS", "GRAPH_COMPLETION", "HYBRID_COMPLETION"):
+            result = memory.search("secret formula", kind, datasets=["secrets"], only_context=True)
+            # Then nothing comes back, and nothing says the dataset exists
+            assert result.results == [] and result.context == "" and result.notice is None
+    # And a pattern that allows it reads it
+    partner = acme.model_copy(update={"read_scopes": ["acme/sec*"]})
+    with Kenning(partner) as memory:
+        assert memory.search("secret formula", "CHUNKS", datasets=["secrets"]).results
