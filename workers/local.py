@@ -15,7 +15,7 @@ from pipeline.ports import Lock, chunked
 ProgressCallback = Callable[[str, int, int], None]
 
 
-def _quiet(_step: str, _done: int, _total: int) -> None:
+def no_progress(_step: str, _done: int, _total: int) -> None:
     return None
 
 
@@ -30,7 +30,7 @@ class LocalRunner:
         concurrency: int = 4,
         lock_ttl_s: float = 600.0,
         plan: Sequence[Step] = PLAN,
-        progress: ProgressCallback = _quiet,
+        progress: ProgressCallback = no_progress,
     ) -> None:
         self._services = services
         self._lock = lock

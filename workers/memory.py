@@ -22,7 +22,7 @@ from pipeline.ingest import (
 from pipeline.models import PipelineRun, RunStatus, Scope
 from retrieval.contract import SearchRequest, SearchResult, SearchType
 from retrieval.registry import search
-from workers.local import LocalRunner, ProgressCallback, _quiet
+from workers.local import LocalRunner, ProgressCallback, no_progress
 from workers.settings import Settings, load_settings
 from workers.wiring import Wiring
 
@@ -94,7 +94,7 @@ class Kenning:
         result.skipped += found.skipped
         result.errors.update(found.errors)
 
-    def cognify(self, dataset: str | None = None, progress: ProgressCallback = _quiet) -> PipelineRun:
+    def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
         runner = LocalRunner(
             self.wiring,
             self.wiring.lock,
