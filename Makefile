@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DO_NOT_TRACK := true
 
-.PHONY: setup demo test lint bench services clean
+.PHONY: setup demo test test-unit test-contract test-integration lint wheel bench services clean
 
 setup: $(VENV)/.installed
 
@@ -18,8 +18,22 @@ demo: setup
 services:
 	bash scripts/services.sh
 
+PYTEST := $(BIN)/pytest -q --durations=15
+
 test: setup services
-	$(BIN)/pytest -q
+	$(PYTEST)
+
+test-unit: setup
+	$(PYTEST) tests/unit
+
+test-contract: setup services
+	$(PYTEST) tests/contract
+
+test-integration: setup services
+	$(PYTEST) tests/integration
+
+wheel: setup
+	$(BIN)/python -m build --wheel --outdir dist .
 
 lint: setup
 	$(BIN)/ruff check .
@@ -30,4 +44,4 @@ bench: setup
 	$(BIN)/python -m bench.ingest --documents $${DOCUMENTS:-200}
 
 clean:
-	rm -rf .kenning bench/results .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .kenning bench/results dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -37,13 +37,13 @@ from bench.ingest import CORPUS as TWOWIKI
 from bench.ingest import documents as twowiki_documents
 from bench.ratelimit import CORPUS as SCIFACT
 from bench.ratelimit import abstracts
-from pipeline.ingest import Source
-from pipeline.models import PipelineRun, RunStatus
-from pipeline.plan import PLAN
+from kenning.pipeline.ingest import Source
+from kenning.pipeline.models import PipelineRun, RunStatus
+from kenning.pipeline.plan import PLAN
+from kenning.workers.canvas import current_run, enqueue
+from kenning.workers.simulator import Simulator
 from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, settings_of
 from tests.services import REDIS_URL, ensure_services, scratch_database
-from workers.canvas import current_run, enqueue
-from workers.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -19,12 +19,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.ingest import Source
-from pipeline.offline import OfflineExtractor
-from storage.embedder import LocalEmbedder
-from workers.memory import Kenning
-from workers.settings import load_settings
-from workers.wiring import Wiring
+from kenning.pipeline.ingest import Source
+from kenning.pipeline.offline import OfflineExtractor
+from kenning.storage.embedder import LocalEmbedder
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
+from kenning.workers.wiring import Wiring
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT.parent / "shared" / "data" / "twowiki_101" / "2wikimultihopqa_corpus.json"

@@ -19,9 +19,9 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.ingest import Source
-from workers.memory import Kenning
-from workers.settings import Settings, load_settings
+from kenning.pipeline.ingest import Source
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import Settings, load_settings
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -36,11 +36,11 @@ from typing import Any
 
 import redis
 
-from pipeline.errors import LLMError
-from pipeline.ratelimit import Limits, provider_key
-from storage.llm_openai import LLMConfig, OpenAIExtractor
-from storage.ratelimit_redis import RedisRateLimiter
-from workers.simulator import Simulator
+from kenning.pipeline.errors import LLMError
+from kenning.pipeline.ratelimit import Limits, provider_key
+from kenning.storage.llm_openai import LLMConfig, OpenAIExtractor
+from kenning.storage.ratelimit_redis import RedisRateLimiter
+from kenning.workers.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT.parent / "shared" / "data" / "scifact" / "corpus_train.csv"

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.ingest import Source
-from pipeline.models import Scope
-from retrieval.contract import Hit, SearchRequest, SearchType
-from retrieval.fusion import LANES
-from retrieval.registry import search
-from workers.memory import Kenning
-from workers.settings import load_settings
+from kenning.pipeline.ingest import Source
+from kenning.pipeline.models import Scope
+from kenning.retrieval.contract import Hit, SearchRequest, SearchType
+from kenning.retrieval.fusion import LANES
+from kenning.retrieval.registry import search
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"

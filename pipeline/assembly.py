@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.models import (
+from kenning.pipeline.collection import EDGES, TRIPLETS, collection_name
+from kenning.pipeline.models import (
     Chunk,
     ChunkRecord,
     DataPoint,
@@ -24,7 +25,7 @@ from pipeline.models import (
     TextSummary,
     normalize_name,
 )
-from pipeline.temporal import Event, Timestamp, extract_events
+from kenning.pipeline.temporal import Event, Timestamp, extract_events
 
 _RELATION = re.compile(r"[^a-z0-9]+")
 MAX_RELATION_CHARS = 64
@@ -224,15 +225,15 @@ def index_entries(assembly: Assembly) -> list[IndexEntry]:
             text = str(getattr(node, field_name) or "").strip()
             if text:
                 payload = _payload(node, text, assembly.chunk_of[node.id])
-                entries.append(IndexEntry(f"{node.type_name()}_{field_name}", node.id, text, payload))
+                entries.append(IndexEntry(collection_name(type(node), field_name), node.id, text, payload))
     for edge in assembly.edges.values():
         if edge.description:
             payload = _edge_payload(assembly, edge, edge.description, "Edge")
-            entries.append(IndexEntry("Edge_description", edge.id, edge.description, payload))
+            entries.append(IndexEntry(EDGES, edge.id, edge.description, payload))
         triplet = triplet_text(assembly, edge)
         if triplet:
             payload = _edge_payload(assembly, edge, triplet, "Triplet")
-            entries.append(IndexEntry("Triplet_text", edge.id, triplet, payload))
+            entries.append(IndexEntry(TRIPLETS, edge.id, triplet, payload))
     return entries
 
 

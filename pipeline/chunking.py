@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, Field, model_validator
 
-from pipeline.text import count_tokens, paragraphs, sentences, split_words
+from kenning.pipeline.text import count_tokens, paragraphs, sentences, split_words
 
 
 class ChunkingConfig(BaseModel):

@@ -6,10 +6,10 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
-from pipeline.chunking import ChunkingConfig
-from pipeline.lexical import LexicalIndex
-from pipeline.models import Scope
-from pipeline.ports import (
+from kenning.pipeline.chunking import ChunkingConfig
+from kenning.pipeline.lexical import LexicalIndex
+from kenning.pipeline.models import Scope
+from kenning.pipeline.ports import (
     BlobStore,
     ChunkStore,
     Embedder,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from pipeline.chunking import chunk_text
-from pipeline.context import Services
-from pipeline.errors import InputError
-from pipeline.loaders import detect_kind, extract_text
-from pipeline.models import ChunkStatus, ItemStatus, Scope, content_hash
-from pipeline.tasks import extraction_key
+from kenning.pipeline.chunking import chunk_text
+from kenning.pipeline.context import Services
+from kenning.pipeline.errors import InputError
+from kenning.pipeline.loaders import detect_kind, extract_text
+from kenning.pipeline.models import ChunkStatus, ItemStatus, Scope, content_hash
+from kenning.pipeline.tasks import extraction_key
 
 # Measured on the offline extractor's output for 2Wiki paragraphs: the JSON answer is
 # about as long as the chunk, plus the schema's fixed part.

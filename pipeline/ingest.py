@@ -9,9 +9,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipeline.errors import InputError
-from pipeline.models import DataItem, Scope
-from pipeline.ports import BlobStore, MetadataStore, ObjectSource
+from kenning.pipeline.errors import InputError
+from kenning.pipeline.models import DataItem, Scope
+from kenning.pipeline.ports import BlobStore, MetadataStore, ObjectSource
 
 
 class Source(BaseModel):

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pipeline.models import Scope, ScoredPoint
+from kenning.pipeline.models import Scope, ScoredPoint
 
 K1 = 1.2
 B = 0.75

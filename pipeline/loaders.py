@@ -17,7 +17,7 @@ from markdown_it import MarkdownIt
 from pypdf import PasswordType, PdfReader
 from selectolax.lexbor import LexborHTMLParser
 
-from pipeline.errors import InputError
+from kenning.pipeline.errors import InputError
 
 MAX_BYTES = 64 * 1024 * 1024
 KINDS = ("text", "markdown", "rst", "html", "pdf", "docx", "csv", "json")

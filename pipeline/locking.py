@@ -6,9 +6,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pipeline.errors import KenningError
-from pipeline.models import Scope
-from pipeline.ports import Lock
+from kenning.pipeline.errors import KenningError
+from kenning.pipeline.models import Scope
+from kenning.pipeline.ports import Lock
 
 
 class LockBusy(KenningError):

@@ -11,8 +11,8 @@ import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from pipeline.models import Extraction, KnowledgeEdge, KnowledgeGraph, KnowledgeNode, normalize_name
-from pipeline.text import paragraphs, sentences
+from kenning.pipeline.models import Extraction, KnowledgeEdge, KnowledgeGraph, KnowledgeNode, normalize_name
+from kenning.pipeline.text import paragraphs, sentences
 
 _WORD = re.compile(r"[\w'’.-]+|[,;:()]")
 _YEAR = re.compile(r"^([1-9][0-9]{2}|1[0-9]{3}|20[0-9]{2})$")

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from pipeline import tasks
-from pipeline.context import Job, PipelineConfig, Services
-from pipeline.models import Dataset, PipelineRun, RunStatus, Scope, stable_id, utcnow
+from kenning.pipeline import tasks
+from kenning.pipeline.context import Job, PipelineConfig, Services
+from kenning.pipeline.models import Dataset, PipelineRun, RunStatus, Scope, stable_id, utcnow
 
 
 class StepResult(BaseModel):

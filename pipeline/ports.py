@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from pipeline.models import (
+from kenning.pipeline.models import (
     ChunkRecord,
     ChunkStatus,
     DataItem,
@@ -176,17 +176,10 @@ class Lock(Protocol):
         """Take the lock if it is free: its fencing token, or None when someone holds it."""
         ...
 
-    def extend(self, name: str, token: int, ttl_s: float) -> bool:
-        """Push the expiry back; False when the lock is no longer held with this token."""
-        ...
-
     def release(self, name: str, token: int) -> None:
         """Let go, only if still held with this token."""
         ...
 
-
-class Progress(Protocol):
-    def advance(self, step: str, done: int, total: int) -> None: ...
 
 
 def chunked(items: Sequence[str], size: int) -> Iterator[list[str]]:

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.errors import TransientLLMError
+from kenning.pipeline.errors import TransientLLMError
 
 WINDOW_S = 60.0
 # Between its acquisition and its arrival at the provider a request may be delayed

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from pipeline.loaders import format_row
-from pipeline.models import DataPoint, Edge, Provenance, normalize_name
+from kenning.pipeline.loaders import format_row
+from kenning.pipeline.models import DataPoint, Edge, Provenance, normalize_name
 
 
 class Record(DataPoint):

@@ -11,12 +11,13 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
-from pipeline.chunking import chunk_text
-from pipeline.context import Job, Services
-from pipeline.errors import InputError, LLMError
-from pipeline.loaders import detect_kind, extract_rows, extract_text
-from pipeline.models import (
+from kenning.pipeline import collection
+from kenning.pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
+from kenning.pipeline.chunking import chunk_text
+from kenning.pipeline.context import Job, Services
+from kenning.pipeline.errors import InputError, LLMError
+from kenning.pipeline.loaders import detect_kind, extract_rows, extract_text
+from kenning.pipeline.models import (
     Chunk,
     ChunkRecord,
     ChunkStatus,
@@ -27,19 +28,12 @@ from pipeline.models import (
     VectorPoint,
     content_hash,
 )
-from pipeline.ports import chunked
-from pipeline.structured import Table, foreign_key_graph
+from kenning.pipeline.ports import chunked
+from kenning.pipeline.structured import Table, foreign_key_graph
 
 log = logging.getLogger(__name__)
 
 STRUCTURED_KINDS = frozenset({"csv", "json"})
-INDEXED_COLLECTIONS = (
-    "DocumentChunk_text",
-    "TextSummary_text",
-    "Entity_name",
-    "EntityType_name",
-    "Edge_description",
-)
 
 
 def classify(services: Services, job: Job) -> dict[str, int]:
@@ -181,7 +175,7 @@ def load(services: Services, job: Job) -> dict[str, int]:
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
     totals: Counter[str] = Counter()
     if chunk_ids:
-        for name in INDEXED_COLLECTIONS:
+        for name in collection.INDEXED:
             services.vectors.ensure_collection(name, services.embedder.dimension)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-writer") as writer:
         pending: Future[Counter[str]] | None = None
@@ -241,10 +235,10 @@ def _write(services: Services, job: Job, assembly: Assembly, vectors: dict[str, 
     for entry in entries:
         point = VectorPoint(id=entry.point_id, vector=vectors[entry.text], payload=entry.payload)
         by_collection.setdefault(entry.collection, []).append(point)
-    for collection, points in by_collection.items():
-        services.vectors.ensure_collection(collection, services.embedder.dimension)
-        services.vectors.upsert(job.scope, collection, points)
-    chunk_texts = [(e.point_id, e.text, e.payload) for e in entries if e.collection == "DocumentChunk_text"]
+    for name, points in by_collection.items():
+        services.vectors.ensure_collection(name, services.embedder.dimension)
+        services.vectors.upsert(job.scope, name, points)
+    chunk_texts = [(e.point_id, e.text, e.payload) for e in entries if e.collection == collection.CHUNKS]
     services.lexical.index(job.scope, chunk_texts)
     return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=len(vectors))
 

@@ -14,8 +14,8 @@ from datetime import date
 
 from pydantic import BaseModel
 
-from pipeline.models import DataPoint
-from pipeline.text import paragraphs, sentences
+from kenning.pipeline.models import DataPoint
+from kenning.pipeline.text import paragraphs, sentences
 
 MONTHS = {name.lower(): number for number, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): number for number, name in enumerate(calendar.month_abbr) if name})

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-
-CHUNK_COLLECTION = "DocumentChunk_text"
+from kenning.pipeline.collection import CHUNKS
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 
 
 class ChunksRetriever:
@@ -15,7 +14,7 @@ class ChunksRetriever:
         vector = self._ports.embedder.embed([request.query])[0]
         hits: list[Hit] = []
         for scope in request.scopes:
-            for point in self._ports.vectors.search(scope, CHUNK_COLLECTION, vector, request.top_k):
+            for point in self._ports.vectors.search(scope, CHUNKS, vector, request.top_k):
                 data_ids = point.payload.get("data_ids") or [None]
                 hits.append(
                     Hit(

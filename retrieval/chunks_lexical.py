@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from retrieval.reference import best_first, point_hit
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.reference import best_first, point_hit
 
 
 class ChunksLexicalRetriever:

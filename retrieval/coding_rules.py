@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from retrieval.chunks import CHUNK_COLLECTION
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from retrieval.reference import best_first, point_hit
+from kenning.pipeline.collection import CHUNKS
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.reference import best_first, point_hit
 
 DEFAULT_NODE_SET = "coding_agent_rules"
 # Membership is filtered after the search, so look far past top_k to find the set's chunks.
@@ -23,7 +23,7 @@ class CodingRulesRetriever:
         limit = max(CANDIDATES, request.top_k)
         hits: list[Hit] = []
         for scope in request.scopes:
-            for point in self._ports.vectors.search(scope, CHUNK_COLLECTION, vector, limit):
+            for point in self._ports.vectors.search(scope, CHUNKS, vector, limit):
                 if node_set in (point.payload.get("node_sets") or []):
                     hits.append(point_hit(scope, point, "rule", {}))
         return best_first(hits, request.top_k)

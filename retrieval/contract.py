@@ -7,9 +7,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from pipeline.lexical import LexicalIndex
-from pipeline.models import Scope
-from pipeline.ports import Completer, Embedder, GraphStore, VectorStore
+from kenning.pipeline.lexical import LexicalIndex
+from kenning.pipeline.models import Scope
+from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
 
 
 class SearchType(enum.StrEnum):

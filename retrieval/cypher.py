@@ -12,9 +12,9 @@ import json
 import re
 from typing import Any, Protocol, runtime_checkable
 
-from pipeline.errors import KenningError
-from pipeline.models import Scope
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.pipeline.errors import KenningError
+from kenning.pipeline.models import Scope
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 
 MAX_ROWS = 200
 MAX_ATTEMPTS = 3

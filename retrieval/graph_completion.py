@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipeline.models import GraphEdge, GraphNode, Scope
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.pipeline.collection import EDGES, NODES
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 
-NODE_COLLECTIONS = ("DocumentChunk_text", "TextSummary_text", "Entity_name", "EntityType_name")
-EDGE_COLLECTION = "Edge_description"
 HUB_TYPES = frozenset({"EntityType"})
 ENDPOINTS = ("source_id", "target_id")
 WIDE_TOP_K = 100
@@ -60,14 +59,14 @@ class GraphCompletionRetriever:
     def _project(self, scope: Scope, vector: Sequence[float], wide: int, top: int) -> Fragment:
         fragment = Fragment()
         hubs: set[str] = set()
-        for collection in NODE_COLLECTIONS:
+        for collection in NODES:
             for point in self._ports.vectors.search(scope, collection, vector, wide, fields=("type",)):
                 previous = fragment.node_distance.get(point.id, point.score)
                 fragment.node_distance[point.id] = min(previous, point.score)
                 if point.payload.get("type") in HUB_TYPES:
                     hubs.add(point.id)
         endpoints: set[str] = set()
-        for point in self._ports.vectors.search(scope, EDGE_COLLECTION, vector, wide, fields=ENDPOINTS):
+        for point in self._ports.vectors.search(scope, EDGES, vector, wide, fields=ENDPOINTS):
             fragment.edge_distance[point.id] = point.score
             endpoints.update(str(point.payload.get(key, "")) for key in ENDPOINTS)
         # A type node links to every entity of its type: expanding it would fetch a large share of

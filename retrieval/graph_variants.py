@@ -9,9 +9,9 @@ Without an LLM each of them gives the first retrieval's context (and says so).
 
 from __future__ import annotations
 
-from pipeline.errors import NoLLMConfigured
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from retrieval.graph_completion import GraphCompletionRetriever
+from kenning.pipeline.errors import NoLLMConfigured
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.graph_completion import GraphCompletionRetriever
 
 DEFAULT_ROUNDS = 3
 MAX_ROUNDS = 8

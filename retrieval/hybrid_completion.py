@@ -16,17 +16,13 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pipeline.assembly import STRUCTURAL_RELATIONSHIPS
-from pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
-from retrieval.reference import best_first, chunk_hit, point_hit
-from retrieval.summaries import SUMMARY_COLLECTION
+from kenning.pipeline import collection
+from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
+from kenning.retrieval.reference import best_first, chunk_hit, point_hit
 
-CHUNK_COLLECTION = "DocumentChunk_text"
-
-ENTITY_COLLECTION = "Entity_name"
-EDGE_COLLECTION = "Edge_description"
 # A chunk holds several facts: the facts lane reads this many edge hits per chunk it ranks.
 FACTS_PER_CHUNK = 8
 
@@ -75,13 +71,13 @@ class HybridCompletionRetriever:
     ) -> tuple[dict[str, list[str]], list[ScoredPoint], dict[str, ScoredPoint]]:
         """(chunk ids ranked by each lane, the edge-fact hits, the chunk hits by id)."""
         search, on, depth = self._ports.vectors.search, config.weight, config.depth
-        chunks = search(scope, CHUNK_COLLECTION, vector, depth("chunks")) if on("chunks") > 0 else []
+        chunks = search(scope, collection.CHUNKS, vector, depth("chunks")) if on("chunks") > 0 else []
         lexical = self._ports.lexical.search(scope, query, depth("lexical")) if on("lexical") > 0 else []
         summaries = (
-            search(scope, SUMMARY_COLLECTION, vector, depth("summaries")) if on("summaries") > 0 else []
+            search(scope, collection.SUMMARIES, vector, depth("summaries")) if on("summaries") > 0 else []
         )
         wide = max(config.facts, depth("facts") * FACTS_PER_CHUNK) if on("facts") > 0 else config.facts
-        facts = search(scope, EDGE_COLLECTION, vector, wide) if wide else []
+        facts = search(scope, collection.EDGES, vector, wide) if wide else []
         lanes = {
             "chunks": [point.id for point in chunks],
             "lexical": [point.id for point in lexical],
@@ -92,7 +88,7 @@ class HybridCompletionRetriever:
         return lanes, facts, {point.id: point for point in [*lexical, *chunks]}
 
     def _entity_lane(self, scope: Scope, vector: Sequence[float], config: FusionConfig) -> list[str]:
-        seeds = self._ports.vectors.search(scope, ENTITY_COLLECTION, vector, config.entity_seeds)
+        seeds = self._ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_seeds)
         if not seeds:
             return []
         weights = {point.id: 1.0 / rank for rank, point in enumerate(seeds, 1)}

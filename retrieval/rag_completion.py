@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from retrieval.chunks import ChunksRetriever
-from retrieval.contract import Hit, SearchRequest
+from kenning.retrieval.chunks import ChunksRetriever
+from kenning.retrieval.contract import Hit, SearchRequest
 
 
 class RagCompletionRetriever(ChunksRetriever):

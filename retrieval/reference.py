@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pipeline.models import GraphNode, Scope, ScoredPoint
-from pipeline.ports import GraphStore
-from retrieval.contract import Hit
+from kenning.pipeline.models import GraphNode, Scope, ScoredPoint
+from kenning.pipeline.ports import GraphStore
+from kenning.retrieval.contract import Hit
 
 CHUNK_TYPE = "DocumentChunk"
 

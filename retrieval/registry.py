@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeline.errors import NoLLMConfigured
-from retrieval.chunks import ChunksRetriever
-from retrieval.chunks_lexical import ChunksLexicalRetriever
-from retrieval.coding_rules import CodingRulesRetriever
-from retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
-from retrieval.cypher import CypherRetriever, NaturalLanguageRetriever
-from retrieval.graph_completion import GraphCompletionRetriever
-from retrieval.graph_variants import (
+from kenning.pipeline.errors import NoLLMConfigured
+from kenning.retrieval.chunks import ChunksRetriever
+from kenning.retrieval.chunks_lexical import ChunksLexicalRetriever
+from kenning.retrieval.coding_rules import CodingRulesRetriever
+from kenning.retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
+from kenning.retrieval.cypher import CypherRetriever, NaturalLanguageRetriever
+from kenning.retrieval.graph_completion import GraphCompletionRetriever
+from kenning.retrieval.graph_variants import (
     ChainOfThoughtRetriever,
     ContextExtensionRetriever,
     DecompositionRetriever,
     GraphSummaryRetriever,
 )
-from retrieval.hybrid_completion import HybridCompletionRetriever
-from retrieval.rag_completion import RagCompletionRetriever
-from retrieval.router import AgenticRetriever, FeelingLuckyRetriever
-from retrieval.summaries import SummariesRetriever
-from retrieval.temporal import TemporalRetriever
-from retrieval.triplet_completion import TripletCompletionRetriever
+from kenning.retrieval.hybrid_completion import HybridCompletionRetriever
+from kenning.retrieval.rag_completion import RagCompletionRetriever
+from kenning.retrieval.router import AgenticRetriever, FeelingLuckyRetriever
+from kenning.retrieval.summaries import SummariesRetriever
+from kenning.retrieval.temporal import TemporalRetriever
+from kenning.retrieval.triplet_completion import TripletCompletionRetriever
 
 RetrieverFactory = Callable[[SearchPorts], Retriever]
 
@@ -41,8 +41,9 @@ REGISTRY: dict[SearchType, RetrieverFactory] = {
     SearchType.TEMPORAL: TemporalRetriever,
     SearchType.CYPHER: CypherRetriever,
     SearchType.NATURAL_LANGUAGE: NaturalLanguageRetriever,
-    SearchType.FEELING_LUCKY: FeelingLuckyRetriever,
-    SearchType.AGENTIC_COMPLETION: AgenticRetriever,
+    # The router's retrievers search through this module's dispatcher, passed in (no import cycle).
+    SearchType.FEELING_LUCKY: lambda ports: FeelingLuckyRetriever(ports, search),
+    SearchType.AGENTIC_COMPLETION: lambda ports: AgenticRetriever(ports, search),
     SearchType.CODING_RULES: CodingRulesRetriever,
 }
 

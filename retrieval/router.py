@@ -10,8 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from pipeline.errors import NoLLMConfigured
-from retrieval.contract import Hit, SearchPorts, SearchRequest, SearchResult, SearchType, answer_from_context
+from kenning.pipeline.errors import NoLLMConfigured
+from kenning.retrieval.contract import (
+    Hit,
+    SearchPorts,
+    SearchRequest,
+    SearchResult,
+    SearchType,
+    answer_from_context,
+)
 
 Dispatch = Callable[[SearchPorts, SearchRequest], SearchResult]
 
@@ -38,39 +45,36 @@ _AGENT_SYSTEM = (
 )
 
 
-def available(name: str) -> bool:
-    return name in SearchType.__members__
-
-
 def rule_route(query: str) -> SearchType:
     """The rule-based router used when no LLM is configured."""
     text = query.lower()
-    if _TIME.search(text) and available("TEMPORAL"):
-        return SearchType["TEMPORAL"]
-    if len(text.split()) <= 3 and available("CHUNKS_LEXICAL"):
-        return SearchType["CHUNKS_LEXICAL"]
+    if _TIME.search(text):
+        return SearchType.TEMPORAL
+    if len(text.split()) <= 3:
+        return SearchType.CHUNKS_LEXICAL
     if _RELATION.search(text):
         return SearchType.GRAPH_COMPLETION
-    return SearchType["HYBRID_COMPLETION"] if available("HYBRID_COMPLETION") else SearchType.GRAPH_COMPLETION
+    return SearchType.HYBRID_COMPLETION
 
 
 def llm_route(ports: SearchPorts, query: str) -> SearchType | None:
-    choices = "\n".join(f"{name}: {use}" for name, use in ROUTES.items() if available(name))
+    choices = "\n".join(f"{name}: {use}" for name, use in ROUTES.items())
     try:
         answer = ports.completer.complete(_ROUTER_SYSTEM, f"Types:\n{choices}\n\nQuestion: {query}")
     except NoLLMConfigured:
         return None
     for word in re.findall(r"[A-Z_]{5,}", answer.upper()):
-        if word in ROUTES and available(word):
+        if word in ROUTES:
             return SearchType[word]
     return None
 
 
 class FeelingLuckyRetriever:
-    """Delegates every step to the retriever of the type it picks."""
+    """Delegates every step to the retriever of the type it picks, through `dispatch`."""
 
-    def __init__(self, ports: SearchPorts) -> None:
+    def __init__(self, ports: SearchPorts, dispatch: Dispatch) -> None:
         self._ports = ports
+        self._dispatch = dispatch
 
     def _pick(self, request: SearchRequest) -> SearchRequest:
         chosen = llm_route(self._ports, request.query) or rule_route(request.query)
@@ -80,7 +84,7 @@ class FeelingLuckyRetriever:
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
         routed = self._pick(request)
-        hits = _registry_search()(self._ports, routed.model_copy(update={"only_context": True})).results
+        hits = self._dispatch(self._ports, routed.model_copy(update={"only_context": True})).results
         return [
             hit.model_copy(update={"extra": {**hit.extra, "routed_to": routed.type.value}}) for hit in hits
         ]
@@ -93,10 +97,11 @@ class FeelingLuckyRetriever:
 
 
 class AgenticRetriever:
-    """A bounded ReAct loop over two memory-search tools."""
+    """A bounded ReAct loop over two memory-search tools, run through `dispatch`."""
 
-    def __init__(self, ports: SearchPorts) -> None:
+    def __init__(self, ports: SearchPorts, dispatch: Dispatch) -> None:
         self._ports = ports
+        self._dispatch = dispatch
         self._answer: str | None = None
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
@@ -120,7 +125,7 @@ class AgenticRetriever:
     def _tool(self, request: SearchRequest, tool: str, query: str) -> list[Hit]:
         kind = SearchType.GRAPH_COMPLETION if tool == "SEARCH_GRAPH" else SearchType.CHUNKS
         sub = request.model_copy(update={"type": kind, "query": query, "only_context": True, "top_k": 5})
-        return _registry_search()(self._ports, sub).results
+        return self._dispatch(self._ports, sub).results
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
         return "\n".join(hit.text for hit in objects)
@@ -134,9 +139,3 @@ class AgenticRetriever:
 def _observe(hits: list[Hit]) -> str:
     return " | ".join(hit.text[:300] for hit in hits[:5]) or "nothing found"
 
-
-def _registry_search() -> Dispatch:
-    # The registry imports this module, so it is reached at call time.
-    from retrieval.registry import search
-
-    return search

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from retrieval.vector_lane import VectorLaneRetriever
-
-SUMMARY_COLLECTION = "TextSummary_text"
+from kenning.pipeline.collection import SUMMARIES
+from kenning.retrieval.vector_lane import VectorLaneRetriever
 
 
 class SummariesRetriever(VectorLaneRetriever):
-    collection = SUMMARY_COLLECTION
+    collection = SUMMARIES
     kind = "summary"

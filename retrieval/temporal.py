@@ -8,10 +8,10 @@ by similarity alone.
 
 from __future__ import annotations
 
-from pipeline.temporal import question_range
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.pipeline.collection import EVENTS
+from kenning.pipeline.temporal import question_range
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 
-EVENT_COLLECTION = "Event_text"
 WIDE_TOP_K = 400
 
 
@@ -24,7 +24,7 @@ class TemporalRetriever:
         wanted = question_range(request.query)
         hits: list[Hit] = []
         for scope in request.scopes:
-            for point in self._ports.vectors.search(scope, EVENT_COLLECTION, vector, WIDE_TOP_K):
+            for point in self._ports.vectors.search(scope, EVENTS, vector, WIDE_TOP_K):
                 start, end = int(point.payload.get("time_from", 0)), int(point.payload.get("time_to", 0))
                 if wanted is not None and not wanted.overlaps(start, end):
                     continue

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from retrieval.vector_lane import VectorLaneRetriever
-
-TRIPLET_COLLECTION = "Triplet_text"
+from kenning.pipeline.collection import TRIPLETS
+from kenning.retrieval.vector_lane import VectorLaneRetriever
 
 
 class TripletCompletionRetriever(VectorLaneRetriever):
-    collection = TRIPLET_COLLECTION
+    collection = TRIPLETS
     kind = "triplet"
     extra_fields = ("source_id", "target_id", "relationship")
     separator = "\n"

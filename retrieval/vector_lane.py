@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from retrieval.reference import best_first, chunk_nodes, point_hit
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.reference import best_first, chunk_nodes, point_hit
 
 
 class VectorLaneRetriever:

@@ -8,7 +8,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from pipeline.errors import StoreError
+from kenning.pipeline.errors import StoreError
 
 # Keys are content hashes; anything else could escape the root or collide on a case-folding disk.
 KEY = re.compile(r"[0-9a-f]{3,128}")

@@ -25,9 +25,9 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from pipeline.errors import StoreError
-from pipeline.models import GraphEdge, GraphNode, Scope
-from storage.memory_graph import union, unique_edges, unique_nodes
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.storage.memory_graph import union, unique_edges, unique_nodes
 
 BATCH_SIZE = 1000
 NODE_LABEL = "Node"

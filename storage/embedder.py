@@ -15,9 +15,9 @@ from typing import Any
 
 import openai
 
-from pipeline.errors import ConfigError, LLMError, TransientLLMError
-from pipeline.ports import Embedder
-from pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
+from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
+from kenning.pipeline.ports import Embedder
+from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
 
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
 WORD = re.compile(r"\w+")

@@ -15,8 +15,8 @@ import redis
 import redis.exceptions
 from falkordb import FalkorDB
 
-from pipeline.errors import StoreError, TransientStoreError
-from storage.cypher import BATCH_SIZE, CypherGraphStore, Statement
+from kenning.pipeline.errors import StoreError, TransientStoreError
+from kenning.storage.cypher import BATCH_SIZE, CypherGraphStore, Statement
 
 DEFAULT_GRAPH = "kenning"
 

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import neo4j
 import neo4j.exceptions
 
-from pipeline.errors import StoreError, TransientStoreError
-from storage.cypher import BATCH_SIZE, CypherGraphStore, Statement
+from kenning.pipeline.errors import StoreError, TransientStoreError
+from kenning.storage.cypher import BATCH_SIZE, CypherGraphStore, Statement
 
 T = TypeVar("T")
 

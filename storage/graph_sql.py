@@ -10,11 +10,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from pipeline.errors import StoreError
-from pipeline.models import GraphEdge, GraphNode, Scope
-from pipeline.ports import chunked
-from storage.memory_graph import unique_edges, unique_nodes
-from storage.sql_engine import create_tables, translated_sql
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.ports import chunked
+from kenning.storage.memory_graph import unique_edges, unique_nodes
+from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
 NODE = "node"

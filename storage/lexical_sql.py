@@ -17,11 +17,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from pipeline.errors import StoreError
-from pipeline.lexical import K1, B, LexicalEntry, bm25_distance, query_terms, term_frequencies
-from pipeline.models import Scope, ScoredPoint
-from pipeline.ports import chunked
-from storage.sql_engine import create_tables, translated_sql
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.lexical import K1, B, LexicalEntry, bm25_distance, query_terms, term_frequencies
+from kenning.pipeline.models import Scope, ScoredPoint
+from kenning.pipeline.ports import chunked
+from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
 

@@ -28,9 +28,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import LLMError, TransientLLMError
-from pipeline.models import Extraction, TokenUsage
-from pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
+from kenning.pipeline.errors import LLMError, TransientLLMError
+from kenning.pipeline.models import Extraction, TokenUsage
+from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
 
 PROMPT_VERSION = "kg-1"
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import StoreError
-from pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
 
 
 def union(*groups: Iterable[str]) -> list[str]:

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import StoreError
-from pipeline.lexical import LexicalEntry, bm25_distance, bm25_term, query_terms, term_frequencies
-from pipeline.models import Scope, ScoredPoint
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.lexical import LexicalEntry, bm25_distance, bm25_term, query_terms, term_frequencies
+from kenning.pipeline.models import Scope, ScoredPoint
 
 
 @dataclass

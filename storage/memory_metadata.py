@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from pipeline.models import (
+from kenning.pipeline.models import (
     ChunkRecord,
     ChunkStatus,
     DataItem,

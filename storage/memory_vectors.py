@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.errors import DimensionMismatch, StoreError
-from pipeline.models import Scope, ScoredPoint, VectorPoint
+from kenning.pipeline.errors import DimensionMismatch, StoreError
+from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
 
 Vector = npt.NDArray[np.float64]
 

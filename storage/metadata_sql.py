@@ -13,8 +13,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.dialects import postgresql, sqlite
 
-from pipeline.errors import ConfigError, StoreError, TransientStoreError
-from pipeline.models import (
+from kenning.pipeline.errors import ConfigError, StoreError, TransientStoreError
+from kenning.pipeline.models import (
     ChunkRecord,
     ChunkStatus,
     DataItem,
@@ -26,8 +26,15 @@ from pipeline.models import (
     Scope,
     utcnow,
 )
-from pipeline.ports import chunked
-from storage.metadata_schema import chunks, data_items, datasets, documents, extractions, pipeline_runs
+from kenning.pipeline.ports import chunked
+from kenning.storage.metadata_schema import (
+    chunks,
+    data_items,
+    datasets,
+    documents,
+    extractions,
+    pipeline_runs,
+)
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # Rows per INSERT and ids per IN list: well under SQLite's bound-parameter limit.

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pipeline.ratelimit import (
+from kenning.pipeline.ratelimit import (
     FACTOR_FLOOR,
     PENALTY_CUT,
     RECOVERY_PERIOD_S,

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import redis
 
-from pipeline.errors import TransientStoreError
-from pipeline.ratelimit import (
+from kenning.pipeline.errors import TransientStoreError
+from kenning.pipeline.ratelimit import (
     FACTOR_FLOOR,
     IDLE_TTL_S,
     PENALTY_CUT,
@@ -99,7 +99,7 @@ class RedisRateLimiter:
     """
 
     def __init__(
-        self, client: redis.Redis, limits_by_key: Mapping[str, Limits], prefix: str = "kenning:ratelimit:"
+        self, client: redis.Redis, limits_by_key: Mapping[str, Limits], prefix: str
     ) -> None:
         self._client = client
         self._limits = dict(limits_by_key)

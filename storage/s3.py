@@ -10,7 +10,7 @@ from typing import Any
 import boto3
 import botocore.exceptions
 
-from pipeline.errors import InputError, StoreError, TransientStoreError
+from kenning.pipeline.errors import InputError, StoreError, TransientStoreError
 
 READ_CHUNK = 1 << 20
 

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from pipeline.errors import StoreError, TransientStoreError
+from kenning.pipeline.errors import StoreError, TransientStoreError
 
 
 def open_engine(url: str) -> sa.Engine:

@@ -14,9 +14,9 @@ from qdrant_client import models as qm
 from qdrant_client.common.client_exceptions import QdrantException, ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ApiException, ResponseHandlingException, UnexpectedResponse
 
-from pipeline.errors import ConfigError, StoreError, TransientStoreError
-from pipeline.models import Scope, ScoredPoint, VectorPoint
-from storage.memory_vectors import distance_of, mismatch, require_dimension, scoped_payload
+from kenning.pipeline.errors import ConfigError, StoreError, TransientStoreError
+from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
+from kenning.storage.memory_vectors import distance_of, mismatch, require_dimension, scoped_payload
 
 DEFAULT_BATCH_SIZE = 128
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})

@@ -5,17 +5,17 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from pipeline.context import PipelineConfig
-from pipeline.errors import LLMError, NoLLMConfigured
-from pipeline.models import Extraction
-from pipeline.offline import OfflineExtractor
-from storage.blob import MemoryBlobStore
-from storage.embedder import HashEmbedder
-from storage.lock import MemoryLock
-from storage.memory_graph import MemoryGraphStore
-from storage.memory_lexical import MemoryLexicalIndex
-from storage.memory_metadata import MemoryMetadataStore
-from storage.memory_vectors import MemoryVectorStore
+from kenning.pipeline.context import PipelineConfig
+from kenning.pipeline.errors import LLMError, NoLLMConfigured
+from kenning.pipeline.models import Extraction
+from kenning.pipeline.offline import OfflineExtractor
+from kenning.storage.blob import MemoryBlobStore
+from kenning.storage.embedder import HashEmbedder
+from kenning.storage.lock import MemoryLock
+from kenning.storage.memory_graph import MemoryGraphStore
+from kenning.storage.memory_lexical import MemoryLexicalIndex
+from kenning.storage.memory_metadata import MemoryMetadataStore
+from kenning.storage.memory_vectors import MemoryVectorStore
 
 
 class CountingExtractor:

@@ -13,15 +13,15 @@ from kombu.exceptions import OperationalError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from pipeline.context import Job, Services
-from pipeline.errors import TransientStoreError
-from pipeline.models import ChunkStatus, PipelineRun, RunStatus, Scope
-from pipeline.plan import PLAN, fail_run, start_run
-from retrieval.contract import SearchResult
-from workers.celery_app import app, configure_app
-from workers.memory import Kenning
-from workers.settings import Settings
-from workers.wiring import Wiring
+from kenning.pipeline.context import Job, Services
+from kenning.pipeline.errors import TransientStoreError
+from kenning.pipeline.models import ChunkStatus, PipelineRun, RunStatus, Scope
+from kenning.pipeline.plan import PLAN, fail_run, start_run
+from kenning.retrieval.contract import SearchResult
+from kenning.workers.celery_app import app, configure_app
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import Settings
+from kenning.workers.wiring import Wiring
 
 POLL_S = 0.5
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.ERRORED})

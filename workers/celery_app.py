@@ -46,21 +46,13 @@ import redis
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
 
-from pipeline.errors import ConfigError
-from storage.lock import Deliveries, RunLock
-from workers.schedule import beat_schedule
-from workers.settings import Settings, load_settings
-from workers.wiring import Wiring
+from kenning.pipeline.errors import ConfigError
+from kenning.storage.run_lock import Deliveries, RunLock
+from kenning.workers import keys
+from kenning.workers.schedule import beat_schedule
+from kenning.workers.settings import Settings, load_settings
+from kenning.workers.wiring import Wiring
 
-QUEUE_KINDS = ("pipeline", "extract", "load", "query")
-# Tasks that open the graph and vector stores run on the load queue only, so that a
-# Qdrant local path is opened by the one process that consumes that queue.
-TASK_QUEUES = {
-    "kenning.extract": "extract",
-    "kenning.load": "load",
-    "kenning.fk_edges": "load",
-    "kenning.search": "query",
-}
 MAX_TASKS_PER_CHILD = 500
 # Waits for a Redis that went away: about a minute in all, then the task fails.
 REDIS_RETRIES = 20
@@ -109,18 +101,18 @@ class Resources:
 
 def open_lock(client: redis.Redis, settings: Settings) -> RunLock:
     """The dataset lock; its keys carry the queue prefix so that deployments sharing a Redis stay apart."""
-    return RunLock(client, prefix=f"{settings.queue_prefix}:lock:")
+    return RunLock(client, prefix=keys.lock_prefix(settings.queue_prefix))
 
 
 def open_deliveries(client: redis.Redis, settings: Settings) -> Deliveries:
-    return Deliveries(client, prefix=f"{settings.queue_prefix}:deliveries:", expiry_s=RESULT_EXPIRY_S)
+    return Deliveries(client, prefix=keys.deliveries_prefix(settings.queue_prefix), expiry_s=RESULT_EXPIRY_S)
 
 
 class KenningCelery(Celery):  # type: ignore[misc]  # celery ships no type hints
     """The Celery app: configured from the settings on first use, one `Resources` per process."""
 
     def __init__(self) -> None:
-        super().__init__("kenning", include=["workers.tasks", "workers.service_tasks"])
+        super().__init__("kenning", include=["kenning.workers.tasks", "kenning.workers.service_tasks"])
         self._settings: Settings | None = None
         self._resources: Resources | None = None
         self._resources_mutex = threading.Lock()
@@ -176,12 +168,12 @@ def configure_app(celery: KenningCelery, settings: Settings) -> None:
 
 
 def queue_name(settings: Settings, kind: str) -> str:
-    return f"{settings.queue_prefix}.{kind}"
+    return keys.queue_name(settings.queue_prefix, kind)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery settings: acknowledge late, prefetch one, JSON only, `broker_options` for redelivery."""
-    routes = {task: {"queue": queue_name(settings, kind)} for task, kind in TASK_QUEUES.items()}
+    routes = {task: {"queue": queue_name(settings, kind)} for task, kind in keys.TASK_QUEUES.items()}
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend,
@@ -225,9 +217,7 @@ def broker_options(settings: Settings) -> dict[str, Any]:
     timeout, prefix = settings.broker_visibility_timeout_s, settings.queue_prefix
     return {
         "visibility_timeout": timeout,
-        "unacked_key": f"{prefix}.unacked",
-        "unacked_index_key": f"{prefix}.unacked_index",
-        "unacked_mutex_key": f"{prefix}.unacked_mutex",
+        **keys.unacked_keys(prefix),
         "unacked_restore_interval": min(10, max(1, int(timeout / 4))),
         "unacked_restore_throttle": 1,
     }
@@ -236,10 +226,10 @@ def broker_options(settings: Settings) -> dict[str, Any]:
 def worker_queues(settings: Settings, queues: str | None) -> list[str]:
     """Full queue names from a comma-separated list of kinds (`pipeline,extract`) or names; None = all."""
     if not queues:
-        return [queue_name(settings, kind) for kind in QUEUE_KINDS]
+        return [queue_name(settings, kind) for kind in keys.QUEUE_KINDS]
     names = []
     for entry in (part.strip() for part in queues.split(",")):
-        if entry in QUEUE_KINDS:
+        if entry in keys.QUEUE_KINDS:
             names.append(queue_name(settings, entry))
         elif entry:
             names.append(entry)

@@ -14,11 +14,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline.errors import KenningError
-from pipeline.models import PipelineRun
-from retrieval.contract import SearchResult, SearchType
-from workers.memory import Kenning
-from workers.settings import load_settings
+from kenning import __version__
+from kenning.pipeline.errors import KenningError
+from kenning.pipeline.models import PipelineRun
+from kenning.retrieval.contract import SearchResult, SearchType
+from kenning.workers.extras import needs_extra
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
 
 console = Console(stderr=True)
 SAMPLES = Path(__file__).parent / "samples"
@@ -50,6 +52,7 @@ def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
 
 
 @click.group()
+@click.version_option(__version__, prog_name="kenning")
 def main() -> None:
     """kenning: long-term memory for AI agents (knowledge graph + vector index)."""
 
@@ -85,7 +88,8 @@ def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, tempo
             click.echo(json.dumps(memory.estimate(dataset).model_dump(mode="json")))
             return
         if distributed:
-            from workers.canvas import cognify_distributed
+            with needs_extra("cognify --distributed"):
+                from kenning.workers.canvas import cognify_distributed
 
             run = cognify_distributed(memory, dataset, console)
         else:
@@ -129,7 +133,8 @@ def search_command(
     """Search a dataset's memory."""
     with open_memory() as memory:
         if remote:
-            from workers.canvas import search_remote
+            with needs_extra("search --remote"):
+                from kenning.workers.canvas import search_remote
 
             result = search_remote(
                 memory.settings, query, search_type.upper(), list(datasets), top_k, only_context
@@ -166,7 +171,8 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
     """Datasets, their items, recent runs, graph size, LLM calls, tokens and cost."""
     with open_memory() as memory:
         if watch:
-            from workers.canvas import watch as watch_runs
+            with needs_extra("status --watch"):
+                from kenning.workers.canvas import watch as watch_runs
 
             watch_runs(memory.wiring, lambda: memory.started_jobs(dataset), console, timeout_s, WATCH_POLL_S)
         status = memory.status(dataset)
@@ -216,7 +222,8 @@ def demo_command(home: str | None) -> None:
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker_command(queues: str | None, concurrency: int, loglevel: str) -> None:
     """Start a Celery worker for the pipeline tasks."""
-    from workers.celery_app import run_worker
+    with needs_extra("kenning worker"):
+        from kenning.workers.celery_app import run_worker
 
     run_worker(queues, concurrency, loglevel)
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.context import Job, Services
-from pipeline.locking import held, lock_name
-from pipeline.models import PipelineRun, Scope
-from pipeline.plan import PLAN, Step, StepResult, fail_run, finish_run, merge_counts, record_step, start_run
-from pipeline.ports import Lock, chunked
+from kenning.pipeline.context import Job, Services
+from kenning.pipeline.locking import held, lock_name
+from kenning.pipeline.models import PipelineRun, Scope
+from kenning.pipeline.plan import (
+    PLAN,
+    Step,
+    StepResult,
+    fail_run,
+    finish_run,
+    merge_counts,
+    record_step,
+    start_run,
+)
+from kenning.pipeline.ports import Lock, chunked
 
 # (step name, done, total): called as work advances, from the runner's thread.
 ProgressCallback = Callable[[str, int, int], None]

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-from pipeline.context import Job
-from pipeline.estimate import Estimate, estimate, price
-from pipeline.ingest import (
+from kenning.pipeline.context import Job
+from kenning.pipeline.estimate import Estimate, estimate, price
+from kenning.pipeline.ingest import (
     AddResult,
     Source,
     add,
@@ -19,12 +19,13 @@ from pipeline.ingest import (
     path_sources,
     text_source,
 )
-from pipeline.models import PipelineRun, RunStatus, Scope
-from retrieval.contract import SearchRequest, SearchResult, SearchType
-from retrieval.registry import search
-from workers.local import LocalRunner, ProgressCallback, no_progress
-from workers.settings import Settings, load_settings
-from workers.wiring import Wiring
+from kenning.pipeline.models import PipelineRun, RunStatus, Scope
+from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.retrieval.registry import search
+from kenning.workers.extras import needs_extra
+from kenning.workers.local import LocalRunner, ProgressCallback, no_progress
+from kenning.workers.settings import Settings, load_settings
+from kenning.workers.wiring import Wiring
 
 
 class Kenning:
@@ -78,7 +79,8 @@ class Kenning:
     def _add_bucket(
         self, uri: str, dataset: str | None, result: AddResult, node_sets: Sequence[str] = ()
     ) -> None:
-        from storage.s3 import S3Source, parse_s3_uri
+        with needs_extra("reading s3:// sources"):
+            from kenning.storage.s3 import S3Source, parse_s3_uri
 
         bucket, prefix = parse_s3_uri(uri)
         source = S3Source(bucket, self.settings.s3_endpoint_url or None)

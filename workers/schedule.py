@@ -5,14 +5,13 @@
 and optional `arguments` (the task's keyword arguments). The default runs
 `kenning.maintenance` every hour. Start beat with
 
-    celery -A workers.celery_app beat --loglevel INFO
+    celery -A kenning.workers.celery_app beat --loglevel INFO
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery.schedules import crontab
 from pydantic import BaseModel, Field, model_validator
 
 DEFAULT_SCHEDULE: dict[str, dict[str, Any]] = {
@@ -37,6 +36,9 @@ class ScheduleEntry(BaseModel):
     def timing(self) -> Any:
         if self.cron is None:
             return self.every_s
+        # Celery is imported here: settings load in embedded mode, where it may not be installed.
+        from celery.schedules import crontab
+
         minute, hour, day_of_month, month, day_of_week = self.cron.split()
         return crontab(minute, hour, day_of_week, day_of_month, month)
 

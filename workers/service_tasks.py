@@ -24,11 +24,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from pipeline.ingest import text_source
-from pipeline.models import ChunkStatus, ItemStatus, RunStatus
-from retrieval.contract import SearchType
-from workers.celery_app import app
-from workers.memory import Kenning
+from kenning.pipeline.ingest import text_source
+from kenning.pipeline.models import ChunkStatus, ItemStatus, RunStatus
+from kenning.retrieval.contract import SearchType
+from kenning.workers.celery_app import app
+from kenning.workers.memory import Kenning
 
 MAX_TEXT_CHARS = 1_000_000
 
@@ -102,7 +102,7 @@ def add_task(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def cognify_task(request: dict[str, Any]) -> dict[str, Any]:
-    from workers.canvas import enqueue
+    from kenning.workers.canvas import enqueue
 
     parsed = _parse(CognifyRequest, request)
     memory = _memory(parsed.tenant)
@@ -137,7 +137,7 @@ def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
     Work left is data never processed, or chunks whose extraction failed: after a
     provider outage, the next maintenance retries them with no manual clean-up.
     """
-    from workers.canvas import enqueue
+    from kenning.workers.canvas import enqueue
 
     memory = _memory()
     metadata, chunks = memory.wiring.metadata, memory.wiring.chunks

@@ -8,11 +8,11 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.chunking import ChunkingConfig
-from pipeline.context import PipelineConfig
-from pipeline.errors import ConfigError
-from pipeline.ratelimit import Limits
-from workers.schedule import DEFAULT_SCHEDULE, ScheduleEntry
+from kenning.pipeline.chunking import ChunkingConfig
+from kenning.pipeline.context import PipelineConfig
+from kenning.pipeline.errors import ConfigError
+from kenning.pipeline.ratelimit import Limits
+from kenning.workers.schedule import DEFAULT_SCHEDULE, ScheduleEntry
 
 
 class Settings(BaseSettings):

@@ -45,9 +45,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal
 
-from pipeline.errors import ConfigError
-from pipeline.offline import OfflineExtractor
-from storage.llm_openai import unwrap_chunk
+from kenning.pipeline.errors import ConfigError
+from kenning.pipeline.offline import OfflineExtractor
+from kenning.storage.llm_openai import unwrap_chunk
 
 EMBEDDING_DIMENSION = 384
 HOST = "127.0.0.1"

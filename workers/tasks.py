@@ -29,14 +29,23 @@ from celery import Task, chord
 from celery.exceptions import CPendingDeprecationWarning
 from pydantic import BaseModel, Field
 
-from pipeline.context import Job
-from pipeline.errors import KenningError, LockLost, TransientLLMError, TransientStoreError
-from pipeline.locking import LockBusy, lock_name
-from pipeline.models import RunStatus
-from pipeline.plan import PLAN, STEPS, Step, StepResult, fail_run, finish_run, merge_counts, record_step
-from pipeline.ports import chunked
-from storage.lock import Deliveries
-from workers.celery_app import Resources, app
+from kenning.pipeline.context import Job
+from kenning.pipeline.errors import KenningError, LockLost, TransientLLMError, TransientStoreError
+from kenning.pipeline.locking import LockBusy, lock_name
+from kenning.pipeline.models import RunStatus
+from kenning.pipeline.plan import (
+    PLAN,
+    STEPS,
+    Step,
+    StepResult,
+    fail_run,
+    finish_run,
+    merge_counts,
+    record_step,
+)
+from kenning.pipeline.ports import chunked
+from kenning.storage.run_lock import Deliveries
+from kenning.workers.celery_app import Resources, app
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from pipeline.context import PipelineConfig
-from pipeline.errors import NoLLMConfigured
-from pipeline.lexical import LexicalIndex
-from pipeline.offline import OfflineExtractor
-from pipeline.ports import (
+from kenning.pipeline.context import PipelineConfig
+from kenning.pipeline.errors import NoLLMConfigured
+from kenning.pipeline.lexical import LexicalIndex
+from kenning.pipeline.offline import OfflineExtractor
+from kenning.pipeline.ports import (
     BlobStore,
     ChunkStore,
     Completer,
@@ -24,15 +24,17 @@ from pipeline.ports import (
     MetadataStore,
     VectorStore,
 )
-from pipeline.ratelimit import Limits, RateLimiter, provider_key
-from storage.blob import FileBlobStore
-from storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
-from storage.lexical_sql import SqlLexicalIndex
-from storage.lock import FileLock
-from storage.metadata_sql import SqlMetadataStore, migrate
-from storage.ratelimit_memory import MemoryRateLimiter
-from storage.sql_engine import open_engine
-from workers.settings import Settings
+from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
+from kenning.storage.blob import FileBlobStore
+from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+from kenning.storage.lexical_sql import SqlLexicalIndex
+from kenning.storage.lock import FileLock
+from kenning.storage.metadata_sql import SqlMetadataStore, migrate
+from kenning.storage.ratelimit_memory import MemoryRateLimiter
+from kenning.storage.sql_engine import open_engine
+from kenning.workers.extras import needs_extra
+from kenning.workers.keys import ratelimit_prefix
+from kenning.workers.settings import Settings
 
 T = TypeVar("T")
 
@@ -70,7 +72,8 @@ class Wiring:
         return self._once("engine", self._open_engine)
 
     def _open_engine(self) -> sa.Engine:
-        engine = open_engine(self.settings.metadata_dsn)
+        with needs_extra("this metadata store"):
+            engine = open_engine(self.settings.metadata_dsn)
         migrate(engine)
         self._closers.append(engine.dispose)
         return engine
@@ -108,7 +111,7 @@ class Wiring:
         return self._once("vectors", self._open_vectors)
 
     def _open_vectors(self) -> VectorStore:
-        from storage.vector_qdrant import QdrantVectorStore
+        from kenning.storage.vector_qdrant import QdrantVectorStore
 
         settings = self.settings
         if settings.qdrant_url:
@@ -147,13 +150,14 @@ class Wiring:
         limits = {key: Limits(rpm=settings.llm_rpm, tpm=settings.llm_tpm)}
         if not self._distributed:
             return MemoryRateLimiter(limits)
-        import redis
+        with needs_extra("the shared rate limiter"):
+            import redis
 
-        from storage.ratelimit_redis import RedisRateLimiter
+            from kenning.storage.ratelimit_redis import RedisRateLimiter
 
         client = redis.Redis.from_url(settings.redis_url)
         self._closers.append(client.close)
-        return RedisRateLimiter(client, limits, prefix=f"{settings.queue_prefix}:ratelimit:")
+        return RedisRateLimiter(client, limits, prefix=ratelimit_prefix(settings.queue_prefix))
 
     @property
     def lock(self) -> Lock:
@@ -171,15 +175,20 @@ class Wiring:
 
 
 def open_graph(settings: Settings, engine: sa.Engine) -> GraphStore:
+    with needs_extra(f"the {settings.graph_backend} graph backend"):
+        return _open_graph_store(settings, engine)
+
+
+def _open_graph_store(settings: Settings, engine: sa.Engine) -> GraphStore:
     if settings.graph_backend == "memgraph":
-        from storage.graph_memgraph import MemgraphGraphStore
+        from kenning.storage.graph_memgraph import MemgraphGraphStore
 
         return MemgraphGraphStore(settings.graph_url, settings.graph_user, settings.graph_password)
     if settings.graph_backend == "falkordb":
-        from storage.graph_falkordb import FalkorGraphStore
+        from kenning.storage.graph_falkordb import FalkorGraphStore
 
         return FalkorGraphStore(settings.graph_url, graph_name=settings.graph_name)
-    from storage.graph_sql import SqlGraphStore
+    from kenning.storage.graph_sql import SqlGraphStore
 
     same_database = settings.graph_dsn == settings.metadata_dsn
     return SqlGraphStore(engine if same_database else open_engine(settings.graph_dsn))
@@ -201,7 +210,7 @@ def open_embedder(settings: Settings) -> Embedder:
 def open_extractor(settings: Settings, limiter: RateLimiter | None = None) -> Extractor:
     if not settings.llm_url:
         return OfflineExtractor()
-    from storage.llm_openai import OpenAIExtractor
+    from kenning.storage.llm_openai import OpenAIExtractor
 
     return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings))
 
@@ -212,7 +221,7 @@ def open_completer(settings: Settings, limiter: RateLimiter | None = None) -> Co
             "no LLM is configured: set KENNING_LLM_URL (and KENNING_LLM_API_KEY) to an "
             "OpenAI-compatible endpoint, or ask for context only"
         )
-    from storage.llm_openai import OpenAICompleter
+    from kenning.storage.llm_openai import OpenAICompleter
 
     return OpenAICompleter(llm_config(settings), limiter, llm_limit_key(settings))
 
@@ -224,7 +233,7 @@ def llm_limit_key(settings: Settings) -> str:
 
 
 def llm_config(settings: Settings) -> Any:
-    from storage.llm_openai import LLMConfig
+    from kenning.storage.llm_openai import LLMConfig
 
     return LLMConfig(
         base_url=settings.llm_url,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from storage.metadata_schema import metadata
+from kenning.storage.metadata_schema import metadata
 
 # A version table of our own, so another migration history in the same database cannot collide.
 VERSION_TABLE = "metadata_alembic_version"

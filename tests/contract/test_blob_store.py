@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import StoreError
-from pipeline.models import content_hash
-from pipeline.ports import BlobStore
-from storage.blob import FileBlobStore, MemoryBlobStore
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.models import content_hash
+from kenning.pipeline.ports import BlobStore
+from kenning.storage.blob import FileBlobStore, MemoryBlobStore
 
 
 @pytest.fixture(params=["memory", "file"])

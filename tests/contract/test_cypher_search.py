@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline.models import GraphEdge, GraphNode, Scope
-from retrieval.contract import SearchRequest, SearchType
-from retrieval.cypher import QueryRejected
-from retrieval.registry import search
-from storage.graph_falkordb import FalkorGraphStore
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.retrieval.contract import SearchRequest, SearchType
+from kenning.retrieval.cypher import QueryRejected
+from kenning.retrieval.registry import search
+from kenning.storage.graph_falkordb import FalkorGraphStore
 from tests.twins import TwinServices
 from tests.unit.test_graph_search_types import ScriptedCompleter
 

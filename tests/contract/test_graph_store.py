@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import redis
 
-from pipeline.errors import StoreError, TransientStoreError
-from pipeline.models import GraphEdge, GraphNode, Scope
-from pipeline.ports import GraphStore
-from storage.cypher import CypherGraphStore, label_of, upsert_edge_statements, upsert_node_statements
-from storage.graph_falkordb import FalkorGraphStore
-from storage.graph_memgraph import MemgraphGraphStore
-from storage.graph_sql import SqlGraphStore
-from storage.memory_graph import MemoryGraphStore
-from storage.sql_engine import open_engine
+from kenning.pipeline.errors import StoreError, TransientStoreError
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.ports import GraphStore
+from kenning.storage.cypher import CypherGraphStore, label_of, upsert_edge_statements, upsert_node_statements
+from kenning.storage.graph_falkordb import FalkorGraphStore
+from kenning.storage.graph_memgraph import MemgraphGraphStore
+from kenning.storage.graph_sql import SqlGraphStore
+from kenning.storage.memory_graph import MemoryGraphStore
+from kenning.storage.sql_engine import open_engine
 from tests.services import free_port
 
 MEMGRAPH_URL = os.environ.get("KENNING_MEMGRAPH_URL", "")

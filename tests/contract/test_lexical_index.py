@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline.errors import StoreError
-from pipeline.lexical import LexicalIndex, bm25_distance, bm25_term, query_terms, tokenize
-from pipeline.models import Scope
-from storage.lexical_sql import SqlLexicalIndex
-from storage.memory_lexical import MemoryLexicalIndex
-from storage.sql_engine import open_engine
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.lexical import LexicalIndex, bm25_distance, bm25_term, query_terms, tokenize
+from kenning.pipeline.models import Scope
+from kenning.storage.lexical_sql import SqlLexicalIndex
+from kenning.storage.memory_lexical import MemoryLexicalIndex
+from kenning.storage.sql_engine import open_engine
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

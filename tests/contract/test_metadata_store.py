@@ -17,8 +17,8 @@ from typing import Protocol
 import pytest
 import sqlalchemy as sa
 
-from pipeline.errors import StoreError, TransientStoreError
-from pipeline.models import (
+from kenning.pipeline.errors import StoreError, TransientStoreError
+from kenning.pipeline.models import (
     ChunkRecord,
     ChunkStatus,
     DataItem,
@@ -35,11 +35,11 @@ from pipeline.models import (
     content_hash,
     stable_id,
 )
-from pipeline.ports import ChunkStore, ExtractionCache, MetadataStore
-from storage.memory_metadata import MemoryMetadataStore
-from storage.metadata_schema import metadata
-from storage.metadata_sql import SqlMetadataStore, migrate
-from storage.sql_engine import open_engine
+from kenning.pipeline.ports import ChunkStore, ExtractionCache, MetadataStore
+from kenning.storage.memory_metadata import MemoryMetadataStore
+from kenning.storage.metadata_schema import metadata
+from kenning.storage.metadata_sql import SqlMetadataStore, migrate
+from kenning.storage.sql_engine import open_engine
 from tests.services import ROOT, free_port, scratch_database
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from pipeline.errors import TransientLLMError, TransientStoreError
-from pipeline.ratelimit import FACTOR_FLOOR, Limits, limits_for, provider_key, retry_after_s
-from storage.ratelimit_memory import MemoryRateLimiter
-from storage.ratelimit_redis import RedisRateLimiter
+from kenning.pipeline.errors import TransientLLMError, TransientStoreError
+from kenning.pipeline.ratelimit import FACTOR_FLOOR, Limits, limits_for, provider_key, retry_after_s
+from kenning.storage.ratelimit_memory import MemoryRateLimiter
+from kenning.storage.ratelimit_redis import RedisRateLimiter
 from tests.services import free_port
 
 Limiter = MemoryRateLimiter | RedisRateLimiter
@@ -239,7 +239,7 @@ def test_each_tenant_key_has_its_own_budget_under_the_model_limits(make_limiter:
 
 def test_a_redis_failure_is_a_transient_store_error() -> None:
     client = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
-    limiter = RedisRateLimiter(client, {KEY: Limits(rpm=600)})
+    limiter = RedisRateLimiter(client, {KEY: Limits(rpm=600)}, "test:ratelimit:")
 
     with pytest.raises(TransientStoreError, match="rate limiter"):
         limiter.acquire(KEY, 1, deadline_s=1.0)

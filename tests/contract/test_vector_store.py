@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
-from pipeline.models import Scope, VectorPoint, stable_id
-from pipeline.ports import VectorStore
-from storage.memory_vectors import MemoryVectorStore
-from storage.vector_qdrant import QdrantVectorStore
+from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
+from kenning.pipeline.models import Scope, VectorPoint, stable_id
+from kenning.pipeline.ports import VectorStore
+from kenning.storage.memory_vectors import MemoryVectorStore
+from kenning.storage.vector_qdrant import QdrantVectorStore
 from tests.services import free_port
 
 QDRANT_URL = os.environ.get("KENNING_QDRANT_URL", "")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import redis
 
-from workers.memory import Kenning
-from workers.settings import Settings, load_settings
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 180.0
@@ -38,7 +38,7 @@ class Deployment:
         return Deployment(env=env, settings=settings_of(env))
 
     def cognify_command(self, dataset: str) -> list[str]:
-        return [sys.executable, "-m", "workers.cli", "cognify", "--distributed", "--dataset", dataset]
+        return [sys.executable, "-m", "kenning.workers.cli", "cognify", "--distributed", "--dataset", dataset]
 
     def cognify(self, dataset: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -97,7 +97,7 @@ class Workers:
         command = [
             sys.executable,
             "-m",
-            "workers.cli",
+            "kenning.workers.cli",
             "worker",
             "--queues",
             self.queues[name],

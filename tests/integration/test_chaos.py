@@ -21,19 +21,19 @@ from pathlib import Path
 import pytest
 import redis
 
-from pipeline.errors import LockLost
-from pipeline.locking import lock_name
-from pipeline.models import ChunkRecord, ChunkStatus, Dataset, ItemStatus, RunStatus, Scope
-from pipeline.plan import fail_run, start_run
-from storage.lock import Deliveries
+from kenning.pipeline.errors import LockLost
+from kenning.pipeline.locking import lock_name
+from kenning.pipeline.models import ChunkRecord, ChunkStatus, Dataset, ItemStatus, RunStatus, Scope
+from kenning.pipeline.plan import fail_run, start_run
+from kenning.storage.run_lock import Deliveries
+from kenning.workers.celery_app import Resources
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
+from kenning.workers.simulator import Simulator
+from kenning.workers.tasks import Message, Redelivered, check_redelivery, hold
 from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers
 from tests.integration.test_distributed import embedded_memory, graph_of, lock_released, runs_of, vector_ids
 from tests.services import free_port
-from workers.celery_app import Resources
-from workers.memory import Kenning
-from workers.settings import load_settings
-from workers.simulator import Simulator
-from workers.tasks import Message, Redelivered, check_redelivery, hold
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -15,12 +15,12 @@ import pytest
 import redis
 from qdrant_client import QdrantClient
 
-from pipeline.locking import lock_name
-from pipeline.models import ItemStatus, PipelineRun, RunStatus, Scope
+from kenning.pipeline.locking import lock_name
+from kenning.pipeline.models import ItemStatus, PipelineRun, RunStatus, Scope
+from kenning.workers.celery_app import open_lock
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import Settings
 from tests.integration.cluster import CLI_TIMEOUT_S, ROOT, Deployment, Workers, kenning_env, settings_of
-from workers.celery_app import open_lock
-from workers.memory import Kenning
-from workers.settings import Settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-import workers.memory
-from pipeline.errors import ConfigError
-from workers.cli import main
-from workers.memory import Kenning
-from workers.settings import load_settings
+import kenning.workers.memory
+from kenning.pipeline.errors import ConfigError
+from kenning.workers.cli import main
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
 
 HOSTILE = "'}) DETACH DELETE n //"
 
@@ -121,7 +121,8 @@ def test_vector_size_mismatch_is_an_error_not_an_empty_result(env: Path) -> None
 
 def test_the_python_api_docstring_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    results = doctest.testmod(workers.memory, extraglobs={"tmp_home": tmp_path / "doc"}, verbose=False)
+    home = {"tmp_home": tmp_path / "doc"}
+    results = doctest.testmod(kenning.workers.memory, extraglobs=home, verbose=False)
     assert results.attempted > 0 and results.failed == 0
 
 
@@ -145,7 +146,7 @@ def test_fifty_megabyte_file_over_the_limit_fails_alone(env: Path) -> None:
 
 def test_an_llm_endpoint_extracts_and_answers(tmp_path: Path) -> None:
     # Given the project's LLM simulator as the OpenAI-compatible endpoint
-    from workers.simulator import Simulator
+    from kenning.workers.simulator import Simulator
 
     with Simulator() as simulator:
         settings = load_settings(
@@ -164,7 +165,7 @@ def test_an_llm_endpoint_extracts_and_answers(tmp_path: Path) -> None:
 
 
 def test_dry_run_estimates_calls_and_tokens_without_spending(tmp_path: Path) -> None:
-    from workers.simulator import Simulator
+    from kenning.workers.simulator import Simulator
 
     with Simulator() as simulator:
         settings = load_settings(

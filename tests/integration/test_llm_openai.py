@@ -13,10 +13,10 @@ from typing import Any
 import openai
 import pytest
 
-from pipeline.errors import LLMError, TransientLLMError
-from pipeline.models import Extraction
-from pipeline.offline import OfflineExtractor
-from storage.llm_openai import (
+from kenning.pipeline.errors import LLMError, TransientLLMError
+from kenning.pipeline.models import Extraction
+from kenning.pipeline.offline import OfflineExtractor
+from kenning.storage.llm_openai import (
     EXTRACTION_SYSTEM_PROMPT,
     LLMConfig,
     OpenAICompleter,
@@ -24,7 +24,7 @@ from storage.llm_openai import (
     unwrap_chunk,
     wrap_chunk,
 )
-from workers.simulator import EMBEDDING_DIMENSION, Simulator
+from kenning.workers.simulator import EMBEDDING_DIMENSION, Simulator
 
 TEXT = (
     "Ada Lovelace worked with Charles Babbage in London. "

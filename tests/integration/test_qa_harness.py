@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench.qa import DATA, evaluate, exact_match, token_f1
-from workers.settings import load_settings
-from workers.simulator import Simulator
+from kenning.workers.settings import load_settings
+from kenning.workers.simulator import Simulator
 
 
 def test_answer_scores() -> None:

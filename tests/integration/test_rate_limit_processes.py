@@ -24,15 +24,15 @@ from typing import Any
 import pytest
 import redis
 
-from pipeline.errors import LLMError, TransientLLMError
-from pipeline.ratelimit import Limits, RateLimiter, provider_key
-from storage.embedder import OpenAIEmbedder
-from storage.llm_openai import LLMConfig, OpenAICompleter, OpenAIExtractor
-from storage.ratelimit_memory import MemoryRateLimiter
-from storage.ratelimit_redis import RedisRateLimiter
-from workers.settings import load_settings
-from workers.simulator import EMBEDDING_DIMENSION, Simulator
-from workers.wiring import Wiring, llm_limit_key
+from kenning.pipeline.errors import LLMError, TransientLLMError
+from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
+from kenning.storage.embedder import OpenAIEmbedder
+from kenning.storage.llm_openai import LLMConfig, OpenAICompleter, OpenAIExtractor
+from kenning.storage.ratelimit_memory import MemoryRateLimiter
+from kenning.storage.ratelimit_redis import RedisRateLimiter
+from kenning.workers.settings import load_settings
+from kenning.workers.simulator import EMBEDDING_DIMENSION, Simulator
+from kenning.workers.wiring import Wiring, llm_limit_key
 
 PROCESSES = 3
 RUN_S = 3.0

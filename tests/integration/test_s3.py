@@ -15,9 +15,9 @@ from typing import Any
 import boto3
 import pytest
 
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
 from tests.services import free_port
-from workers.memory import Kenning
-from workers.settings import load_settings
 
 
 @pytest.fixture(scope="module")

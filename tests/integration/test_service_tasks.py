@@ -99,7 +99,7 @@ def test_search_remote_runs_on_the_query_worker(deployment: Deployment, one_work
     command = [
         sys.executable,
         "-m",
-        "workers.cli",
+        "kenning.workers.cli",
         "search",
         "Who photographed DNA?",
         "--remote",
@@ -126,7 +126,7 @@ def test_flower_lists_the_workers(deployment: Deployment, one_worker: Workers, t
         "-m",
         "celery",
         "-A",
-        "workers.celery_app",
+        "kenning.workers.celery_app",
         "flower",
         "--address=127.0.0.1",
         f"--port={port}",
@@ -158,7 +158,7 @@ def _poll_workers(url: str, deadline_s: float) -> dict[str, object]:
 def test_maintenance_starts_runs_for_datasets_with_work_left(
     deployment: Deployment, one_worker: Workers
 ) -> None:
-    from workers.celery_app import app, configure_app
+    from kenning.workers.celery_app import app, configure_app
 
     # Given one dataset with new data and one already cognified
     with deployment.memory() as memory:
@@ -179,8 +179,8 @@ def test_maintenance_starts_runs_for_datasets_with_work_left(
 
 
 def test_beat_schedule_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.celery_app import celery_config
-    from workers.settings import load_settings
+    from kenning.workers.celery_app import celery_config
+    from kenning.workers.settings import load_settings
 
     monkeypatch.setenv(
         "KENNING_SCHEDULE",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.ingest import Source, add
-from pipeline.models import Scope
-from retrieval.contract import SearchRequest, SearchResult, SearchType
-from retrieval.registry import search
+from kenning.pipeline.ingest import Source, add
+from kenning.pipeline.models import Scope
+from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.retrieval.registry import search
+from kenning.workers.local import LocalRunner
 from tests.twins import TwinServices
-from workers.local import LocalRunner
 
 PROJECT = Scope(tenant="t1", dataset="project")
 OTHER = Scope(tenant="t1", dataset="other")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import ConfigError, LLMError, TransientLLMError
-from storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
+from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
 from tests.services import free_port
 
 

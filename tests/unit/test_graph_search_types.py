@@ -6,14 +6,14 @@ from collections.abc import Callable
 
 import pytest
 
-from pipeline.errors import NoLLMConfigured
-from pipeline.ingest import Source, add
-from pipeline.models import Scope
-from retrieval.contract import SearchRequest, SearchResult, SearchType
-from retrieval.cypher import QueryRejected
-from retrieval.registry import REGISTRY, search
+from kenning.pipeline.errors import NoLLMConfigured
+from kenning.pipeline.ingest import Source, add
+from kenning.pipeline.models import Scope
+from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.retrieval.cypher import QueryRejected
+from kenning.retrieval.registry import REGISTRY, search
+from kenning.workers.local import LocalRunner
 from tests.twins import TwinServices
-from workers.local import LocalRunner
 
 SCOPE = Scope(tenant="t1", dataset="history")
 CORPUS = {

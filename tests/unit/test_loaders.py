@@ -13,8 +13,8 @@ import docx
 import pytest
 from pypdf import PdfReader, PdfWriter
 
-from pipeline.errors import InputError
-from pipeline.loaders import (
+from kenning.pipeline.errors import InputError
+from kenning.pipeline.loaders import (
     KINDS,
     decode_text,
     detect_kind,

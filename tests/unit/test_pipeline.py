@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.ingest import Source, add, text_source
-from pipeline.models import ChunkStatus, ItemStatus, Scope
-from pipeline.plan import PLAN
-from retrieval.contract import SearchRequest, SearchType
-from retrieval.registry import search
+from kenning.pipeline.ingest import Source, add, text_source
+from kenning.pipeline.models import ChunkStatus, ItemStatus, Scope
+from kenning.pipeline.plan import PLAN
+from kenning.retrieval.contract import SearchRequest, SearchType
+from kenning.retrieval.registry import search
+from kenning.workers.local import LocalRunner
 from tests.twins import CountingExtractor, TwinServices
-from workers.local import LocalRunner
 
 SCOPE = Scope(tenant="t1", dataset="library")
 HOSTILE = "'}) DETACH DELETE n //"
@@ -250,7 +250,7 @@ def test_local_runner_holds_the_dataset_lock(overlap: int) -> None:
     token = services.lock.acquire("dataset:t1:library", 60)
     assert token is not None
     with pytest.raises(Exception, match="held by another run"):
-        from pipeline.locking import held
+        from kenning.pipeline.locking import held
 
         with held(services.lock, "dataset:t1:library", 60, wait_s=0.3):
             pass

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.assembly import STRUCTURAL_RELATIONSHIPS
-from pipeline.ingest import Source, add
-from pipeline.models import DocumentRecord, Scope
-from retrieval.contract import SearchRequest, SearchResult, SearchType
-from retrieval.fusion import FusionConfig, reciprocal_rank_fusion
-from retrieval.registry import REGISTRY, search
+from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from kenning.pipeline.ingest import Source, add
+from kenning.pipeline.models import DocumentRecord, Scope
+from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.retrieval.fusion import FusionConfig, reciprocal_rank_fusion
+from kenning.retrieval.registry import REGISTRY, search
+from kenning.workers.local import LocalRunner
 from tests.twins import TwinServices
-from workers.local import LocalRunner
 
 LIBRARY = Scope(tenant="t1", dataset="library")
 SECRET = Scope(tenant="t1", dataset="secret")

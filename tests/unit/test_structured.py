@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import random
 
-from pipeline.loaders import extract_rows
-from pipeline.models import Edge, stable_id
-from pipeline.structured import Record, Table, foreign_key_graph
+from kenning.pipeline.loaders import extract_rows
+from kenning.pipeline.models import Edge, stable_id
+from kenning.pipeline.structured import Record, Table, foreign_key_graph
 
 CYPHER = "'}) DETACH DELETE n //"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from storage.metadata_schema import metadata
+from kenning.storage.metadata_schema import metadata
 
 revision: str = "0001"
 down_revision: str | None = None

@@ -1,0 +1,45 @@
+"""Every Redis key prefix and Celery queue name kenning uses, derived from one deployment prefix.
+
+Deployments that share a Redis stay apart by giving each its own `KENNING_QUEUE_PREFIX`.
+"""
+
+from __future__ import annotations
+
+QUEUE_KINDS = ("pipeline", "extract", "load", "query")
+# Tasks that open the graph and vector stores run on the load queue only, so that a
+# Qdrant local path is opened by the one process that consumes that queue.
+TASK_QUEUES = {
+    "kenning.extract": "extract",
+    "kenning.load": "load",
+    "kenning.fk_edges": "load",
+    "kenning.search": "query",
+}
+
+
+def queue_name(prefix: str, kind: str) -> str:
+    """`<prefix>.<kind>`, e.g. `kenning.extract`."""
+    return f"{prefix}.{kind}"
+
+
+def lock_prefix(prefix: str) -> str:
+    """Keys of the dataset run locks."""
+    return f"{prefix}:lock:"
+
+
+def deliveries_prefix(prefix: str) -> str:
+    """Keys counting how often each task message was delivered."""
+    return f"{prefix}:deliveries:"
+
+
+def ratelimit_prefix(prefix: str) -> str:
+    """Keys of the global LLM token buckets."""
+    return f"{prefix}:ratelimit:"
+
+
+def unacked_keys(prefix: str) -> dict[str, str]:
+    """The Redis transport's keys for unacknowledged messages, as broker transport options."""
+    return {
+        "unacked_key": f"{prefix}.unacked",
+        "unacked_index_key": f"{prefix}.unacked_index",
+        "unacked_mutex_key": f"{prefix}.unacked_mutex",
+    }
