@@ -119,3 +119,23 @@ extractions = sa.Table(
     sa.Column("value", json_type(), nullable=False),
     sa.Column("created_at", UtcDateTime(), nullable=False),
 )
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("tenant", sa.String(255), primary_key=True),
+    # "user" is a reserved word in PostgreSQL; the column keeps its meaning under another name.
+    sa.Column("user_id", sa.String(255), primary_key=True),
+    sa.Column("session_id", sa.String(255), primary_key=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("started_at", UtcDateTime(), nullable=False),
+    sa.Column("last_activity_at", UtcDateTime(), nullable=False),
+    sa.Column("ended_at", UtcDateTime(), nullable=True),
+    sa.Column("tokens_in", sa.BigInteger(), nullable=False),
+    sa.Column("tokens_out", sa.BigInteger(), nullable=False),
+    sa.Column("estimated_cost", sa.Float(), nullable=False),
+    sa.Column("errors", sa.Integer(), nullable=False),
+    sa.Column("last_error", sa.Text(), nullable=False),
+    # Per model: {"tokens_in": n, "tokens_out": n, "cost": x, "calls": n}.
+    sa.Column("models", json_type(), nullable=False),
+)
