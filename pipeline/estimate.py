@@ -12,8 +12,7 @@ from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Services
 from kenning.pipeline.errors import InputError
 from kenning.pipeline.loaders import detect_kind, extract_text
-from kenning.pipeline.models import ChunkStatus, ItemStatus, Scope, content_hash
-from kenning.pipeline.tasks import extraction_key
+from kenning.pipeline.models import ChunkStatus, ItemStatus, Scope, content_hash, extraction_key
 
 # Measured on the offline extractor's output for 2Wiki paragraphs: the JSON answer is
 # about as long as the chunk, plus the schema's fixed part.

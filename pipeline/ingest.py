@@ -10,7 +10,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from kenning.pipeline.errors import InputError
-from kenning.pipeline.models import DataItem, Scope
+from kenning.pipeline.forget import REPLACEABLE_SOURCES, previous_versions
+from kenning.pipeline.models import DataItem, ItemStatus, Scope
 from kenning.pipeline.ports import BlobStore, MetadataStore, ObjectSource
 
 
@@ -28,28 +29,51 @@ class Source(BaseModel):
 class AddResult(BaseModel):
     added: list[DataItem] = []
     unchanged: list[DataItem] = []
+    superseded: list[DataItem] = []
     skipped: list[str] = []
     errors: dict[str, str] = {}
 
 
 def add(metadata: MetadataStore, blobs: BlobStore, scope: Scope, sources: Sequence[Source]) -> AddResult:
-    """Store each source's bytes and a data item for it; the same bytes twice is a no-op."""
+    """Store each source's bytes and a data item for it; the same bytes twice is a no-op.
+
+    New content under a known file path, object key or external id supersedes the item it
+    replaces: the next cognify forgets what only the old version supported.
+    """
     dataset = metadata.ensure_dataset(scope)
     result = AddResult()
+    known = _items_by_source(metadata, dataset.id) if any(_replaceable(s.uri) for s in sources) else {}
     for source in sources:
         item = DataItem.of(dataset, source.name, source.uri, source.data, source.mime, source.version)
         item.node_sets = list(source.node_sets)
         blobs.put(item.content_hash, source.data)
-        if metadata.add_item(item):
-            result.added.append(item)
-        else:
+        if not metadata.add_item(item):
             result.unchanged.append(item)
+            continue
+        result.added.append(item)
+        for old in previous_versions(item, known):
+            replaced = f"replaced by a new version, item {item.id}"
+            metadata.set_item_status(old.id, ItemStatus.SUPERSEDED, replaced)
+            result.superseded.append(old)
     return result
 
 
-def text_source(text: str, name: str = "text") -> Source:
+def _replaceable(uri: str) -> bool:
+    return uri.startswith(REPLACEABLE_SOURCES)
+
+
+def _items_by_source(metadata: MetadataStore, dataset_id: str) -> dict[str, list[DataItem]]:
+    found: dict[str, list[DataItem]] = {}
+    for item in metadata.list_items(dataset_id):
+        found.setdefault(item.source, []).append(item)
+    return found
+
+
+def text_source(text: str, name: str = "text", external_id: str = "") -> Source:
+    """A text; with `external_id`, a later text of the same id replaces this one."""
     data = text.encode("utf-8")
-    return Source(name=name, uri=f"text:{name}", data=data, mime="text/plain")
+    uri = f"id:{external_id}" if external_id else f"text:{name}"
+    return Source(name=name, uri=uri, data=data, mime="text/plain")
 
 
 def path_sources(paths: Sequence[str], errors: dict[str, str]) -> Iterator[Source]:

@@ -232,6 +232,11 @@ class Extraction(BaseModel):
 # Records kept in the metadata store.
 
 
+def extraction_key(model: str, prompt_version: str, text_hash: str) -> str:
+    """The extraction cache key of a chunk text for one model and prompt version."""
+    return f"{model}|{prompt_version}|{text_hash}"
+
+
 class Dataset(BaseModel):
     id: str
     tenant: str
@@ -253,6 +258,8 @@ class ItemStatus(enum.StrEnum):
     CHUNKED = "chunked"
     DONE = "done"
     FAILED = "failed"
+    # A newer version of the same source was added; the next cognify forgets this one.
+    SUPERSEDED = "superseded"
 
 
 class DataItem(BaseModel):
@@ -354,6 +361,20 @@ class GraphEdge(BaseModel):
     relationship: str
     properties: dict[str, Any] = Field(default_factory=dict)
     data_ids: list[str] = Field(default_factory=list)
+
+
+class Removal(BaseModel):
+    """What taking data items' support away from a graph did."""
+
+    deleted_nodes: list[str] = Field(default_factory=list)
+    deleted_edges: list[str] = Field(default_factory=list)
+    kept: dict[str, list[str]] = Field(
+        default_factory=dict, description="nodes and edges still supported: id -> remaining data ids"
+    )
+
+    @property
+    def deleted(self) -> list[str]:
+        return [*self.deleted_nodes, *self.deleted_edges]
 
 
 class VectorPoint(BaseModel):

@@ -16,6 +16,7 @@ from kenning.pipeline.assembly import Assembly, assemble, graph_edge, graph_node
 from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import InputError, LLMError
+from kenning.pipeline.forget import forget_superseded
 from kenning.pipeline.loaders import detect_kind, extract_rows, extract_text
 from kenning.pipeline.models import (
     Chunk,
@@ -27,6 +28,7 @@ from kenning.pipeline.models import (
     ItemStatus,
     VectorPoint,
     content_hash,
+    extraction_key,
 )
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.structured import Table, foreign_key_graph
@@ -117,10 +119,6 @@ def _chunk_document(
     return records
 
 
-def extraction_key(model: str, prompt_version: str, text_hash: str) -> str:
-    return f"{model}|{prompt_version}|{text_hash}"
-
-
 def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str, int]:
     """Chunks -> knowledge graph + summary each, through the response cache.
 
@@ -172,8 +170,9 @@ def load(services: Services, job: Job) -> dict[str, int]:
     thread assembles and embeds batch k+1. Writes stay in batch order, and a batch's
     chunks are marked loaded only once it is written.
     """
+    forgotten = forget_superseded(services, job)
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
-    totals: Counter[str] = Counter()
+    totals: Counter[str] = Counter(superseded_items=len(forgotten.items))
     if chunk_ids:
         for name in collection.INDEXED:
             services.vectors.ensure_collection(name, services.embedder.dimension)

@@ -50,6 +50,12 @@ class FileBlobStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"blob store: cannot delete {key}: {exc}") from exc
+
     def _path(self, key: str) -> Path:
         check_key(key)
         return self._root / key[:2] / key[2:]
@@ -95,3 +101,8 @@ class MemoryBlobStore:
         check_key(key)
         with self._lock:
             return key in self._blobs
+
+    def delete(self, key: str) -> None:
+        check_key(key)
+        with self._lock:
+            self._blobs.pop(key, None)

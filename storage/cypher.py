@@ -26,8 +26,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from kenning.pipeline.errors import StoreError
-from kenning.pipeline.models import GraphEdge, GraphNode, Scope
-from kenning.storage.memory_graph import union, unique_edges, unique_nodes
+from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
+from kenning.storage.memory_graph import removal, take_support, union, unique_edges, unique_nodes
 
 BATCH_SIZE = 1000
 NODE_LABEL = "Node"
@@ -77,6 +77,21 @@ _EXPORT_EDGES = _SCOPE_EDGES + _EDGE_COLUMNS
 _COUNT_NODES = _SCOPE_NODES + "RETURN count(n)"
 _COUNT_EDGES = _SCOPE_EDGES + "RETURN count(r)"
 _DELETE_SCOPE = _SCOPE_NODES + "DETACH DELETE n"
+_SUPPORTED = "any(x IN {0}.data_ids WHERE x IN $ids) "
+_TOUCHED_NODES = _SCOPE_NODES + "WHERE " + _SUPPORTED.format("n") + "RETURN n.id, n.data_ids"
+_TOUCHED_EDGES = _SCOPE_EDGES + "AND " + _SUPPORTED.format("r") + "RETURN r.id, r.data_ids"
+_EDGES_TOUCHING = (
+    "UNWIND $ids AS id MATCH (n:Node " + _SCOPED_NODE % "id" + ")-[r]-(:Node) "
+    + _EDGE_IN_SCOPE + "RETURN DISTINCT r.id"
+)
+_SET_NODE_DATA = (
+    "UNWIND $rows AS row MATCH (n:Node " + _SCOPED_NODE % "row.id" + ") SET n.data_ids = row.data_ids"
+)
+_SET_EDGE_DATA = (
+    "UNWIND $rows AS row " + _SCOPE_EDGES + "AND r.id = row.id SET r.data_ids = row.data_ids"
+)
+_DELETE_EDGES = "UNWIND $ids AS id " + _SCOPE_EDGES + "AND r.id = id DELETE r"
+_DELETE_NODES = "UNWIND $ids AS id MATCH (n:Node " + _SCOPED_NODE % "id" + ") DETACH DELETE n"
 
 
 class Statement(NamedTuple):
@@ -273,6 +288,29 @@ class CypherGraphStore:
     def counts(self, scope: Scope) -> tuple[int, int]:
         nodes_statement, edges_statement = count_statements(scope)
         return _count(self._runner.read(nodes_statement)), _count(self._runner.read(edges_statement))
+
+    def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
+        gone = sorted(set(data_ids))
+        nodes = take_support(self._id_lists(Statement(_TOUCHED_NODES, _scoped(scope, ids=gone))), set(gone))
+        edges = take_support(self._id_lists(Statement(_TOUCHED_EDGES, _scoped(scope, ids=gone))), set(gone))
+        dangling = [
+            str(row[0])
+            for batch in _batches(nodes[0], self._batch_size)
+            for row in self._runner.read(Statement(_EDGES_TOUCHING, _scoped(scope, ids=batch)))
+        ]
+        result = removal(nodes, edges, dangling)
+        for template, ids in ((_DELETE_EDGES, result.deleted_edges), (_DELETE_NODES, result.deleted_nodes)):
+            for batch in _batches(ids, self._batch_size):
+                self._runner.write(Statement(template, _scoped(scope, ids=batch)))
+        kept_edges = {key: value for key, value in result.kept.items() if key in edges[1]}
+        for template, kept in ((_SET_NODE_DATA, nodes[1]), (_SET_EDGE_DATA, kept_edges)):
+            rows = [{"id": key, "data_ids": value} for key, value in kept.items()]
+            for batch in _batches(rows, self._batch_size):
+                self._runner.write(Statement(template, _scoped(scope, rows=batch)))
+        return result
+
+    def _id_lists(self, statement: Statement) -> dict[str, list[str]]:
+        return {str(row[0]): [str(x) for x in row[1] or []] for row in self._runner.read(statement)}
 
     def read_query(self, scope: Scope, query: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
         """Run a read-only query (FalkorDB refuses writes on this path; Memgraph runs it in a

@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from kenning.pipeline.errors import StoreError
-from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import chunked
-from kenning.storage.memory_graph import unique_edges, unique_nodes
+from kenning.storage.memory_graph import removal, take_support, unique_edges, unique_nodes
 from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
@@ -113,6 +113,19 @@ class SqlGraphStore:
             data_ids = _provenance(conn, scope, EDGE, list(found))
         return [_edge(row, data_ids) for row in found.values()]
 
+    def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
+        gone = set(data_ids)
+        with _translated(), self._engine.begin() as conn:
+            touched = _touched(conn, scope, sorted(gone))
+            nodes = take_support(_provenance(conn, scope, NODE, touched[NODE]), gone)
+            edges = take_support(_provenance(conn, scope, EDGE, touched[EDGE]), gone)
+            result = removal(nodes, edges, _edges_touching(conn, scope, nodes[0]))
+            _delete_rows(conn, scope, provenance_table, provenance_table.c.data_id, sorted(gone))
+            _delete_rows(conn, scope, nodes_table, nodes_table.c.id, result.deleted_nodes)
+            _delete_rows(conn, scope, edges_table, edges_table.c.id, result.deleted_edges)
+            _delete_rows(conn, scope, provenance_table, provenance_table.c.item_id, result.deleted)
+        return result
+
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         with _translated(), self._engine.connect() as conn:
             node_rows = conn.execute(sa.select(nodes_table).where(_in_scope(nodes_table, scope))).all()
@@ -171,6 +184,33 @@ def _existing_node_ids(conn: sa.Connection, scope: Scope, node_ids: set[str]) ->
         query = sa.select(nodes_table.c.id).where(_in_scope(nodes_table, scope), nodes_table.c.id.in_(batch))
         present.update(conn.scalars(query))
     return present
+
+
+def _touched(conn: sa.Connection, scope: Scope, data_ids: list[str]) -> dict[str, list[str]]:
+    """Node and edge ids supported by any of the data ids."""
+    table = provenance_table
+    found: dict[str, list[str]] = {NODE: [], EDGE: []}
+    for batch in chunked(data_ids, BATCH_SIZE):
+        query = sa.select(table.c.kind, table.c.item_id).where(
+            _in_scope(table, scope), table.c.data_id.in_(batch)
+        )
+        for kind, item_id in conn.execute(query.distinct()):
+            found[kind].append(item_id)
+    return found
+
+
+def _edges_touching(conn: sa.Connection, scope: Scope, node_ids: list[str]) -> list[str]:
+    table = edges_table
+    found: list[str] = []
+    for batch in chunked(node_ids, BATCH_SIZE):
+        touching = sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
+        found.extend(conn.scalars(sa.select(table.c.id).where(_in_scope(table, scope), touching)))
+    return found
+
+
+def _delete_rows(conn: sa.Connection, scope: Scope, table: sa.Table, column: Any, values: list[str]) -> None:
+    for batch in chunked(values, BATCH_SIZE):
+        conn.execute(sa.delete(table).where(_in_scope(table, scope), column.in_(batch)))
 
 
 def _provenance(

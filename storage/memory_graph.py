@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kenning.pipeline.errors import StoreError
-from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
 
 
 def union(*groups: Iterable[str]) -> list[str]:
@@ -48,6 +48,35 @@ def copy_properties(properties: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise StoreError(f"graph properties must be JSON-serializable: {exc}") from exc
     return copied
+
+
+def take_support(
+    owners: Mapping[str, Sequence[str]], gone: set[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """(ids left with no data item, {id: remaining data ids} of the others that lost some)."""
+    deleted: list[str] = []
+    kept: dict[str, list[str]] = {}
+    for owner, data_ids in owners.items():
+        left = [data_id for data_id in data_ids if data_id not in gone]
+        if len(left) == len(data_ids):
+            continue
+        if left:
+            kept[owner] = left
+        else:
+            deleted.append(owner)
+    return deleted, kept
+
+
+def removal(
+    nodes: tuple[list[str], dict[str, list[str]]],
+    edges: tuple[list[str], dict[str, list[str]]],
+    dangling: Iterable[str],
+) -> Removal:
+    """The Removal from `take_support` over nodes and edges, plus the edges that lost an endpoint."""
+    deleted_edges = list(dict.fromkeys([*edges[0], *dangling]))
+    dead = set(deleted_edges)
+    kept = {**nodes[1], **{edge_id: ids for edge_id, ids in edges[1].items() if edge_id not in dead}}
+    return Removal(deleted_nodes=nodes[0], deleted_edges=deleted_edges, kept=kept)
 
 
 @dataclass
@@ -102,6 +131,23 @@ class MemoryGraphStore:
                 if (edge.source_id in wanted and edge.target_id in wanted)
                 or (not among and (edge.source_id in wanted or edge.target_id in wanted))
             ]
+
+    def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
+        gone = set(data_ids)
+        with self._lock:
+            graph = self._graph(scope)
+            nodes = take_support({node.id: node.data_ids for node in graph.nodes.values()}, gone)
+            edges = take_support({edge.id: edge.data_ids for edge in graph.edges.values()}, gone)
+            dead = set(nodes[0])
+            dangling = [e.id for e in graph.edges.values() if e.source_id in dead or e.target_id in dead]
+            result = removal(nodes, edges, dangling)
+            for node_id in result.deleted_nodes:
+                del graph.nodes[node_id]
+            for edge_id in result.deleted_edges:
+                del graph.edges[edge_id]
+            for item_id, left in result.kept.items():
+                (graph.nodes.get(item_id) or graph.edges[item_id]).data_ids = left
+        return result
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         with self._lock:

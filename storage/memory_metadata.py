@@ -85,6 +85,33 @@ class MemoryMetadataStore:
             if item is not None:
                 self._items[item_id] = item.model_copy(update={"status": status, "error": error})
 
+    def delete_items(self, dataset_id: str, item_ids: Sequence[str]) -> None:
+        gone = set(item_ids)
+        with self._lock:
+            for item_id in gone:
+                item = self._items.get(item_id)
+                if item is not None and item.dataset_id == dataset_id:
+                    del self._items[item_id]
+                    self._item_hashes.discard((dataset_id, item.content_hash))
+            self._documents = {
+                key: doc for key, doc in self._documents.items()
+                if not (doc.dataset_id == dataset_id and doc.data_id in gone)
+            }
+            self._chunks = {
+                key: chunk for key, chunk in self._chunks.items()
+                if not (chunk.dataset_id == dataset_id and chunk.data_id in gone)
+            }
+
+    def contents_in_use(self, content_hashes: Sequence[str]) -> set[str]:
+        with self._lock:
+            held = {item.content_hash for item in self._items.values()}
+        return held & set(content_hashes)
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        with self._lock:
+            self._datasets.pop(dataset_id, None)
+            self._runs = {key: run for key, run in self._runs.items() if run.dataset_id != dataset_id}
+
     # Pipeline runs
 
     def save_run(self, run: PipelineRun) -> None:
@@ -140,6 +167,21 @@ class MemoryMetadataStore:
             ]
         return [chunk.id for chunk in sorted(found, key=lambda chunk: (chunk.document_id, chunk.index))]
 
+    def chunks_of(self, dataset_id: str, data_ids: Sequence[str]) -> list[ChunkRecord]:
+        wanted = set(data_ids)
+        with self._lock:
+            found = [
+                chunk.model_copy()
+                for chunk in self._chunks.values()
+                if chunk.dataset_id == dataset_id and chunk.data_id in wanted
+            ]
+        return sorted(found, key=lambda chunk: (chunk.document_id, chunk.index))
+
+    def text_hashes_in_use(self, text_hashes: Sequence[str]) -> set[str]:
+        with self._lock:
+            held = {chunk.text_hash for chunk in self._chunks.values()}
+        return held & set(text_hashes)
+
     def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None:
         """Set status and error of every chunk listed; unknown ids are skipped."""
         with self._lock:
@@ -160,3 +202,8 @@ class MemoryMetadataStore:
     def put_extractions(self, extractions: dict[str, Extraction]) -> None:
         with self._lock:
             self._extractions.update((key, value.model_copy(deep=True)) for key, value in extractions.items())
+
+    def delete_extractions(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._extractions.pop(key, None)

@@ -105,6 +105,16 @@ class MemoryVectorStore:
             for i in order
         ]
 
+    def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
+        with self._lock:
+            target = self._collections.get(collection)
+            if target is None:
+                return
+            for point_id in map(_point_id, ids):
+                point = target.points.get(point_id)
+                if point is not None and _in_scope(point.payload, scope):
+                    del target.points[point_id]
+
     def list_collections(self) -> list[str]:
         with self._lock:
             return sorted(self._collections)

@@ -145,6 +145,23 @@ class SqlMetadataStore:
         with self._begin() as conn:
             conn.execute(update)
 
+    def delete_items(self, dataset_id: str, item_ids: Sequence[str]) -> None:
+        """Delete the items with their documents and chunks, in one transaction."""
+        with self._begin() as conn:
+            for batch in chunked(item_ids, BATCH):
+                for table, column in ((chunks, chunks.c.data_id), (documents, documents.c.data_id)):
+                    conn.execute(sa.delete(table).where(table.c.dataset_id == dataset_id, column.in_(batch)))
+                where = sa.and_(data_items.c.dataset_id == dataset_id, data_items.c.id.in_(batch))
+                conn.execute(sa.delete(data_items).where(where))
+
+    def contents_in_use(self, content_hashes: Sequence[str]) -> set[str]:
+        return self._values_in_use(data_items.c.content_hash, content_hashes)
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        with self._begin() as conn:
+            conn.execute(sa.delete(pipeline_runs).where(pipeline_runs.c.dataset_id == dataset_id))
+            conn.execute(sa.delete(datasets).where(datasets.c.id == dataset_id))
+
     # Pipeline runs
 
     def save_run(self, run: PipelineRun) -> None:
@@ -202,6 +219,19 @@ class SqlMetadataStore:
         with self._begin() as conn:
             return list(conn.scalars(query))
 
+    def chunks_of(self, dataset_id: str, data_ids: Sequence[str]) -> list[ChunkRecord]:
+        query = sa.select(chunks).where(chunks.c.dataset_id == dataset_id)
+        with self._begin() as conn:
+            rows = [
+                row for batch in chunked(data_ids, BATCH)
+                for row in conn.execute(query.where(chunks.c.data_id.in_(batch)))
+            ]
+        found = [chunk_record(dict(row._mapping)) for row in rows]
+        return sorted(found, key=lambda chunk: (chunk.document_id, chunk.index))
+
+    def text_hashes_in_use(self, text_hashes: Sequence[str]) -> set[str]:
+        return self._values_in_use(chunks.c.text_hash, text_hashes)
+
     def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None:
         """Set status and error of every chunk listed; unknown ids are skipped."""
         with self._begin() as conn:
@@ -224,7 +254,19 @@ class SqlMetadataStore:
         ]
         self._execute_batches(self._upserting(extractions, "key"), rows)
 
+    def delete_extractions(self, keys: Sequence[str]) -> None:
+        with self._begin() as conn:
+            for batch in chunked(keys, BATCH):
+                conn.execute(sa.delete(extractions).where(extractions.c.key.in_(batch)))
+
     # Plumbing
+
+    def _values_in_use(self, column: sa.Column[Any], values: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        with self._begin() as conn:
+            for batch in chunked(sorted(set(values)), BATCH):
+                found.update(conn.scalars(sa.select(column).where(column.in_(batch)).distinct()))
+        return found
 
     @contextmanager
     def _begin(self) -> Iterator[sa.Connection]:

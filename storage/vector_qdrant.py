@@ -109,6 +109,16 @@ class QdrantVectorStore:
             for hit in hits
         ]
 
+    def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
+        """Remove the scope's points with these ids, `batch_size` ids at a time."""
+        with self._session(f"delete from {collection!r}") as client:
+            if self._dimension_of(client, collection) is None:
+                return
+            for start in range(0, len(ids), self._batch_size):
+                only = qm.HasIdCondition(has_id=list(ids[start : start + self._batch_size]))
+                selector = qm.FilterSelector(filter=qm.Filter(must=[*_scope_conditions(scope), only]))
+                client.delete(collection, points_selector=selector, wait=True)
+
     def list_collections(self) -> list[str]:
         with self._session("list collections") as client:
             return sorted(c.name for c in client.get_collections().collections)
@@ -271,12 +281,14 @@ def _in_scope(hit: qm.ScoredPoint, scope: Scope) -> bool:
 
 
 def _scope_filter(scope: Scope) -> qm.Filter:
-    return qm.Filter(
-        must=[
-            qm.FieldCondition(key="tenant", match=qm.MatchValue(value=scope.tenant)),
-            qm.FieldCondition(key="dataset", match=qm.MatchValue(value=scope.dataset)),
-        ]
-    )
+    return qm.Filter(must=_scope_conditions(scope))
+
+
+def _scope_conditions(scope: Scope) -> list[qm.Condition]:
+    return [
+        qm.FieldCondition(key="tenant", match=qm.MatchValue(value=scope.tenant)),
+        qm.FieldCondition(key="dataset", match=qm.MatchValue(value=scope.dataset)),
+    ]
 
 
 def _point_struct(scope: Scope, point: VectorPoint) -> qm.PointStruct:

@@ -19,6 +19,7 @@ from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import PipelineRun
 from kenning.retrieval.contract import SearchResult, SearchType
 from kenning.workers.extras import needs_extra
+from kenning.workers.lifecycle import Message, Remembered
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
 
@@ -160,6 +161,73 @@ def print_search(result: SearchResult) -> None:
         click.echo(f"\nanswer: {result.answer}")
     elif result.notice:
         console.print(f"[yellow]{result.notice}[/yellow]")
+
+
+@main.command("remember")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--dataset", default=None)
+@click.option("--session", "session_id", default=None, help="Into this session now, the graph later.")
+@click.option("--json", "as_json", is_flag=True)
+def remember_command(
+    paths: tuple[str, ...], dataset: str | None, session_id: str | None, as_json: bool
+) -> None:
+    """Make files (or - for stdin) memory: add and cognify, or write to a session first."""
+    with open_memory() as memory:
+        if session_id is None:
+            added = memory.add_paths(list(paths), dataset)
+            run = memory.cognify(dataset)
+            ids = [item.id for item in added.added + added.unchanged]
+            done = Remembered(item_ids=ids, run_id=run.id, status=run.status.value)
+        else:
+            texts = [sys.stdin.read() if path == "-" else Path(path).read_text() for path in paths]
+            done = memory.remember([Message(text=text) for text in texts], dataset, session_id)
+    click.echo(done.model_dump_json() if as_json else f"remembered {len(done.item_ids)} items: {done.status}")
+    if done.status not in ("completed", "queued"):
+        sys.exit(1)
+
+
+@main.command("recall")
+@click.argument("query")
+@click.option("--dataset", "datasets", multiple=True)
+@click.option("--session", "session_id", default=None)
+@click.option("--type", "search_type", default=SearchType.CHUNKS.value, show_default=True)
+@click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True)
+def recall_command(
+    query: str, datasets: tuple[str, ...], session_id: str | None, search_type: str, top_k: int, as_json: bool
+) -> None:
+    """The session's entries first, then the graph; each result says where it came from."""
+    with open_memory() as memory:
+        recalled = memory.recall(query, list(datasets) or None, session_id, search_type.upper(), top_k)
+    if as_json:
+        click.echo(recalled.model_dump_json())
+        return
+    for number, hit in enumerate(recalled.results, 1):
+        cited = hit.entry_id or hit.chunk_id or hit.data_id or ""
+        click.echo(f"{number:>2}. ({hit.source} {cited[:8]}) {hit.text[:300]}")
+
+
+@main.command("forget")
+@click.option("--dataset", default=None, help="The dataset (all of it, unless --data-id is given).")
+@click.option("--data-id", "data_ids", multiple=True, help="Only these data items (repeatable).")
+@click.option("--everything", is_flag=True, help="Every dataset of the tenant.")
+@click.option("--memory-only", is_flag=True, help="Keep the stored bytes; forget only the memory.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def forget_command(
+    dataset: str | None, data_ids: tuple[str, ...], everything: bool, memory_only: bool, yes: bool
+) -> None:
+    """Forget data items, a dataset or everything: from every store, keeping shared facts."""
+    if not (dataset or data_ids or everything):
+        raise click.UsageError("say what to forget: --dataset NAME, --data-id ID or --everything")
+    target = dataset or "the default dataset"
+    what = "everything" if everything else f"{len(data_ids) or 'all'} item(s) of {target}"
+    if not yes:
+        click.confirm(f"forget {what}?", abort=True)
+    with open_memory() as memory:
+        done = memory.forget(dataset, list(data_ids) or None, everything=everything, memory_only=memory_only)
+    items = sum(len(f.items) for f in done)
+    nodes, edges = sum(f.nodes for f in done), sum(f.edges for f in done)
+    console.print(f"forgot {items} items: {nodes} nodes, {edges} edges")
 
 
 @main.command("status")

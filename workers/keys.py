@@ -36,6 +36,11 @@ def ratelimit_prefix(prefix: str) -> str:
     return f"{prefix}:ratelimit:"
 
 
+def session_prefix(prefix: str) -> str:
+    """Keys of the session memory."""
+    return f"{prefix}:session:"
+
+
 def unacked_keys(prefix: str) -> dict[str, str]:
     """The Redis transport's keys for unacknowledged messages, as broker transport options."""
     return {

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import fnmatch
+import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
 from kenning.pipeline.context import Job
+from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.estimate import Estimate, estimate, price
+from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import (
     AddResult,
     Source,
@@ -19,10 +22,19 @@ from kenning.pipeline.ingest import (
     path_sources,
     text_source,
 )
-from kenning.pipeline.models import PipelineRun, RunStatus, Scope
-from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.pipeline.models import DataItem, PipelineRun, RunStatus, Scope
+from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, search_entries
+from kenning.retrieval.contract import Hit, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.registry import search
 from kenning.workers.extras import needs_extra
+from kenning.workers.lifecycle import (
+    Message,
+    Recalled,
+    Recollection,
+    Remembered,
+    find_dataset,
+    forget_in_dataset,
+)
 from kenning.workers.local import LocalRunner, ProgressCallback, no_progress
 from kenning.workers.settings import Settings, load_settings
 from kenning.workers.wiring import Wiring
@@ -44,6 +56,7 @@ class Kenning:
     def __init__(self, settings: Settings | None = None, wiring: Wiring | None = None) -> None:
         self.settings = settings or load_settings()
         self.wiring = wiring or Wiring(self.settings)
+        self._bridges: list[threading.Thread] = []
 
     def scope(self, dataset: str | None = None) -> Scope:
         return Scope(tenant=self.settings.tenant, dataset=dataset or self.settings.dataset)
@@ -105,6 +118,110 @@ class Kenning:
             progress=progress,
         )
         return runner.run(self.scope(dataset))
+
+    # Memory for agents
+
+    def remember(
+        self,
+        data: str | Sequence[Message | dict[str, Any]],
+        dataset: str | None = None,
+        session_id: str | None = None,
+    ) -> Remembered:
+        """Make text or conversation messages memory. Without a session: add, then cognify, now.
+        With one: written to the session at once, and into the graph by a background cognify."""
+        if isinstance(data, str):
+            data = [Message(text=data)]
+        messages = [Message.model_validate(message) for message in data]
+        if session_id is None:
+            added = self._add_messages(messages, dataset)
+            run = self.cognify(dataset)
+            return Remembered(item_ids=[i.id for i in added], run_id=run.id, status=run.status.value)
+        entries = self._session_messages(messages, dataset, session_id)
+        bridge = threading.Thread(target=self._bridge, args=(messages, dataset), name="kenning-remember")
+        bridge.start()
+        self._bridges.append(bridge)
+        return Remembered(status="queued", session_entries=entries)
+
+    def _add_messages(self, messages: Sequence[Message], dataset: str | None) -> list[DataItem]:
+        sources = [
+            text_source(m.as_text(), name=m.id or f"message {n}", external_id=m.id)
+            for n, m in enumerate(messages)
+        ]
+        added = self.add(sources, dataset)
+        return added.added + added.unchanged
+
+    def _session_messages(
+        self, messages: Sequence[Message], dataset: str | None, session_id: str
+    ) -> list[str]:
+        store = self._sessions()
+        key = self.session_key(session_id)
+        entries = [
+            SessionEntry(
+                kind="message", question=m.text, speaker=m.speaker, said_at=m.time, dataset=dataset or ""
+            )
+            for m in messages
+        ]
+        for entry in entries:
+            store.append(key, entry)
+        return [entry.id for entry in entries]
+
+    def _bridge(self, messages: Sequence[Message], dataset: str | None) -> None:
+        self._add_messages(messages, dataset)
+        self.cognify(dataset)
+
+    def recall(
+        self,
+        query: str,
+        datasets: Sequence[str] | None = None,
+        session_id: str | None = None,
+        type: str | SearchType = SearchType.CHUNKS,
+        top_k: int = 10,
+    ) -> Recalled:
+        """The session memory first (BM25 over its entries), then the graph; each result says which."""
+        found: list[Recollection] = []
+        if session_id is not None:
+            entries = self._sessions().get_session(self.session_key(session_id))
+            best = search_entries(entries, query, top_k)
+            found += [session_recollection(entry, score) for entry, score in best]
+        result = self.search(query, type, datasets=datasets, top_k=top_k, only_context=True)
+        found += [graph_recollection(hit) for hit in result.results[:top_k]]
+        return Recalled(query=query, results=found, notice=result.notice or "")
+
+    def session_key(self, session_id: str) -> SessionKey:
+        return SessionKey(tenant=self.settings.tenant, user=self.settings.user, session_id=session_id)
+
+    def _sessions(self) -> SessionStore:
+        store = self.wiring.sessions
+        if store is None:
+            raise ConfigError(
+                "session memory is off (KENNING_SESSION_BACKEND=none): call without a session id"
+            )
+        return store
+
+    def forget(
+        self,
+        dataset: str | None = None,
+        data_ids: Sequence[str] | None = None,
+        *,
+        everything: bool = False,
+        memory_only: bool = False,
+    ) -> list[Forgotten]:
+        """Forget data items of a dataset, a whole dataset (no `data_ids`), or every dataset of the
+        tenant (`everything`): from the graph, vectors, lexical index, metadata, cache, sessions and
+        (unless `memory_only`) the stored bytes. Facts another item supports stay."""
+        metadata = self.wiring.metadata
+        if everything:
+            targets = metadata.list_datasets(self.settings.tenant)
+        else:
+            targets = [find_dataset(metadata, self.settings.tenant, dataset or self.settings.dataset)]
+        done = []
+        for target in targets:
+            ids = None if everything else data_ids
+            forgotten = forget_in_dataset(self.wiring, target, ids, memory_only, self.settings.lock_ttl_s)
+            if self.wiring.sessions is not None and forgotten.items:
+                self.wiring.sessions.forget_data(target.tenant, forgotten.items)
+            done.append(forgotten)
+        return done
 
     def estimate(self, dataset: str | None = None) -> Estimate:
         """LLM calls, tokens and cost the next cognify would spend; writes nothing."""
@@ -202,6 +319,10 @@ class Kenning:
         ]
 
     def close(self) -> None:
+        """Wait for background remembering to finish, then release every store."""
+        for bridge in self._bridges:
+            bridge.join()
+        self._bridges.clear()
         self.wiring.close()
 
     def __enter__(self) -> Kenning:
@@ -209,6 +330,34 @@ class Kenning:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def session_recollection(entry: SessionEntry, score: float) -> Recollection:
+    text = entry.question if entry.kind == "message" else f"Q: {entry.question}\nA: {entry.answer}"
+    return Recollection(
+        source="session",
+        text=text,
+        score=score,
+        kind=entry.kind,
+        dataset=entry.dataset,
+        data_id=entry.data_ids[0] if entry.data_ids else None,
+        entry_id=entry.id,
+        speaker=entry.speaker,
+        said_at=entry.said_at,
+    )
+
+
+def graph_recollection(hit: Hit) -> Recollection:
+    return Recollection(
+        source="graph",
+        text=hit.text,
+        score=1.0 - hit.score,
+        kind=hit.kind,
+        dataset=hit.dataset,
+        data_id=hit.data_id,
+        document_id=hit.document_id,
+        chunk_id=hit.chunk_id,
+    )
 
 
 def batched(sources: Iterable[Source], size: int) -> Iterator[list[Source]]:

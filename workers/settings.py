@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     )
     cypher_tenants: list[str] = Field(default_factory=list, description="Tenants allowed Cypher; empty = all")
     concurrency: int = Field(default=4, ge=1, le=256, description="Extractions in flight, embedded")
+    user: str = Field(default="local", min_length=1, description="The user sessions belong to")
+    session_backend: Literal["file", "redis", "none"] = Field(
+        default="file", description="Session memory: files under home, Redis (shared), or none"
+    )
+    session_ttl_s: int = Field(default=7 * 24 * 3600, ge=0, description="Session expiry; 0 = never")
+    session_history: int = Field(default=10, ge=0, description="Entries given to completions as history")
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     result_backend: str = "redis://127.0.0.1:6379/1"
@@ -116,6 +122,10 @@ class Settings(BaseSettings):
     @property
     def qdrant_path(self) -> Path:
         return (self.home / "qdrant").resolve()
+
+    @property
+    def session_dir(self) -> Path:
+        return (self.home / "sessions").resolve()
 
     @property
     def blob_dir(self) -> Path:

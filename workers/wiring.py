@@ -25,15 +25,17 @@ from kenning.pipeline.ports import (
     VectorStore,
 )
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
+from kenning.pipeline.session import SessionStore
 from kenning.storage.blob import FileBlobStore
 from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
 from kenning.storage.lexical_sql import SqlLexicalIndex
 from kenning.storage.lock import FileLock
 from kenning.storage.metadata_sql import SqlMetadataStore, migrate
 from kenning.storage.ratelimit_memory import MemoryRateLimiter
+from kenning.storage.session_file import FileSessionStore
 from kenning.storage.sql_engine import open_engine
 from kenning.workers.extras import needs_extra
-from kenning.workers.keys import ratelimit_prefix
+from kenning.workers.keys import ratelimit_prefix, session_prefix
 from kenning.workers.settings import Settings
 
 T = TypeVar("T")
@@ -158,6 +160,25 @@ class Wiring:
         client = redis.Redis.from_url(settings.redis_url)
         self._closers.append(client.close)
         return RedisRateLimiter(client, limits, prefix=ratelimit_prefix(settings.queue_prefix))
+
+    @property
+    def sessions(self) -> SessionStore | None:
+        """The session memory, or None when sessions are off (`KENNING_SESSION_BACKEND=none`)."""
+        return self._once("sessions", self._open_sessions)
+
+    def _open_sessions(self) -> SessionStore | None:
+        settings = self.settings
+        if settings.session_backend == "none":
+            return None
+        if settings.session_backend == "file":
+            return FileSessionStore(settings.session_dir, ttl_s=settings.session_ttl_s)
+        with needs_extra("the Redis session store"):
+            import redis
+
+            from kenning.storage.session_redis import RedisSessionStore
+        client = redis.Redis.from_url(settings.redis_url)
+        self._closers.append(client.close)
+        return RedisSessionStore(client, session_prefix(settings.queue_prefix), ttl_s=settings.session_ttl_s)
 
     @property
     def lock(self) -> Lock:

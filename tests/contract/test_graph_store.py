@@ -512,3 +512,45 @@ def test_falkordb_labels_follow_the_node_type(falkordb_url: str, new_scope: NewS
     finally:
         pool.disconnect()
         store.close()
+
+
+def test_remove_data_deletes_what_only_it_supported_and_keeps_shared_facts(
+    store: GraphStore, new_scope: NewScope
+) -> None:
+    # Given a shared node "s" (d1 and d2), nodes only d1 supports, and edges of each kind
+    scope = new_scope()
+    store.upsert_nodes(
+        scope,
+        [node("s", data_ids=("d1", "d2")), node("a", data_ids=("d1",)), node("b", data_ids=("d2",))],
+    )
+    store.upsert_edges(
+        scope,
+        [
+            edge("s", "b", data_ids=("d1", "d2")),  # shared fact
+            edge("s", "a", data_ids=("d1",)),  # only d1
+            edge("b", "a", data_ids=("d2",)),  # d2's, but its endpoint "a" goes
+        ],
+    )
+
+    # When d1's support is taken away
+    removed = store.remove_data(scope, ["d1"])
+
+    # Then what only d1 supported is gone, with the edge that lost its endpoint
+    assert sorted(removed.deleted_nodes) == ["a"]
+    assert sorted(removed.deleted_edges) == ["b-knows-a", "s-knows-a"]
+    assert removed.kept == {"s": ["d2"], "s-knows-b": ["d2"]}
+    nodes, edges = store.export(scope)
+    assert {n.id: n.data_ids for n in nodes} == {"s": ["d2"], "b": ["d2"]}
+    assert {e.id: e.data_ids for e in edges} == {"s-knows-b": ["d2"]}
+    assert store.counts(scope) == (2, 1)
+
+
+def test_remove_data_touches_only_its_scope(store: GraphStore, new_scope: NewScope) -> None:
+    here, there = new_scope(), new_scope()
+    for scope in (here, there):
+        store.upsert_nodes(scope, [node("a", data_ids=("d1",))])
+
+    assert store.remove_data(here, ["d1"]).deleted_nodes == ["a"]
+    assert store.counts(here) == (0, 0)
+    assert store.counts(there) == (1, 0)
+    assert store.remove_data(here, ["unknown"]).deleted == []

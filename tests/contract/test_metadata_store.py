@@ -531,3 +531,50 @@ def test_workers_starting_together_migrate_once(fresh_postgres_url: str) -> None
         assert versions == ["0001"]
     finally:
         engine.dispose()
+
+
+# Deleting
+
+
+def test_delete_items_takes_their_documents_and_chunks_and_nothing_else(store: Store, scope: Scope) -> None:
+    # Given two items, each with a document and chunks
+    dataset = store.ensure_dataset(scope)
+    first, second = make_item(dataset, b"first"), make_item(dataset, b"second", "b.txt")
+    for item in (first, second):
+        store.add_item(item)
+        document = DocumentRecord(
+            id=f"doc-{item.id}", dataset_id=dataset.id, data_id=item.id, name=item.name, kind="text"
+        )
+        store.save_documents([document])
+        store.save_chunks(
+            [
+                make_chunk(dataset, f"doc-{item.id}", n, f"{item.name} {n}").model_copy(
+                    update={"data_id": item.id}
+                )
+                for n in range(2)
+            ]
+        )
+    first_hashes = [chunk.text_hash for chunk in store.chunks_of(dataset.id, [first.id])]
+    assert len(first_hashes) == 2
+
+    # When the first item is deleted
+    store.delete_items(dataset.id, [first.id, "unknown"])
+
+    # Then only the second remains, and only its content and chunk texts are in use
+    assert [item.id for item in store.list_items(dataset.id)] == [second.id]
+    assert [d.data_id for d in store.list_documents(dataset.id)] == [second.id]
+    assert {c.data_id for c in store.chunks_of(dataset.id, [first.id, second.id])} == {second.id}
+    assert store.contents_in_use([first.content_hash, second.content_hash]) == {second.content_hash}
+    assert store.text_hashes_in_use(first_hashes) == set()
+    # And the same content can be added again
+    assert store.add_item(make_item(dataset, b"first"))
+
+
+def test_delete_extractions_and_dataset(store: Store, scope: Scope) -> None:
+    dataset = store.ensure_dataset(scope)
+    store.put_extractions({"k1": make_extraction("one"), "k2": make_extraction("two")})
+    store.delete_extractions(["k1", "missing"])
+    assert set(store.get_extractions(["k1", "k2"])) == {"k2"}
+
+    store.delete_dataset(dataset.id)
+    assert store.get_dataset(scope) is None

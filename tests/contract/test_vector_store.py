@@ -382,3 +382,20 @@ def test_an_unreachable_server_is_a_transient_error() -> None:
     with pytest.raises(TransientStoreError, match="could not search"):
         store.search(SCOPE, "Entity_name", [1.0, 0.0], limit=1)
     store.close()
+
+
+def test_delete_removes_only_those_ids_of_the_scope(store: VectorStore, prefix: str) -> None:
+    # Given points in two scopes (point ids are unique across scopes, as data point ids are)
+    name = prefix + "Entity_name"
+    store.ensure_collection(name, 2)
+    store.upsert(SCOPE, name, [point("a", [1.0, 0.0]), point("b", [0.0, 1.0])])
+    store.upsert(OTHER, name, [point("c", [1.0, 0.0])])
+
+    # When one scope deletes "a", an id it never had, and the other scope's "c"
+    ids = [stable_id("test", key) for key in ("a", "never", "c")]
+    store.delete(SCOPE, name, ids)
+    store.delete(SCOPE, prefix + "Unknown_text", ids)
+
+    # Then only its own "a" is gone
+    assert [h.id for h in store.search(SCOPE, name, [1.0, 0.0], limit=5)] == [stable_id("test", "b")]
+    assert store.count(OTHER, name) == 1

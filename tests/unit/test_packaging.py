@@ -25,7 +25,7 @@ def test_every_folder_is_a_subpackage_of_kenning() -> None:
 
 def test_a_bare_folder_name_is_not_importable_outside_the_checkout(tmp_path: Path) -> None:
     # Given a process started outside the checkout, with kenning installed
-    probe = "import importlib.util as u; print([n for n in %r if u.find_spec(n)])" % (FOLDERS,)
+    probe = f"import importlib.util as u; print([n for n in {FOLDERS!r} if u.find_spec(n)])"
     # When it looks for the folders as top-level modules
     found = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
@@ -66,7 +66,8 @@ def test_version_is_the_distribution_version() -> None:
 
 
 def test_a_missing_extra_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"pip install 'kenning\[server\]'"), needs_extra("the falkordb backend"):
+    named = pytest.raises(ConfigError, match=r"pip install 'kenning\[server\]'")
+    with named, needs_extra("the falkordb backend"):
         raise ModuleNotFoundError("No module named 'falkordb'", name="falkordb")
 
 

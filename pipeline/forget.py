@@ -1,0 +1,104 @@
+"""Forget data items: remove them and everything only they support, from every store.
+
+A node, edge, vector point or lexical posting goes only when no remaining data item
+supports it; shared facts stay, and the chunks of the items that still support them
+are marked for loading again, so that their properties and payloads are rewritten
+from what remains (the next load does it, with cached extractions: no LLM call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from kenning.pipeline.context import Job, Services
+from kenning.pipeline.models import ChunkStatus, DataItem, EntityType, ItemStatus, extraction_key
+
+# Type nodes are shared by nearly every item and hold no text of their own: reloading
+# every item that mentions a type would reload the whole dataset for nothing.
+_NOT_RELOADED = frozenset({EntityType.type_name()})
+REPLACEABLE_SOURCES = ("file:", "s3:", "id:")
+
+
+class Forgotten(BaseModel):
+    """What one forget removed (counts), and the chunks marked for loading again."""
+
+    items: list[str] = []
+    nodes: int = 0
+    edges: int = 0
+    chunks: int = 0
+    blobs: int = 0
+    cache_entries: int = 0
+    reload_chunks: int = 0
+
+
+def forget_items(
+    services: Services, job: Job, data_ids: Sequence[str], memory_only: bool = False
+) -> Forgotten:
+    """Remove the dataset's items `data_ids` from the graph, vectors, lexical index, metadata,
+    extraction cache and (unless `memory_only`) blob store. Run under the dataset's lock, then load."""
+    items = [item for item in services.metadata.get_items(data_ids) if item.dataset_id == job.dataset_id]
+    ids = [item.id for item in items]
+    if not ids:
+        return Forgotten()
+    chunks = services.chunks.chunks_of(job.dataset_id, ids)
+    removal = services.graph.remove_data(job.scope, ids)
+    for name in services.vectors.list_collections():
+        services.vectors.delete(job.scope, name, removal.deleted)
+    services.lexical.remove(job.scope, [*removal.deleted_nodes, *(chunk.id for chunk in chunks)])
+    services.metadata.delete_items(job.dataset_id, ids)
+    return Forgotten(
+        items=ids,
+        nodes=len(removal.deleted_nodes),
+        edges=len(removal.deleted_edges),
+        chunks=len(chunks),
+        cache_entries=_drop_cache(services, [chunk.text_hash for chunk in chunks]),
+        blobs=0 if memory_only else _drop_blobs(services, items),
+        reload_chunks=_mark_survivors(services, job, removal.kept),
+    )
+
+
+def forget_superseded(services: Services, job: Job) -> Forgotten:
+    """Forget the items that a newer version of the same source replaced."""
+    superseded = services.metadata.list_items(job.dataset_id, ItemStatus.SUPERSEDED)
+    return forget_items(services, job, [item.id for item in superseded])
+
+
+def previous_versions(item: DataItem, known: dict[str, list[DataItem]]) -> list[DataItem]:
+    """Items of the same replaceable source (a file, an object, an external id) with other content."""
+    if not item.source.startswith(REPLACEABLE_SOURCES):
+        return []
+    return [
+        other
+        for other in known.get(item.source, [])
+        if other.id != item.id and other.status != ItemStatus.SUPERSEDED
+    ]
+
+
+def _mark_survivors(services: Services, job: Job, kept: dict[str, list[str]]) -> int:
+    if not kept:
+        return 0
+    nodes = services.graph.get_nodes(job.scope, list(kept))
+    typed = {node.id for node in nodes if node.type in _NOT_RELOADED}
+    supporters = sorted({data_id for key, ids in kept.items() if key not in typed for data_id in ids})
+    chunks = services.chunks.chunks_of(job.dataset_id, supporters)
+    loaded = [chunk.id for chunk in chunks if chunk.status == ChunkStatus.LOADED]
+    services.chunks.set_chunk_status(loaded, ChunkStatus.EXTRACTED)
+    return len(loaded)
+
+
+def _drop_cache(services: Services, text_hashes: list[str]) -> int:
+    unused = sorted(set(text_hashes) - services.chunks.text_hashes_in_use(text_hashes))
+    extractor = services.extractor
+    keys = [extraction_key(extractor.model, extractor.prompt_version, text_hash) for text_hash in unused]
+    services.cache.delete_extractions(keys)
+    return len(keys)
+
+
+def _drop_blobs(services: Services, items: list[DataItem]) -> int:
+    hashes = [item.content_hash for item in items]
+    unused = sorted(set(hashes) - services.metadata.contents_in_use(hashes))
+    for key in unused:
+        services.blobs.delete(key)
+    return len(unused)

@@ -1,0 +1,97 @@
+"""Agent memory around the pipeline: messages to remember, what recall returns, and forgetting
+(under the dataset's lock, then a load that rewrites what survived)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from kenning.pipeline.context import Job
+from kenning.pipeline.errors import InputError
+from kenning.pipeline.forget import Forgotten, forget_items
+from kenning.pipeline.locking import held, lock_name
+from kenning.pipeline.models import Dataset
+from kenning.pipeline.ports import MetadataStore
+from kenning.pipeline.tasks import load
+from kenning.workers.wiring import Wiring
+
+
+def forget_job(dataset: Dataset) -> Job:
+    run_id = f"forget-{uuid.uuid4().hex}"
+    return Job(run_id=run_id, dataset_id=dataset.id, tenant=dataset.tenant, dataset=dataset.name)
+
+
+def find_dataset(metadata: MetadataStore, tenant: str, name: str) -> Dataset:
+    """The tenant's dataset of that name; InputError naming the datasets that exist otherwise."""
+    datasets = metadata.list_datasets(tenant)
+    for dataset in datasets:
+        if dataset.name == name:
+            return dataset
+    known = ", ".join(d.name for d in datasets) or "none"
+    raise InputError(f"no dataset {name!r} (datasets: {known})")
+
+
+def forget_in_dataset(
+    wiring: Wiring, dataset: Dataset, data_ids: Sequence[str] | None, memory_only: bool, lock_ttl_s: float
+) -> Forgotten:
+    """Forget those items (all of the dataset's when None) and reload what still stands."""
+    job = forget_job(dataset)
+    with held(wiring.lock, lock_name(dataset.scope), lock_ttl_s):
+        ids = [item.id for item in wiring.metadata.list_items(dataset.id)] if data_ids is None else data_ids
+        forgotten = forget_items(wiring, job, ids, memory_only)
+        if data_ids is None:
+            wiring.metadata.delete_dataset(dataset.id)
+        elif forgotten.reload_chunks:
+            load(wiring, job)
+    return forgotten
+
+
+class Message(BaseModel):
+    """One message of a conversation, as an agent holds it."""
+
+    speaker: str = ""
+    text: str
+    time: datetime | None = None
+    id: str = Field(default="", description="The agent's id for the message; a new text under it replaces it")
+
+    def as_text(self) -> str:
+        """`[time] speaker: text`: the time and speaker stay with the words, for recall and "when"."""
+        when = f"[{self.time.isoformat()}] " if self.time else ""
+        who = f"{self.speaker}: " if self.speaker else ""
+        return f"{when}{who}{self.text}"
+
+
+class Remembered(BaseModel):
+    """What remember did: the items added, the run that made them memory, and its status."""
+
+    item_ids: list[str] = Field(default_factory=list)
+    run_id: str | None = None
+    status: str
+    session_entries: list[str] = Field(default_factory=list)
+
+
+class Recollection(BaseModel):
+    """One recalled item and where it came from."""
+
+    source: Literal["session", "graph"]
+    text: str
+    score: float = Field(description="Higher is better within a source: BM25 (session), 1 - distance (graph)")
+    kind: str
+    dataset: str = ""
+    data_id: str | None = None
+    document_id: str | None = None
+    chunk_id: str | None = None
+    entry_id: str | None = None
+    speaker: str = ""
+    said_at: datetime | None = None
+
+
+class Recalled(BaseModel):
+    query: str
+    results: list[Recollection]
+    answer: str | None = None
+    notice: str = ""
