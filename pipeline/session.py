@@ -1,0 +1,199 @@
+"""Short-term memory of agents: the entries of a session, the ports that keep them, keyword search.
+
+A session is one (tenant, user, session id): the same session id under another user or
+tenant is another session. Its entries are answered queries ("qa") and remembered
+messages ("message"), oldest first. Entries expire a while after the session's last write.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kenning.pipeline.lexical import bm25_term, query_terms, tokenize
+from kenning.pipeline.models import utcnow
+
+DEFAULT_TTL_S = 7 * 24 * 3600
+IDLE_AFTER = timedelta(minutes=30)
+
+EntryKind = Literal["qa", "message"]
+SessionStatus = Literal["running", "ended"]
+SessionState = Literal["running", "ended", "abandoned"]
+
+
+class SessionKey(BaseModel):
+    """Which session: tenant, user and the agent's session id."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant: str
+    user: str
+    session_id: str
+
+
+def new_entry_id() -> str:
+    return uuid.uuid4().hex
+
+
+def check_score(score: int | None) -> int | None:
+    """The feedback score if it is None or 1..5; ValueError otherwise."""
+    if score is not None and not 1 <= score <= 5:
+        raise ValueError(f"feedback score must be 1..5, not {score}")
+    return score
+
+
+class SessionEntry(BaseModel):
+    """One answered query, or one remembered message (its text in `question`)."""
+
+    id: str = Field(default_factory=new_entry_id)
+    time: datetime = Field(default_factory=utcnow)
+    kind: EntryKind = "qa"
+    question: str = ""
+    context: str = ""
+    answer: str = ""
+    speaker: str = ""
+    said_at: datetime | None = None
+    feedback_text: str = ""
+    feedback_score: int | None = Field(default=None, ge=1, le=5)
+    element_ids: list[str] = Field(default_factory=list)
+    data_ids: list[str] = Field(default_factory=list)
+    dataset: str = ""
+
+    @field_validator("time")
+    @classmethod
+    def _in_utc(cls, value: datetime) -> datetime:
+        # Naive times are taken as UTC, so entries from any caller sort on one clock.
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    def with_feedback(self, text: str, score: int | None) -> SessionEntry:
+        """A copy carrying this feedback; a score outside 1..5 raises ValueError."""
+        return self.model_copy(update={"feedback_text": text, "feedback_score": check_score(score)})
+
+    def without_feedback(self) -> SessionEntry:
+        return self.model_copy(update={"feedback_text": "", "feedback_score": None})
+
+
+class SessionStore(Protocol):
+    """The entries of agent sessions; a session expires after its TTL with no write."""
+
+    def append(self, key: SessionKey, entry: SessionEntry) -> None:
+        """Add the entry at the end of the session, creating it (or restarting an expired one)."""
+        ...
+
+    def get_session(self, key: SessionKey, last_n: int | None = None) -> list[SessionEntry]:
+        """The entries, oldest first; with `last_n`, only the newest n. Empty for an unknown session."""
+        ...
+
+    def add_feedback(self, key: SessionKey, entry_id: str, text: str, score: int | None) -> bool:
+        """Set the entry's feedback; False when there is no such entry. A score outside 1..5
+        raises ValueError before anything is looked up."""
+        ...
+
+    def delete_feedback(self, key: SessionKey, entry_id: str) -> bool:
+        """Clear the entry's feedback; False when there is no such entry."""
+        ...
+
+    def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
+        """Remove every entry of the tenant's sessions that cites any of the data items; how many.
+
+        It does not extend the life of the sessions it changes."""
+        ...
+
+    def delete_session(self, key: SessionKey) -> None:
+        """Remove the session; an unknown one is ignored."""
+        ...
+
+    def list_sessions(self, tenant: str, user: str | None = None) -> list[SessionKey]:
+        """The tenant's live sessions (of one user, when given), sorted by user then session id."""
+        ...
+
+
+def search_entries(
+    entries: Sequence[SessionEntry], query: str, limit: int
+) -> list[tuple[SessionEntry, float]]:
+    """The entries best matching the query by BM25 over question, answer and speaker, best first.
+
+    The statistics are those of `entries` alone. Entries sharing no term with the query are
+    left out; ties go to the newer entry (later in `entries`).
+    """
+    terms = query_terms(query)
+    if not terms or limit <= 0:
+        return []
+    counts = [Counter(tokenize(f"{e.question}\n{e.answer}\n{e.speaker}")) for e in entries]
+    lengths = [sum(count.values()) for count in counts]
+    n = len(entries)
+    average = sum(lengths) / n if n else 0.0
+    df = {term: sum(1 for count in counts if term in count) for term in terms}
+    scored: list[tuple[float, int]] = []
+    for position, (count, length) in enumerate(zip(counts, lengths, strict=True)):
+        matched = [term for term in terms if term in count]
+        if matched:
+            score = sum(bm25_term(count[t], df[t], n, length, average) for t in matched)
+            scored.append((score, position))
+    scored.sort(key=lambda hit: (-hit[0], -hit[1]))
+    return [(entries[position], score) for score, position in scored[:limit]]
+
+
+class ModelUsage(BaseModel):
+    """What one model was used for in a session."""
+
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    calls: int = 0
+
+
+class SessionRecord(BaseModel):
+    """The lasting record of a session: status, times, usage and errors."""
+
+    key: SessionKey
+    status: SessionStatus = "running"
+    started_at: datetime = Field(default_factory=utcnow)
+    last_activity_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    estimated_cost: float = 0.0
+    errors: int = 0
+    last_error: str = ""
+    models: dict[str, ModelUsage] = Field(default_factory=dict)
+
+    def state(self, now: datetime | None = None, idle_after: timedelta = IDLE_AFTER) -> SessionState:
+        """The status, or "abandoned" when running but idle for longer than `idle_after` at `now`
+        (default: the current time)."""
+        idle = (now or utcnow()) - self.last_activity_at
+        return "abandoned" if self.status == "running" and idle > idle_after else self.status
+
+
+class SessionRecords(Protocol):
+    """The lasting records of sessions: one per session key, upserted as the session is used."""
+
+    def touch(
+        self,
+        key: SessionKey,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+        model: str = "",
+        error: str = "",
+    ) -> SessionRecord:
+        """Record activity: create the record on first use (or re-open an ended one), add the
+        usage (to the model's too, when named), count the error when given; the record after it."""
+        ...
+
+    def end(self, key: SessionKey) -> bool:
+        """Mark the session ended; False when there is no record of it."""
+        ...
+
+    def get(self, key: SessionKey) -> SessionRecord | None:
+        """The record, or None."""
+        ...
+
+    def list(self, tenant: str, user: str | None = None) -> list[SessionRecord]:
+        """The tenant's records (of one user, when given), the most recently active first."""
+        ...
