@@ -187,7 +187,8 @@ class SessionRecords(Protocol):
         ...
 
     def end(self, key: SessionKey) -> bool:
-        """Mark the session ended; False when there is no record of it."""
+        """Mark the session ended, keeping the first end time if it already was; False when
+        there is no record of it."""
         ...
 
     def get(self, key: SessionKey) -> SessionRecord | None:
