@@ -12,6 +12,7 @@ TASK_QUEUES = {
     "kenning.extract": "extract",
     "kenning.load": "load",
     "kenning.fk_edges": "load",
+    "kenning.forget": "load",
     "kenning.search": "query",
 }
 

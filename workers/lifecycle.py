@@ -38,15 +38,25 @@ def find_dataset(metadata: MetadataStore, tenant: str, name: str) -> Dataset:
 def forget_in_dataset(
     wiring: Wiring, dataset: Dataset, data_ids: Sequence[str] | None, memory_only: bool, lock_ttl_s: float
 ) -> Forgotten:
-    """Forget those items (all of the dataset's when None) and reload what still stands."""
-    job = forget_job(dataset)
+    """Forget those items (all of the dataset's when None) and reload what still stands, under the
+    embedded dataset lock."""
     with held(wiring.lock, lock_name(dataset.scope), lock_ttl_s):
-        ids = [item.id for item in wiring.metadata.list_items(dataset.id)] if data_ids is None else data_ids
-        forgotten = forget_items(wiring, job, ids, memory_only)
-        if data_ids is None:
-            wiring.metadata.delete_dataset(dataset.id)
-        elif forgotten.reload_chunks:
-            load(wiring, job)
+        return forget_held(wiring, dataset, data_ids, memory_only)
+
+
+def forget_held(
+    wiring: Wiring, dataset: Dataset, data_ids: Sequence[str] | None, memory_only: bool
+) -> Forgotten:
+    """`forget_in_dataset` for a caller that already holds the dataset's lock."""
+    job = forget_job(dataset)
+    ids = [item.id for item in wiring.metadata.list_items(dataset.id)] if data_ids is None else data_ids
+    forgotten = forget_items(wiring, job, ids, memory_only)
+    if data_ids is None:
+        wiring.metadata.delete_dataset(dataset.id)
+    elif forgotten.reload_chunks:
+        load(wiring, job)
+    if wiring.sessions is not None and forgotten.items:
+        wiring.sessions.forget_data(dataset.tenant, forgotten.items)
     return forgotten
 
 

@@ -217,10 +217,7 @@ class Kenning:
         done = []
         for target in targets:
             ids = None if everything else data_ids
-            forgotten = forget_in_dataset(self.wiring, target, ids, memory_only, self.settings.lock_ttl_s)
-            if self.wiring.sessions is not None and forgotten.items:
-                self.wiring.sessions.forget_data(target.tenant, forgotten.items)
-            done.append(forgotten)
+            done.append(forget_in_dataset(self.wiring, target, ids, memory_only, self.settings.lock_ttl_s))
         return done
 
     def estimate(self, dataset: str | None = None) -> Estimate:

@@ -10,6 +10,9 @@ Every task takes one JSON object and returns one JSON object (queues are
   "error", "stats", "started_at", "finished_at"}`
 - `kenning.maintenance` (pipeline queue; Celery beat runs it, see workers/schedule.py):
   `datasets`? -> `{"started": {dataset: run_id}}` for datasets with work left
+- `kenning.forget` (load queue): `{"dataset", "tenant"?, "data_ids"?: [...], "memory_only"?}`
+  -> `{"items", "nodes", "edges", "chunks", "blobs", "cache_entries", "reload_chunks"}`; under the
+  dataset's run lock, so it never interleaves with a cognify of that dataset (retried while busy)
 - `kenning.search` (query queue): `{"query", "type"?, "datasets"?, "tenant"?, "top_k"?,
   "only_context"?}` -> `{"query", "type", "results", "context", "answer", "notice"}`
 
@@ -20,14 +23,17 @@ hundred kilobytes each); put large corpora in a bucket and send its URI.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
 from kenning.pipeline.ingest import text_source
+from kenning.pipeline.locking import LockBusy, lock_name
 from kenning.pipeline.models import ChunkStatus, ItemStatus, RunStatus
 from kenning.retrieval.contract import SearchType
 from kenning.workers.celery_app import app
+from kenning.workers.lifecycle import find_dataset, forget_held
 from kenning.workers.memory import Kenning
 
 MAX_TEXT_CHARS = 1_000_000
@@ -61,6 +67,13 @@ class RemoteSearch(BaseModel):
     tenant: str | None = None
     top_k: int = Field(default=10, ge=1, le=1000)
     only_context: bool = False
+
+
+class ForgetRequest(BaseModel):
+    dataset: str
+    tenant: str | None = None
+    data_ids: list[str] | None = None
+    memory_only: bool = False
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -131,6 +144,21 @@ def search_task(request: dict[str, Any]) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
+def forget_task(request: dict[str, Any]) -> dict[str, Any]:
+    parsed = _parse(ForgetRequest, request)
+    memory = _memory(parsed.tenant)
+    dataset = find_dataset(memory.wiring.metadata, memory.settings.tenant, parsed.dataset)
+    lock, holder = app.resources().lock, f"forget-{uuid.uuid4().hex}"
+    name = lock_name(dataset.scope)
+    if lock.take(name, holder, memory.settings.lock_ttl_s) is None:
+        raise LockBusy(f"{name} is held by a run; forget waits for it")
+    try:
+        forgotten = forget_held(memory.wiring, dataset, parsed.data_ids, parsed.memory_only)
+    finally:
+        lock.release(name, holder)
+    return forgotten.model_dump()
+
+
 def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
     """The scheduled job: start a cognify run for every dataset with work left and no run going.
 
@@ -163,3 +191,11 @@ app.task(maintenance_task, name="kenning.maintenance")
 app.task(cognify_task, name="kenning.cognify")
 app.task(run_task, name="kenning.run")
 app.task(search_task, name="kenning.search")
+app.task(
+    forget_task,
+    name="kenning.forget",
+    autoretry_for=(LockBusy,),
+    retry_backoff=True,
+    retry_backoff_max=30,
+    max_retries=120,
+)

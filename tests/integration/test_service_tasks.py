@@ -49,8 +49,11 @@ CLIENT = textwrap.dedent(
         invalid = "accepted"
     except Exception as error:
         invalid = f"{type(error).__name__}: {error}"
+    forgotten = call("kenning.forget", {"dataset": "svc", "tenant": tenant}, "load")
+    after = call("kenning.search", query, "query")
     leaked = sorted(name for name in sys.modules if name.split(".")[0] in ("kenning", "workers", "pipeline"))
-    print(json.dumps({"added": added, "run": run, "found": found, "invalid": invalid, "leaked": leaked}))
+    print(json.dumps({"added": added, "run": run, "found": found, "invalid": invalid, "leaked": leaked,
+                      "forgotten": forgotten, "after": after}))
     """
 )
 
@@ -90,6 +93,9 @@ def test_a_service_with_only_celery_ingests_and_queries_by_task_name(
     assert "Grace Hopper" in reply["found"]["results"][0]["text"]
     assert "ValueError" in reply["invalid"] and "query" in reply["invalid"]
     assert reply["leaked"] == []
+    # And forgetting the dataset by task name leaves nothing to find
+    assert len(reply["forgotten"]["items"]) == 2 and reply["forgotten"]["nodes"] > 0
+    assert reply["after"]["results"] == []
 
 
 def test_search_remote_runs_on_the_query_worker(deployment: Deployment, one_worker: Workers) -> None:
