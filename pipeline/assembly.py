@@ -244,8 +244,13 @@ def triplet_text(assembly: Assembly, edge: Edge) -> str:
         return ""
     if not isinstance(source, Entity) or not isinstance(target, Entity):
         return ""
-    text = f"{source.name} -> {edge.relationship.replace('_', ' ')} -> {target.name}"
-    return f"{text}: {edge.description}" if edge.description else text
+    return triplet_of(source.name, edge.relationship, target.name, edge.description)
+
+
+def triplet_of(source: str, relationship: str, target: str, description: str) -> str:
+    """`source -> relationship -> target: description`, the text a triplet is searched by."""
+    text = f"{source} -> {relationship.replace('_', ' ')} -> {target}"
+    return f"{text}: {description}" if description else text
 
 
 def _edge_payload(assembly: Assembly, edge: Edge, text: str, kind: str) -> dict[str, Any]:

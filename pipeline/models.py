@@ -31,6 +31,10 @@ def normalize_name(name: str) -> str:
     return re.sub(r"\s+", " ", name).strip().casefold()
 
 
+# The weight of a node nobody rated: improve moves it with feedback, retrieval leans on it.
+NEUTRAL_WEIGHT = 0.5
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

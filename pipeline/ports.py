@@ -7,7 +7,7 @@ adapters and pass the same contract suites.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from kenning.pipeline.models import (
     ChunkRecord,
@@ -143,6 +143,14 @@ class GraphStore(Protocol):
         one left with none is deleted, and so is every edge that loses an endpoint."""
         ...
 
+    def supported_by(self, scope: Scope, data_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(node ids, edge ids) that any of these data items supports: what they produced."""
+        ...
+
+    def delete_elements(self, scope: Scope, node_ids: Sequence[str], edge_ids: Sequence[str]) -> None:
+        """Delete those edges, and those nodes with every edge touching them; unknown ids are ignored."""
+        ...
+
     def counts(self, scope: Scope) -> tuple[int, int]:
         """(node count, edge count) of the scope."""
         ...
@@ -172,6 +180,10 @@ class VectorStore(Protocol):
 
     def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
         """Remove the scope's points with these ids; unknown ids and collections are ignored."""
+        ...
+
+    def set_payload(self, scope: Scope, collection: str, values: dict[str, dict[str, Any]]) -> None:
+        """Merge `values[id]` into the payload of each of the scope's points; others are ignored."""
         ...
 
     def list_collections(self) -> list[str]: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kenning.pipeline.collection import CHUNKS
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.reference import weighted_score
 
 
 class ChunksRetriever:
@@ -19,7 +20,7 @@ class ChunksRetriever:
                 hits.append(
                     Hit(
                         text=str(point.payload.get("text", "")),
-                        score=point.score,
+                        score=weighted_score(point),
                         kind="chunk",
                         dataset=scope.dataset,
                         data_id=data_ids[0],

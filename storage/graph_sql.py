@@ -126,6 +126,18 @@ class SqlGraphStore:
             _delete_rows(conn, scope, provenance_table, provenance_table.c.item_id, result.deleted)
         return result
 
+    def supported_by(self, scope: Scope, data_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        with _translated(), self._engine.connect() as conn:
+            touched = _touched(conn, scope, sorted(set(data_ids)))
+        return sorted(touched[NODE]), sorted(touched[EDGE])
+
+    def delete_elements(self, scope: Scope, node_ids: Sequence[str], edge_ids: Sequence[str]) -> None:
+        with _translated(), self._engine.begin() as conn:
+            edges = list(dict.fromkeys([*edge_ids, *_edges_touching(conn, scope, list(node_ids))]))
+            _delete_rows(conn, scope, nodes_table, nodes_table.c.id, list(node_ids))
+            _delete_rows(conn, scope, edges_table, edges_table.c.id, edges)
+            _delete_rows(conn, scope, provenance_table, provenance_table.c.item_id, [*node_ids, *edges])
+
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         with _translated(), self._engine.connect() as conn:
             node_rows = conn.execute(sa.select(nodes_table).where(_in_scope(nodes_table, scope))).all()

@@ -149,6 +149,24 @@ class MemoryGraphStore:
                 (graph.nodes.get(item_id) or graph.edges[item_id]).data_ids = left
         return result
 
+    def supported_by(self, scope: Scope, data_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        wanted = set(data_ids)
+        with self._lock:
+            graph = self._graph(scope)
+            nodes = sorted(n.id for n in graph.nodes.values() if wanted.intersection(n.data_ids))
+            edges = sorted(e.id for e in graph.edges.values() if wanted.intersection(e.data_ids))
+        return nodes, edges
+
+    def delete_elements(self, scope: Scope, node_ids: Sequence[str], edge_ids: Sequence[str]) -> None:
+        nodes, edges = set(node_ids), set(edge_ids)
+        with self._lock:
+            graph = self._graph(scope)
+            for edge in list(graph.edges.values()):
+                if edge.id in edges or edge.source_id in nodes or edge.target_id in nodes:
+                    del graph.edges[edge.id]
+            for node_id in nodes:
+                graph.nodes.pop(node_id, None)
+
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         with self._lock:
             graph = self._graph(scope)

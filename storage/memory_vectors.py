@@ -115,6 +115,16 @@ class MemoryVectorStore:
                 if point is not None and _in_scope(point.payload, scope):
                     del target.points[point_id]
 
+    def set_payload(self, scope: Scope, collection: str, values: dict[str, dict[str, Any]]) -> None:
+        with self._lock:
+            target = self._collections.get(collection)
+            if target is None:
+                return
+            for raw_id, patch in values.items():
+                point = target.points.get(_point_id(raw_id))
+                if point is not None and _in_scope(point.payload, scope):
+                    point.payload.update(_json_copy(scoped_payload(scope, patch)))
+
     def list_collections(self) -> list[str]:
         with self._lock:
             return sorted(self._collections)

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import httpx
 from qdrant_client import QdrantClient
@@ -118,6 +119,16 @@ class QdrantVectorStore:
                 only = qm.HasIdCondition(has_id=list(ids[start : start + self._batch_size]))
                 selector = qm.FilterSelector(filter=qm.Filter(must=[*_scope_conditions(scope), only]))
                 client.delete(collection, points_selector=selector, wait=True)
+
+    def set_payload(self, scope: Scope, collection: str, values: dict[str, dict[str, Any]]) -> None:
+        """Merge each patch into its point's payload: one request per point (patches differ)."""
+        with self._session(f"set payload in {collection!r}") as client:
+            if self._dimension_of(client, collection) is None:
+                return
+            for point_id, patch in values.items():
+                only = qm.HasIdCondition(has_id=[point_id])
+                selector = qm.FilterSelector(filter=qm.Filter(must=[*_scope_conditions(scope), only]))
+                client.set_payload(collection, payload=patch, points=selector, wait=True)
 
     def list_collections(self) -> list[str]:
         with self._session("list collections") as client:

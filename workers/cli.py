@@ -230,6 +230,91 @@ def forget_command(
     console.print(f"forgot {items} items: {nodes} nodes, {edges} edges")
 
 
+@main.command("improve")
+@click.option("--dataset", default=None)
+def improve_command(dataset: str | None) -> None:
+    """Remember rated session answers, apply feedback weights, merge duplicate entities."""
+    with open_memory() as memory:
+        done = memory.improve(dataset)
+    click.echo(done.model_dump_json())
+
+
+@main.group("session")
+def session_group() -> None:
+    """Show a session, or rate one of its entries."""
+
+
+@session_group.command("show")
+@click.argument("session_id")
+@click.option("--last", "last_n", default=None, type=click.IntRange(1))
+def session_show(session_id: str, last_n: int | None) -> None:
+    with open_memory() as memory:
+        entries = memory.get_session(session_id, last_n)
+    for entry in entries:
+        click.echo(entry.model_dump_json())
+
+
+@session_group.command("feedback")
+@click.argument("session_id")
+@click.argument("entry_id")
+@click.option("--score", type=click.IntRange(1, 5), default=None, help="1 (useless) to 5 (exactly right).")
+@click.option("--text", default="")
+@click.option("--delete", is_flag=True, help="Remove the entry's feedback instead.")
+def session_feedback(session_id: str, entry_id: str, score: int | None, text: str, delete: bool) -> None:
+    with open_memory() as memory:
+        if delete:
+            found = memory.delete_feedback(session_id, entry_id)
+        elif score is None:
+            raise click.UsageError("give --score 1-5, or --delete")
+        else:
+            found = memory.add_feedback(session_id, entry_id, score, text)
+    if not found:
+        raise KenningError(f"session {session_id!r} has no entry {entry_id!r}")
+    click.echo("ok")
+
+
+@main.group("memory")
+def memory_group() -> None:
+    """Memory records: each added item, with the nodes and edges it produced."""
+
+
+@memory_group.command("list")
+@click.option("--dataset", default=None)
+@click.option("--offset", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+def memory_list(dataset: str | None, offset: int, limit: int) -> None:
+    with open_memory() as memory:
+        click.echo(memory.records.list(dataset, offset, limit).model_dump_json())
+
+
+@memory_group.command("get")
+@click.argument("record_id")
+@click.option("--dataset", default=None)
+def memory_get(record_id: str, dataset: str | None) -> None:
+    with open_memory() as memory:
+        click.echo(memory.records.get(record_id, dataset).model_dump_json())
+
+
+@memory_group.command("update")
+@click.argument("record_id")
+@click.argument("path")
+@click.option("--dataset", default=None)
+def memory_update(record_id: str, path: str, dataset: str | None) -> None:
+    """Replace a record's text with PATH's (or - for stdin), cognify, and forget what is stale."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    with open_memory() as memory:
+        click.echo(memory.records.update(record_id, text, dataset).model_dump_json())
+
+
+@memory_group.command("delete")
+@click.argument("record_id")
+@click.option("--dataset", default=None)
+def memory_delete(record_id: str, dataset: str | None) -> None:
+    with open_memory() as memory:
+        memory.records.delete(record_id, dataset)
+    click.echo("deleted")
+
+
 @main.command("status")
 @click.option("--dataset", default=None)
 @click.option("--json", "as_json", is_flag=True)

@@ -13,6 +13,7 @@ TASK_QUEUES = {
     "kenning.load": "load",
     "kenning.fk_edges": "load",
     "kenning.forget": "load",
+    "kenning.improve": "load",
     "kenning.search": "query",
 }
 

@@ -13,9 +13,20 @@ from pydantic import BaseModel, Field
 from kenning.pipeline.context import Job
 from kenning.pipeline.errors import InputError
 from kenning.pipeline.forget import Forgotten, forget_items
+from kenning.pipeline.ingest import Source
 from kenning.pipeline.locking import held, lock_name
+from kenning.pipeline.memify import (
+    Improvement,
+    MemifyConfig,
+    apply_weights,
+    consolidate,
+    feedback_weights,
+    ratings,
+    session_sources,
+)
 from kenning.pipeline.models import Dataset
 from kenning.pipeline.ports import MetadataStore
+from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
 from kenning.workers.wiring import Wiring
 
@@ -42,6 +53,38 @@ def forget_in_dataset(
     embedded dataset lock."""
     with held(wiring.lock, lock_name(dataset.scope), lock_ttl_s):
         return forget_held(wiring, dataset, data_ids, memory_only)
+
+
+def improve_held(wiring: Wiring, dataset: Dataset, config: MemifyConfig) -> Improvement:
+    """Feedback weights and entity consolidation of one dataset; the caller holds its lock."""
+    rated = ratings(entry for _, entry in session_entries(wiring, dataset))
+    weighted = apply_weights(wiring, dataset.scope, feedback_weights(rated, config.alpha))
+    merged, repointed = consolidate(wiring, dataset.scope, config)
+    return Improvement(weighted=weighted, merged_entities=merged, repointed_edges=repointed)
+
+
+def session_items(wiring: Wiring, dataset: Dataset) -> list[Source]:
+    """The answered questions of the tenant's sessions about this dataset, as texts to remember."""
+    by_session: dict[str, list[SessionEntry]] = {}
+    for session_id, entry in session_entries(wiring, dataset):
+        by_session.setdefault(session_id, []).append(entry)
+    sources: list[Source] = []
+    for session_id, entries in by_session.items():
+        sources += session_sources(session_id, entries)
+    return sources
+
+
+def session_entries(wiring: Wiring, dataset: Dataset) -> list[tuple[str, SessionEntry]]:
+    """(session id, entry) of every session of the dataset's tenant, for this dataset or none named."""
+    sessions = wiring.sessions
+    if sessions is None:
+        return []
+    return [
+        (key.session_id, entry)
+        for key in sessions.list_sessions(dataset.tenant)
+        for entry in sessions.get_session(key)
+        if entry.dataset in (dataset.name, "")
+    ]
 
 
 def forget_held(
@@ -105,3 +148,4 @@ class Recalled(BaseModel):
     results: list[Recollection]
     answer: str | None = None
     notice: str = ""
+    entry_id: str | None = Field(default=None, description="The session entry this recall added")

@@ -554,3 +554,25 @@ def test_remove_data_touches_only_its_scope(store: GraphStore, new_scope: NewSco
     assert store.counts(here) == (0, 0)
     assert store.counts(there) == (1, 0)
     assert store.remove_data(here, ["unknown"]).deleted == []
+
+
+def test_delete_elements_takes_nodes_with_their_edges(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    store.upsert_nodes(scope, [node("a"), node("b"), node("c")])
+    store.upsert_edges(scope, [edge("a", "b"), edge("b", "c"), edge("a", "c")])
+
+    store.delete_elements(scope, ["b"], ["a-knows-c", "unknown"])
+
+    nodes, edges = store.export(scope)
+    assert sorted(n.id for n in nodes) == ["a", "c"] and edges == []
+
+
+def test_supported_by_lists_what_the_data_items_produced(store: GraphStore, new_scope: NewScope) -> None:
+    scope = new_scope()
+    store.upsert_nodes(
+        scope, [node("a", data_ids=("d1",)), node("b", data_ids=("d1", "d2")), node("c", data_ids=("d2",))]
+    )
+    store.upsert_edges(scope, [edge("a", "b", data_ids=("d1",)), edge("b", "c", data_ids=("d2",))])
+
+    assert store.supported_by(scope, ["d1"]) == (["a", "b"], ["a-knows-b"])
+    assert store.supported_by(scope, ["d9"]) == ([], [])

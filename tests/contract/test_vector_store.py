@@ -399,3 +399,18 @@ def test_delete_removes_only_those_ids_of_the_scope(store: VectorStore, prefix: 
     # Then only its own "a" is gone
     assert [h.id for h in store.search(SCOPE, name, [1.0, 0.0], limit=5)] == [stable_id("test", "b")]
     assert store.count(OTHER, name) == 1
+
+
+def test_set_payload_merges_into_the_scopes_points_only(store: VectorStore, prefix: str) -> None:
+    name = prefix + "DocumentChunk_text"
+    store.ensure_collection(name, 2)
+    store.upsert(SCOPE, name, [point("a", [1.0, 0.0], text="kept")])
+    store.upsert(OTHER, name, [point("c", [1.0, 0.0], text="other")])
+
+    patch = {stable_id("test", "a"): {"weight": 0.8}, stable_id("test", "c"): {"weight": 0.1}}
+    store.set_payload(SCOPE, name, patch)
+
+    [hit] = store.search(SCOPE, name, [1.0, 0.0], limit=5)
+    assert hit.payload["weight"] == 0.8 and hit.payload["text"] == "kept"
+    [other] = store.search(OTHER, name, [1.0, 0.0], limit=5)
+    assert "weight" not in other.payload
