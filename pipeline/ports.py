@@ -7,6 +7,7 @@ adapters and pass the same contract suites.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from kenning.pipeline.models import (
@@ -79,6 +80,22 @@ class ChunkStore(Protocol):
         ...
 
     def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None: ...
+
+
+class AccessLog(Protocol):
+    """When elements of a dataset were last retrieved, and how often."""
+
+    def record(self, dataset_id: str, counts: dict[str, int], at: datetime) -> None:
+        """Add `counts[id]` retrievals of each element, the last at `at`."""
+        ...
+
+    def accesses(self, dataset_id: str, element_ids: Sequence[str]) -> dict[str, tuple[datetime, int]]:
+        """(last access, count) of those elements ever retrieved."""
+        ...
+
+    def forget_access(self, dataset_id: str, element_ids: Sequence[str] | None = None) -> None:
+        """Drop those elements' records (every one of the dataset's when None)."""
+        ...
 
 
 class ExtractionCache(Protocol):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kenning.pipeline.errors import NoLLMConfigured
+from kenning.pipeline.lexical import LexicalIndex
+from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
 from kenning.retrieval.chunks import ChunksRetriever
 from kenning.retrieval.chunks_lexical import ChunksLexicalRetriever
 from kenning.retrieval.coding_rules import CodingRulesRetriever
@@ -48,12 +51,51 @@ REGISTRY: dict[SearchType, RetrieverFactory] = {
 }
 
 
+class HistoryCompleter:
+    """A completer that puts the session's last exchanges before every prompt."""
+
+    def __init__(self, inner: Completer, history: list[str]) -> None:
+        self._inner = inner
+        self._history = "\n".join(history)
+
+    def complete(self, system: str, prompt: str) -> str:
+        return self._inner.complete(system, f"Conversation so far:\n<<<\n{self._history}\n>>>\n\n{prompt}")
+
+
+@dataclass(frozen=True)
+class WithHistory:
+    """The ports, with completions that see the session's history."""
+
+    ports: SearchPorts
+    history: list[str]
+
+    @property
+    def vectors(self) -> VectorStore:
+        return self.ports.vectors
+
+    @property
+    def lexical(self) -> LexicalIndex:
+        return self.ports.lexical
+
+    @property
+    def graph(self) -> GraphStore:
+        return self.ports.graph
+
+    @property
+    def embedder(self) -> Embedder:
+        return self.ports.embedder
+
+    @property
+    def completer(self) -> Completer:
+        return HistoryCompleter(self.ports.completer, self.history)
+
+
 def search(ports: SearchPorts, request: SearchRequest) -> SearchResult:
     """Run the request's retriever: objects, then context, then (unless only_context) an answer.
 
     With no LLM configured the answer is None and `notice` says why; context still comes back.
     """
-    retriever = REGISTRY[request.type](ports)
+    retriever = REGISTRY[request.type](WithHistory(ports, request.history) if request.history else ports)
     objects = retriever.get_retrieved_objects(request)
     context = retriever.get_context_from_objects(request, objects)
     result = SearchResult(query=request.query, type=request.type, results=objects, context=context)

@@ -139,3 +139,14 @@ sessions = sa.Table(
     # Per model: {"tokens_in": n, "tokens_out": n, "cost": x, "calls": n}.
     sa.Column("models", json_type(), nullable=False),
 )
+
+# When each retrieved element (a chunk, mostly) was last returned by a search, and how often:
+# what time decay and prune read. Written in batches, never once per hit.
+element_access = sa.Table(
+    "element_access",
+    metadata,
+    sa.Column("dataset_id", sa.String(64), primary_key=True),
+    sa.Column("element_id", sa.String(64), primary_key=True),
+    sa.Column("last_access", UtcDateTime(), nullable=False),
+    sa.Column("count", sa.BigInteger(), nullable=False),
+)

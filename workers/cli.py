@@ -230,6 +230,20 @@ def forget_command(
     console.print(f"forgot {items} items: {nodes} nodes, {edges} edges")
 
 
+@main.command("prune")
+@click.option("--dataset", default=None)
+@click.option("--older-than-days", type=click.FloatRange(0), default=None, help="Not used nor added since.")
+@click.option("--below", type=click.FloatRange(0, 1), default=None, help="Decay factor under this.")
+@click.option("--yes", is_flag=True)
+def prune_command(dataset: str | None, older_than_days: float | None, below: float | None, yes: bool) -> None:
+    """Forget what faded: items unused for a while, or whose decay factor fell below a floor."""
+    if not yes:
+        click.confirm("forget every item that matches?", abort=True)
+    with open_memory() as memory:
+        done = memory.prune(dataset, older_than_days, below)
+    console.print(f"pruned {len(done.items)} items: {done.nodes} nodes, {done.edges} edges")
+
+
 @main.command("improve")
 @click.option("--dataset", default=None)
 def improve_command(dataset: str | None) -> None:

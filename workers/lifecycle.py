@@ -93,6 +93,7 @@ def forget_held(
     """`forget_in_dataset` for a caller that already holds the dataset's lock."""
     job = forget_job(dataset)
     ids = [item.id for item in wiring.metadata.list_items(dataset.id)] if data_ids is None else data_ids
+    wiring.access.forget_access(dataset.id, [chunk.id for chunk in wiring.chunks.chunks_of(dataset.id, ids)])
     forgotten = forget_items(wiring, job, ids, memory_only)
     if data_ids is None:
         wiring.metadata.delete_dataset(dataset.id)

@@ -13,6 +13,7 @@ from kenning.pipeline.errors import NoLLMConfigured
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import (
+    AccessLog,
     BlobStore,
     ChunkStore,
     Completer,
@@ -25,7 +26,8 @@ from kenning.pipeline.ports import (
     VectorStore,
 )
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
-from kenning.pipeline.session import SessionStore
+from kenning.pipeline.session import SessionRecords, SessionStore
+from kenning.storage.access import SqlAccessLog
 from kenning.storage.blob import FileBlobStore
 from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
 from kenning.storage.lexical_sql import SqlLexicalIndex
@@ -33,6 +35,7 @@ from kenning.storage.lock import FileLock
 from kenning.storage.metadata_sql import SqlMetadataStore, migrate
 from kenning.storage.ratelimit_memory import MemoryRateLimiter
 from kenning.storage.session_file import FileSessionStore
+from kenning.storage.session_sql import SqlSessionRecords
 from kenning.storage.sql_engine import open_engine
 from kenning.workers.extras import needs_extra
 from kenning.workers.keys import ratelimit_prefix, session_prefix
@@ -179,6 +182,16 @@ class Wiring:
         client = redis.Redis.from_url(settings.redis_url)
         self._closers.append(client.close)
         return RedisSessionStore(client, session_prefix(settings.queue_prefix), ttl_s=settings.session_ttl_s)
+
+    @property
+    def session_records(self) -> SessionRecords:
+        """One record per session in the metadata database: activity, usage, errors."""
+        return self._once("session_records", lambda: SqlSessionRecords(self.engine))
+
+    @property
+    def access(self) -> AccessLog:
+        """When retrieved elements were last returned, for decay and prune."""
+        return self._once("access", lambda: SqlAccessLog(self.engine))
 
     @property
     def lock(self) -> Lock:
