@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+import fnmatch
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from kenning.pipeline.lexical import LexicalIndex
-from kenning.pipeline.models import Scope
+from kenning.pipeline.models import DEFAULT_TENANT, Scope
 from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
 
 
@@ -32,10 +33,39 @@ class SearchType(enum.StrEnum):
     CODING_RULES = "CODING_RULES"
 
 
+class QueryBudget(BaseModel):
+    """What one caller-written graph query may spend; the graph server enforces it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    timeout_ms: int = Field(default=5000, ge=1)
+    max_rows: int = Field(default=200, ge=1)
+
+
+class Principal(BaseModel):
+    """Who is searching, and what it may do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant: str = DEFAULT_TENANT
+    user: str = ""
+    read_scopes: tuple[str, ...] = Field(
+        default=(), description="`tenant/dataset` globs it may read; none: its own tenant's datasets"
+    )
+    may_run_cypher: bool = False
+    cypher_budget: QueryBudget = QueryBudget()
+
+    def may_read(self, scope: Scope) -> bool:
+        if not self.read_scopes:
+            return scope.tenant == self.tenant
+        return any(fnmatch.fnmatchcase(scope.key, pattern) for pattern in self.read_scopes)
+
+
 class SearchRequest(BaseModel):
     query: str
     type: SearchType = SearchType.HYBRID_COMPLETION
     scopes: list[Scope] = Field(default_factory=lambda: [Scope()])
+    principal: Principal = Principal()
     top_k: int = Field(default=10, ge=1, le=1000)
     only_context: bool = False
     session_id: str | None = None

@@ -15,6 +15,9 @@ together as one JSON string in `extra_json`, so every property round-trips.
 An edge id is expected to name one (source, relationship, target), as the
 deterministic ids of `pipeline.models.Edge` do: re-upserting an id with other
 endpoints or another relationship adds an edge rather than moving the old one.
+
+Every runner call names its scope, and the runner picks the database that holds it:
+FalkorDB gives each scope a graph of its own, Memgraph keeps every scope in one database.
 """
 
 from __future__ import annotations
@@ -100,12 +103,16 @@ class Statement(NamedTuple):
 
 
 class CypherRunner(Protocol):
-    """Runs statements on one Cypher database; driver errors leave it as StoreError."""
+    """Runs statements on the database that holds a scope; driver errors leave it as StoreError."""
 
-    def read(self, statement: Statement) -> list[list[Any]]: ...
-    def write(self, statement: Statement) -> list[list[Any]]: ...
-    def create_index(self, query: str) -> None:
-        """Create the index; an index that already exists is not an error."""
+    def read(self, scope: Scope, statement: Statement) -> list[list[Any]]: ...
+    def write(self, scope: Scope, statement: Statement) -> list[list[Any]]: ...
+    def database(self, scope: Scope) -> str:
+        """The name of the database (or graph) that holds the scope."""
+        ...
+
+    def create_index(self, scope: Scope, query: str) -> None:
+        """Create the index in the scope's database; one that already exists is not an error."""
         ...
 
     def close(self) -> None: ...
@@ -251,87 +258,83 @@ class CypherGraphStore:
     def __init__(self, runner: CypherRunner, batch_size: int = BATCH_SIZE) -> None:
         self._runner = runner
         self._batch_size = batch_size
-        self._indexed = False
+        self._indexed: set[str] = set()
 
     def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
         statements = upsert_node_statements(scope, nodes, self._batch_size)
-        self._ensure_indexes()
+        self._ensure_indexes(scope)
         for statement, label in statements:
-            rows = self._runner.write(statement)
+            rows = self._runner.write(scope, statement)
             for old_label, node_ids in stale_labels(rows, label).items():
-                self._runner.write(remove_label_statement(scope, node_ids, old_label))
+                self._runner.write(scope, remove_label_statement(scope, node_ids, old_label))
 
     def upsert_edges(self, scope: Scope, edges: Sequence[GraphEdge]) -> None:
         statements = upsert_edge_statements(scope, edges, self._batch_size)
-        self._ensure_indexes()
+        self._ensure_indexes(scope)
         for statement in statements:
-            self._runner.write(statement)
+            self._runner.write(scope, statement)
 
     def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
         statements = get_node_statements(scope, node_ids, self._batch_size)
-        return [node_from_row(row) for statement in statements for row in self._runner.read(statement)]
+        return [node_from_row(row) for statement in statements for row in self._runner.read(scope, statement)]
 
     def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
         found: dict[str, GraphEdge] = {}
         for statement in get_edge_statements(scope, node_ids, self._batch_size, among):
-            for row in self._runner.read(statement):
+            for row in self._runner.read(scope, statement):
                 edge = edge_from_row(row)
                 found[edge.id] = edge
         return list(found.values())
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         nodes_statement, edges_statement = export_statements(scope)
-        nodes = [node_from_row(row) for row in self._runner.read(nodes_statement)]
-        edges = [edge_from_row(row) for row in self._runner.read(edges_statement)]
+        nodes = [node_from_row(row) for row in self._runner.read(scope, nodes_statement)]
+        edges = [edge_from_row(row) for row in self._runner.read(scope, edges_statement)]
         return nodes, edges
 
     def counts(self, scope: Scope) -> tuple[int, int]:
         nodes_statement, edges_statement = count_statements(scope)
-        return _count(self._runner.read(nodes_statement)), _count(self._runner.read(edges_statement))
+        nodes, edges = (_count(self._runner.read(scope, s)) for s in (nodes_statement, edges_statement))
+        return nodes, edges
 
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         gone = sorted(set(data_ids))
-        nodes = take_support(self._id_lists(Statement(_TOUCHED_NODES, _scoped(scope, ids=gone))), set(gone))
-        edges = take_support(self._id_lists(Statement(_TOUCHED_EDGES, _scoped(scope, ids=gone))), set(gone))
+        touched = (Statement(query, _scoped(scope, ids=gone)) for query in (_TOUCHED_NODES, _TOUCHED_EDGES))
+        nodes, edges = (take_support(self._id_lists(scope, statement), set(gone)) for statement in touched)
         dangling = [
             str(row[0])
             for batch in _batches(nodes[0], self._batch_size)
-            for row in self._runner.read(Statement(_EDGES_TOUCHING, _scoped(scope, ids=batch)))
+            for row in self._runner.read(scope, Statement(_EDGES_TOUCHING, _scoped(scope, ids=batch)))
         ]
         result = removal(nodes, edges, dangling)
         for template, ids in ((_DELETE_EDGES, result.deleted_edges), (_DELETE_NODES, result.deleted_nodes)):
             for batch in _batches(ids, self._batch_size):
-                self._runner.write(Statement(template, _scoped(scope, ids=batch)))
+                self._runner.write(scope, Statement(template, _scoped(scope, ids=batch)))
         kept_edges = {key: value for key, value in result.kept.items() if key in edges[1]}
         for template, kept in ((_SET_NODE_DATA, nodes[1]), (_SET_EDGE_DATA, kept_edges)):
             rows = [{"id": key, "data_ids": value} for key, value in kept.items()]
             for batch in _batches(rows, self._batch_size):
-                self._runner.write(Statement(template, _scoped(scope, rows=batch)))
+                self._runner.write(scope, Statement(template, _scoped(scope, rows=batch)))
         return result
 
-    def _id_lists(self, statement: Statement) -> dict[str, list[str]]:
-        return {str(row[0]): [str(x) for x in row[1] or []] for row in self._runner.read(statement)}
-
-    def read_query(self, scope: Scope, query: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
-        """Run a read-only query (FalkorDB refuses writes on this path; Memgraph runs it in a
-        read transaction). `$tenant` and `$dataset` are bound to the scope. Values come back
-        plain: nodes and relationships as dicts of their properties."""
-        rows = self._runner.read(Statement(query, _scoped(scope, **(params or {}))))
-        return [[plain_value(value) for value in row] for row in rows]
+    def _id_lists(self, scope: Scope, statement: Statement) -> dict[str, list[str]]:
+        return {str(row[0]): [str(x) for x in row[1] or []] for row in self._runner.read(scope, statement)}
 
     def close(self) -> None:
         self._runner.close()
 
     def _delete_scope(self, scope: Scope) -> None:
         """Remove a scope's nodes and edges; for test cleanup, not part of the port."""
-        self._runner.write(delete_scope_statement(scope))
+        self._runner.write(scope, delete_scope_statement(scope))
 
-    def _ensure_indexes(self) -> None:
-        if self._indexed:
+    def _ensure_indexes(self, scope: Scope) -> None:
+        # Once per database and process; a race only repeats a harmless CREATE INDEX.
+        database = self._runner.database(scope)
+        if database in self._indexed:
             return
         for query in INDEXES:
-            self._runner.create_index(query)
-        self._indexed = True
+            self._runner.create_index(scope, query)
+        self._indexed.add(database)
 
 
 def _labelled(template: str, label: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.falkordb_server import falkordb_server
 from tests.services import REDIS_URL, ensure_services, scratch_database
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,3 +32,10 @@ def redis_url() -> str:
 def key_prefix() -> str:
     """A prefix that keeps one test's Redis keys apart from every other's."""
     return f"kenning-test:{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture(scope="session")
+def falkordb_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A FalkorDB server of this test session's own on 127.0.0.1, stopped at the end."""
+    with falkordb_server(tmp_path_factory.mktemp("falkordb")) as url:
+        yield url

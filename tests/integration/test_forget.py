@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,20 @@ TEXTS = {
 }
 
 
-def memory(home: Path) -> Kenning:
-    return Kenning(load_settings(home=home, embedding_provider="hash", session_backend="file"))
+def memory(home: Path, **stores: str) -> Kenning:
+    return Kenning(load_settings(home=home, embedding_provider="hash", session_backend="file", **stores))
+
+
+@pytest.fixture(params=["sqlite+sql-graph", "postgres+falkordb"])
+def stores(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """Where metadata and the graph live: the embedded default, or PostgreSQL and FalkorDB."""
+    if request.param == "sqlite+sql-graph":
+        yield {}
+        return
+    postgres: str = request.getfixturevalue("postgres_url")
+    falkordb: str = request.getfixturevalue("falkordb_url")
+    graph = f"kenning_forget_{uuid.uuid4().hex[:8]}"
+    yield {"metadata_url": postgres, "graph_backend": "falkordb", "graph_url": falkordb, "graph_name": graph}
 
 
 def ingest(kenning: Kenning, keys: list[str]) -> dict[str, str]:
@@ -61,12 +75,15 @@ def every_result_text(kenning: Kenning, query: str) -> str:
     return "\n".join(texts)
 
 
-def test_forget_leaves_exactly_a_clean_ingest_of_the_rest(tmp_path: Path) -> None:
-    # Given a clean ingest of a and c only, and an ingest of a, b and c
-    with memory(tmp_path / "clean") as clean:
+def test_forget_leaves_exactly_a_clean_ingest_of_the_rest(tmp_path: Path, stores: dict[str, str]) -> None:
+    # Given a clean ingest of a and c only (its own home, metadata and graph), and one of a, b and c
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+    apart = {**stores, "graph_name": "clean_" + stores["graph_name"]} if "graph_name" in stores else {}
+    apart.pop("metadata_url", None)
+    with memory(tmp_path / "clean", tenant=tenant, **apart) as clean:
         ingest(clean, ["a", "c"])
         expected = snapshot(clean)
-    with memory(tmp_path / "home") as kenning:
+    with memory(tmp_path / "home", tenant=tenant, **stores) as kenning:
         ids = ingest(kenning, ["a", "b", "c"])
         kenning.search("Oliver Reed", "CHUNKS_LEXICAL", datasets=["news"])
         before = snapshot(kenning)
