@@ -1,9 +1,12 @@
 """CYPHER runs a caller's read-only query; NATURAL_LANGUAGE has the LLM write one from the schema.
 
-Both are refused unless the settings enable them and the caller is allowed (the
-dispatcher's caller sets `options["cypher_allowed"]`). Queries are checked before they
-run: one statement, no clause that writes, no procedure calls; the graph store then runs
-them on its read-only path. `$tenant` and `$dataset` are bound to the searched dataset.
+Both are refused unless the request's principal `may_run_cypher`, and run only on the
+scopes it may read. They need a graph store whose `read_query` runs on one scope's data
+alone (FalkorDB: a graph per dataset); stores that keep datasets side by side (SQL,
+Memgraph) offer none, as nothing there could keep a query to the caller's datasets.
+Queries are checked before they run: one statement, no clause that writes, no procedure
+calls, balanced braces; the store then runs them on its read-only path within the
+principal's `cypher_budget`. `$tenant` and `$dataset` are bound to the searched dataset.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import Scope
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.contract import Hit, QueryBudget, SearchPorts, SearchRequest, answer_from_context
 
-MAX_ROWS = 200
 MAX_ATTEMPTS = 3
 _WRITES = re.compile(
     r"\b(CREATE|MERGE|SET|DELETE|DETACH|REMOVE|DROP|LOAD|FOREACH|CALL|GRANT|DENY|REVOKE|ALTER)\b",
@@ -39,8 +41,17 @@ class QueryRejected(KenningError):
 @runtime_checkable
 class CypherReader(Protocol):
     def read_query(
-        self, scope: Scope, query: str, params: dict[str, Any] | None = None
-    ) -> list[list[Any]]: ...
+        self,
+        scope: Scope,
+        query: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout_ms: int,
+        max_rows: int,
+    ) -> list[dict[str, Any]]:
+        """Rows (by column name) of a read-only query that sees the scope's data alone,
+        stopped by the server past `timeout_ms` and cut at `max_rows`."""
+        ...
 
 
 def check_read_only(query: str) -> str:
@@ -53,6 +64,9 @@ def check_read_only(query: str) -> str:
     written = _WRITES.search(bare)
     if written:
         raise QueryRejected(f"read-only queries only: {written.group(1).upper()} is not allowed")
+    if not _balanced(bare):
+        # The store nests the query in `CALL { ... } RETURN * LIMIT n`: a stray `}` would end it early.
+        raise QueryRejected("the Cypher query has unbalanced braces")
     return query.strip().rstrip(";")
 
 
@@ -61,22 +75,24 @@ class CypherRetriever:
         self._ports = ports
 
     def reader(self, request: SearchRequest) -> CypherReader:
-        if not request.options.get("cypher_allowed"):
+        if not request.principal.may_run_cypher:
             raise QueryRejected(
                 "Cypher queries are disabled: set KENNING_CYPHER_ENABLED and allow the caller"
             )
         graph = self._ports.graph
         if not isinstance(graph, CypherReader):
             raise QueryRejected(
-                "Cypher needs a Cypher graph backend (KENNING_GRAPH_BACKEND=memgraph or falkordb)"
+                "Cypher needs KENNING_GRAPH_BACKEND=falkordb, which keeps each dataset in a graph of "
+                "its own: the sql and memgraph backends keep datasets side by side, and nothing "
+                "there could keep a query to the caller's datasets"
             )
         return graph
 
     def run(self, request: SearchRequest, query: str) -> list[Hit]:
         reader, checked = self.reader(request), check_read_only(query)
         hits: list[Hit] = []
-        for scope in request.scopes:
-            for row in reader.read_query(scope, checked)[:MAX_ROWS]:
+        for scope in readable(request):
+            for row in read(reader, scope, checked, request.principal.cypher_budget):
                 text = json.dumps(row, ensure_ascii=False, default=str)
                 hits.append(
                     Hit(text=text, score=0.0, kind="row", dataset=scope.dataset, extra={"query": checked})
@@ -97,8 +113,10 @@ class NaturalLanguageRetriever(CypherRetriever):
     """The LLM writes the query from the schema; a failing query is sent back with its error."""
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
-        reader = self.reader(request)
-        schema = describe_schema(reader, request.scopes[0])
+        reader, scopes = self.reader(request), readable(request)
+        if not scopes:
+            return []
+        schema = describe_schema(reader, scopes[0], request.principal.cypher_budget)
         prompt = f"Schema:\n{schema}\n\nQuestion: {request.query}"
         error = ""
         for _ in range(MAX_ATTEMPTS):
@@ -110,18 +128,31 @@ class NaturalLanguageRetriever(CypherRetriever):
         raise QueryRejected(f"no valid read-only query after {MAX_ATTEMPTS} attempts{error}")
 
 
-def describe_schema(reader: CypherReader, scope: Scope) -> str:
+def describe_schema(reader: CypherReader, scope: Scope, budget: QueryBudget) -> str:
     """Node types, relationship types and property names of one dataset's graph."""
-    types = reader.read_query(
-        scope, "MATCH (n:Node {tenant: $tenant, dataset: $dataset}) RETURN DISTINCT n.type"
-    )
-    relations = reader.read_query(
-        scope,
-        "MATCH (a:Node {tenant: $tenant, dataset: $dataset})-[r]->(b:Node) RETURN DISTINCT type(r) LIMIT 200",
-    )
-    node_types = ", ".join(sorted(str(row[0]) for row in types if row and row[0]))
-    edge_types = ", ".join(sorted(str(row[0]) for row in relations if row and row[0]))
+    types = read(reader, scope, "MATCH (n:Node) RETURN DISTINCT n.type AS name", budget)
+    relations = read(reader, scope, "MATCH (:Node)-[r]->(:Node) RETURN DISTINCT type(r) AS name", budget)
+    node_types = ", ".join(sorted(str(row["name"]) for row in types if row.get("name")))
+    edge_types = ", ".join(sorted(str(row["name"]) for row in relations if row.get("name")))
     return f"Node types: {node_types}\nRelationship types: {edge_types}"
+
+
+def readable(request: SearchRequest) -> list[Scope]:
+    """The request's scopes its principal may read; the others give nothing."""
+    return [scope for scope in request.scopes if request.principal.may_read(scope)]
+
+
+def read(reader: CypherReader, scope: Scope, query: str, budget: QueryBudget) -> list[dict[str, Any]]:
+    return reader.read_query(scope, query, timeout_ms=budget.timeout_ms, max_rows=budget.max_rows)
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for char in text:
+        depth += 1 if char == "{" else -1 if char == "}" else 0
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _strip_fences(text: str) -> str:

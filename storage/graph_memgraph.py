@@ -2,6 +2,12 @@
 
 The port is synchronous, so the driver lives on a private event loop in a daemon
 thread and each call waits for its coroutine there. Queries come from storage.cypher.
+
+Every scope shares one Memgraph database: the store's own statements match `tenant` and
+`dataset`, but Memgraph's community edition has neither a database per dataset nor
+label-based access control, so nothing could confine a caller's own query to its
+datasets. This store therefore offers no `read_query`, and CYPHER and NATURAL_LANGUAGE
+searches are refused on it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import neo4j
 import neo4j.exceptions
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
+from kenning.pipeline.models import Scope
 from kenning.storage.cypher import BATCH_SIZE, CypherGraphStore, Statement
 
 T = TypeVar("T")
@@ -32,7 +39,10 @@ _TRANSIENT = (
 
 
 class MemgraphGraphStore(CypherGraphStore):
-    """A GraphStore in Memgraph at `url` (bolt://host:7687); nothing connects until the first call."""
+    """A GraphStore in Memgraph at `url` (bolt://host:7687); nothing connects until the first call.
+
+    It runs no caller-written Cypher: one database holds every scope (see the module doc).
+    """
 
     def __init__(
         self,
@@ -60,13 +70,16 @@ class _BoltRunner:
             raise
         self._closed = False
 
-    def read(self, statement: Statement) -> list[list[Any]]:
+    def database(self, scope: Scope) -> str:
+        return "memgraph"
+
+    def read(self, scope: Scope, statement: Statement) -> list[list[Any]]:
         return self._call(self._transact(statement, write=False))
 
-    def write(self, statement: Statement) -> list[list[Any]]:
+    def write(self, scope: Scope, statement: Statement) -> list[list[Any]]:
         return self._call(self._transact(statement, write=True))
 
-    def create_index(self, query: str) -> None:
+    def create_index(self, scope: Scope, query: str) -> None:
         try:
             self._call(self._run_alone(query))
         except StoreError as exc:

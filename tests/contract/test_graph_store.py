@@ -17,7 +17,7 @@ from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.storage.cypher import CypherGraphStore, label_of, upsert_edge_statements, upsert_node_statements
-from kenning.storage.graph_falkordb import FalkorGraphStore
+from kenning.storage.graph_falkordb import FalkorGraphStore, graph_key
 from kenning.storage.graph_memgraph import MemgraphGraphStore
 from kenning.storage.graph_sql import SqlGraphStore
 from kenning.storage.memory_graph import MemoryGraphStore
@@ -504,7 +504,8 @@ def test_falkordb_labels_follow_the_node_type(falkordb_url: str, new_scope: NewS
         store.upsert_nodes(scope, [node("a", "Person"), node("b", "works at")])
         store.upsert_nodes(scope, [node("a", "Organization")])
         query = "MATCH (n:Node {tenant: $tenant, dataset: $dataset}) RETURN n.id, labels(n) ORDER BY n.id"
-        rows = client.select_graph("kenning_labels").ro_query(query, scope.model_dump()).result_set
+        graph = client.select_graph(graph_key("kenning_labels", scope))
+        rows = graph.ro_query(query, scope.model_dump()).result_set
         assert [(node_id, sorted(labels)) for node_id, labels in rows] == [
             ("a", ["Node", "Organization"]),
             ("b", ["Node", "works_at"]),

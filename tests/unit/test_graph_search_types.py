@@ -9,7 +9,7 @@ import pytest
 from kenning.pipeline.errors import NoLLMConfigured
 from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import Scope
-from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.retrieval.contract import Principal, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.cypher import QueryRejected
 from kenning.retrieval.registry import REGISTRY, search
 from kenning.workers.local import LocalRunner
@@ -161,8 +161,12 @@ def test_agentic_completion_offline_gives_context_and_a_notice(memory: TwinServi
 def test_cypher_is_refused_unless_allowed_and_needs_a_cypher_store(memory: TwinServices) -> None:
     with pytest.raises(QueryRejected, match="disabled"):
         run(memory, SearchType.CYPHER, "MATCH (n) RETURN n")
-    with pytest.raises(QueryRejected, match="Cypher graph backend"):
-        run(memory, SearchType.CYPHER, "MATCH (n) RETURN n", cypher_allowed=True)
+    allowed = Principal(tenant=SCOPE.tenant, may_run_cypher=True)
+    request = SearchRequest(
+        query="MATCH (n) RETURN n", type=SearchType.CYPHER, scopes=[SCOPE], principal=allowed
+    )
+    with pytest.raises(QueryRejected, match="KENNING_GRAPH_BACKEND=falkordb"):
+        search(memory, request)
 
 
 def test_no_llm_completer_says_so() -> None:
