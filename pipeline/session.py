@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
 
@@ -113,6 +113,21 @@ class SessionStore(Protocol):
         ...
 
 
+class FeedbackEditing:
+    """`add_feedback` and `delete_feedback` for a session store that can rewrite one entry."""
+
+    def _update(self, key: SessionKey, entry_id: str, change: Callable[[SessionEntry], SessionEntry]) -> bool:
+        """Replace the entry by `change(entry)`; False when the session has no such entry."""
+        raise NotImplementedError
+
+    def add_feedback(self, key: SessionKey, entry_id: str, text: str, score: int | None) -> bool:
+        check_score(score)
+        return self._update(key, entry_id, lambda entry: entry.with_feedback(text, score))
+
+    def delete_feedback(self, key: SessionKey, entry_id: str) -> bool:
+        return self._update(key, entry_id, SessionEntry.without_feedback)
+
+
 def search_entries(
     entries: Sequence[SessionEntry], query: str, limit: int
 ) -> list[tuple[SessionEntry, float]]:
@@ -162,6 +177,38 @@ class SessionRecord(BaseModel):
     errors: int = 0
     last_error: str = ""
     models: dict[str, ModelUsage] = Field(default_factory=dict)
+
+    def used(
+        self,
+        now: datetime,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost: float = 0.0,
+        model: str = "",
+        error: str = "",
+    ) -> SessionRecord:
+        """The record after one more use: running again, the usage added (to the model's too, when
+        named), the error counted."""
+        models = {name: usage.model_copy() for name, usage in self.models.items()}
+        if model:
+            usage = models.setdefault(model, ModelUsage())
+            usage.tokens_in += tokens_in
+            usage.tokens_out += tokens_out
+            usage.cost += cost
+            usage.calls += 1
+        return self.model_copy(
+            update={
+                "status": "running",
+                "ended_at": None,
+                "last_activity_at": now,
+                "tokens_in": self.tokens_in + tokens_in,
+                "tokens_out": self.tokens_out + tokens_out,
+                "estimated_cost": self.estimated_cost + cost,
+                "errors": self.errors + (1 if error else 0),
+                "last_error": error or self.last_error,
+                "models": models,
+            }
+        )
 
     def state(self, now: datetime | None = None, idle_after: timedelta = IDLE_AFTER) -> SessionState:
         """The status, or "abandoned" when running but idle for longer than `idle_after` at `now`

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 from pydantic import ValidationError
 
 from kenning.pipeline.errors import StoreError
-from kenning.pipeline.session import DEFAULT_TTL_S, SessionEntry, SessionKey, check_score
+from kenning.pipeline.session import DEFAULT_TTL_S, FeedbackEditing, SessionEntry, SessionKey
 
 # Layout: <root>/<tenant>/<user>/<session id>.jsonl, each part encoded by `_part`, and one
 # <root>/<tenant>/.lock that every access to the tenant's sessions locks with flock: shared to
@@ -25,7 +25,7 @@ _MAX_NAME = 240
 _SUFFIX = ".jsonl"
 
 
-class FileSessionStore:
+class FileSessionStore(FeedbackEditing):
     """SessionStore in files under `root`. A session expires `ttl_s` seconds after its last
     write (0: never), checked when it is read; expired files are removed by writes and sweeps.
 
@@ -65,13 +65,6 @@ class FileSessionStore:
         if last_n is not None:
             return entries[-last_n:] if last_n > 0 else []
         return entries
-
-    def add_feedback(self, key: SessionKey, entry_id: str, text: str, score: int | None) -> bool:
-        check_score(score)
-        return self._update(key, entry_id, lambda entry: entry.with_feedback(text, score))
-
-    def delete_feedback(self, key: SessionKey, entry_id: str) -> bool:
-        return self._update(key, entry_id, SessionEntry.without_feedback)
 
     def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
         if not (self._root / _part(tenant)).exists():

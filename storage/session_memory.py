@@ -12,11 +12,10 @@ from datetime import datetime
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.session import (
     DEFAULT_TTL_S,
-    ModelUsage,
+    FeedbackEditing,
     SessionEntry,
     SessionKey,
     SessionRecord,
-    check_score,
 )
 
 
@@ -26,7 +25,7 @@ class _Session:
     written_at: float = 0.0
 
 
-class MemorySessionStore:
+class MemorySessionStore(FeedbackEditing):
     """SessionStore in a dict behind a lock; `clock` (seconds) decides expiry, so tests can move it."""
 
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
@@ -48,13 +47,6 @@ class MemorySessionStore:
             if last_n is not None:
                 entries = entries[-last_n:] if last_n > 0 else []
             return [entry.model_copy(deep=True) for entry in entries]
-
-    def add_feedback(self, key: SessionKey, entry_id: str, text: str, score: int | None) -> bool:
-        check_score(score)
-        return self._update(key, entry_id, lambda entry: entry.with_feedback(text, score))
-
-    def delete_feedback(self, key: SessionKey, entry_id: str) -> bool:
-        return self._update(key, entry_id, SessionEntry.without_feedback)
 
     def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
         wanted = set(data_ids)
@@ -123,26 +115,7 @@ class MemorySessionRecords:
         now = self._clock()
         with self._lock:
             record = self._records.get(key) or SessionRecord(key=key, started_at=now)
-            models = {name: usage.model_copy() for name, usage in record.models.items()}
-            if model:
-                usage = models.setdefault(model, ModelUsage())
-                usage.tokens_in += tokens_in
-                usage.tokens_out += tokens_out
-                usage.cost += cost
-                usage.calls += 1
-            record = record.model_copy(
-                update={
-                    "status": "running",
-                    "ended_at": None,
-                    "last_activity_at": now,
-                    "tokens_in": record.tokens_in + tokens_in,
-                    "tokens_out": record.tokens_out + tokens_out,
-                    "estimated_cost": record.estimated_cost + cost,
-                    "errors": record.errors + (1 if error else 0),
-                    "last_error": error or record.last_error,
-                    "models": models,
-                }
-            )
+            record = record.used(now, tokens_in, tokens_out, cost, model, error)
             self._records[key] = record
             return record.model_copy(deep=True)
 

@@ -11,7 +11,7 @@ import redis
 from redis.client import Pipeline
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
-from kenning.pipeline.session import DEFAULT_TTL_S, SessionEntry, SessionKey, check_score
+from kenning.pipeline.session import DEFAULT_TTL_S, FeedbackEditing, SessionEntry, SessionKey
 
 T = TypeVar("T")
 
@@ -26,7 +26,7 @@ return 0
 """
 
 
-class RedisSessionStore:
+class RedisSessionStore(FeedbackEditing):
     """SessionStore in Redis. Every write to a session refreshes its TTL (seconds; 0: no expiry).
 
     Appends are single atomic commands, so concurrent writers never lose an entry; changes to
@@ -53,13 +53,6 @@ class RedisSessionStore:
         with _translated():
             raws = self._client.lrange(self._session(key), -last_n if last_n else 0, -1)
         return [SessionEntry.model_validate_json(raw) for raw in raws]
-
-    def add_feedback(self, key: SessionKey, entry_id: str, text: str, score: int | None) -> bool:
-        check_score(score)
-        return self._update(key, entry_id, lambda entry: entry.with_feedback(text, score))
-
-    def delete_feedback(self, key: SessionKey, entry_id: str) -> bool:
-        return self._update(key, entry_id, SessionEntry.without_feedback)
 
     def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
         wanted = set(data_ids)

@@ -46,29 +46,7 @@ class SqlSessionRecords:
             # the read below cannot go stale; on PostgreSQL the row lock of FOR UPDATE does that.
             conn.execute(insert(sessions).values(_row(fresh)).on_conflict_do_nothing())
             row = conn.execute(sa.select(sessions).where(*_match(key)).with_for_update()).one()
-            record = _record(row)
-            models = dict(record.models)
-            if model:
-                usage = models.get(model, ModelUsage())
-                models[model] = ModelUsage(
-                    tokens_in=usage.tokens_in + tokens_in,
-                    tokens_out=usage.tokens_out + tokens_out,
-                    cost=usage.cost + cost,
-                    calls=usage.calls + 1,
-                )
-            record = record.model_copy(
-                update={
-                    "status": "running",
-                    "ended_at": None,
-                    "last_activity_at": now,
-                    "tokens_in": record.tokens_in + tokens_in,
-                    "tokens_out": record.tokens_out + tokens_out,
-                    "estimated_cost": record.estimated_cost + cost,
-                    "errors": record.errors + (1 if error else 0),
-                    "last_error": error or record.last_error,
-                    "models": models,
-                }
-            )
+            record = _record(row).used(now, tokens_in, tokens_out, cost, model, error)
             conn.execute(sa.update(sessions).where(*_match(key)).values(_row(record)))
         return record
 

@@ -194,3 +194,17 @@ def test_forget_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert runner.invoke(main, ["forget", "--dataset", "notes", "--yes"]).exit_code == 0
     missing = runner.invoke(main, ["recall", "zeppelin", "--dataset", "notes", "--json"])
     assert json.loads(missing.output)["results"] == []
+
+
+def test_recall_works_when_the_session_store_is_down(tmp_path: Path) -> None:
+    # Given sessions in a Redis that is not there
+    settings = load_settings(
+        home=tmp_path / "home", embedding_provider="hash", session_backend="redis", redis_url="redis://127.0.0.1:1/0"
+    )
+    with Kenning(settings) as kenning:
+        kenning.remember("Oliver Reed flies a zeppelin.", "news")
+        # When an agent recalls within a session
+        recalled = kenning.recall("zeppelin", ["news"], session_id="s1")
+        # Then the graph answers, and the notice says the session memory is unavailable
+        assert recalled.results and recalled.results[0].source == "graph"
+        assert "session memory unavailable" in recalled.notice and recalled.entry_id is None
