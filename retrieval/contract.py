@@ -69,6 +69,9 @@ class SearchRequest(BaseModel):
     top_k: int = Field(default=10, ge=1, le=1000)
     only_context: bool = False
     session_id: str | None = None
+    history: list[str] = Field(
+        default_factory=list, description="The session's last exchanges, oldest first, for completions"
+    )
     options: dict[str, Any] = Field(default_factory=dict)
 
 

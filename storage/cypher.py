@@ -317,6 +317,18 @@ class CypherGraphStore:
                 self._runner.write(scope, Statement(template, _scoped(scope, rows=batch)))
         return result
 
+    def supported_by(self, scope: Scope, data_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        wanted = sorted(set(data_ids))
+        nodes = self._id_lists(scope, Statement(_TOUCHED_NODES, _scoped(scope, ids=wanted)))
+        edges = self._id_lists(scope, Statement(_TOUCHED_EDGES, _scoped(scope, ids=wanted)))
+        return sorted(nodes), sorted(edges)
+
+    def delete_elements(self, scope: Scope, node_ids: Sequence[str], edge_ids: Sequence[str]) -> None:
+        # Edges first: DETACH DELETE then takes the nodes' remaining edges with them.
+        for template, ids in ((_DELETE_EDGES, list(edge_ids)), (_DELETE_NODES, list(node_ids))):
+            for batch in _batches(ids, self._batch_size):
+                self._runner.write(scope, Statement(template, _scoped(scope, ids=batch)))
+
     def _id_lists(self, scope: Scope, statement: Statement) -> dict[str, list[str]]:
         return {str(row[0]): [str(x) for x in row[1] or []] for row in self._runner.read(scope, statement)}
 

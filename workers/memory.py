@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import timedelta
 from itertools import islice
 from typing import Any
 
 from kenning.pipeline.context import Job
-from kenning.pipeline.errors import ConfigError
+from kenning.pipeline.errors import ConfigError, StoreError
 from kenning.pipeline.estimate import Estimate, estimate, price
 from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import (
@@ -21,10 +22,13 @@ from kenning.pipeline.ingest import (
     path_sources,
     text_source,
 )
+from kenning.pipeline.locking import held, lock_name
+from kenning.pipeline.memify import Improvement
 from kenning.pipeline.models import DataItem, PipelineRun, RunStatus, Scope
 from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, search_entries
 from kenning.retrieval.contract import Hit, Principal, QueryBudget, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.registry import search
+from kenning.workers.decay import AccessBuffer, fade, stale_items
 from kenning.workers.extras import needs_extra
 from kenning.workers.lifecycle import (
     Message,
@@ -33,8 +37,11 @@ from kenning.workers.lifecycle import (
     Remembered,
     find_dataset,
     forget_in_dataset,
+    improve_held,
+    session_items,
 )
 from kenning.workers.local import LocalRunner, ProgressCallback, no_progress
+from kenning.workers.records import Records
 from kenning.workers.settings import Settings, load_settings
 from kenning.workers.wiring import Wiring
 
@@ -56,6 +63,7 @@ class Kenning:
         self.settings = settings or load_settings()
         self.wiring = wiring or Wiring(self.settings)
         self._bridges: list[threading.Thread] = []
+        self._accessed = AccessBuffer(lambda: self.wiring.access)
 
     def scope(self, dataset: str | None = None) -> Scope:
         return Scope(tenant=self.settings.tenant, dataset=dataset or self.settings.dataset)
@@ -132,16 +140,16 @@ class Kenning:
             data = [Message(text=data)]
         messages = [Message.model_validate(message) for message in data]
         if session_id is None:
-            added = self._add_messages(messages, dataset)
+            added = self.add_messages(messages, dataset)
             run = self.cognify(dataset)
             return Remembered(item_ids=[i.id for i in added], run_id=run.id, status=run.status.value)
-        entries = self._session_messages(messages, dataset, session_id)
+        entries = self.session_messages(messages, dataset, session_id)
         bridge = threading.Thread(target=self._bridge, args=(messages, dataset), name="kenning-remember")
         bridge.start()
         self._bridges.append(bridge)
         return Remembered(status="queued", session_entries=entries)
 
-    def _add_messages(self, messages: Sequence[Message], dataset: str | None) -> list[DataItem]:
+    def add_messages(self, messages: Sequence[Message], dataset: str | None) -> list[DataItem]:
         sources = [
             text_source(m.as_text(), name=m.id or f"message {n}", external_id=m.id)
             for n, m in enumerate(messages)
@@ -149,7 +157,7 @@ class Kenning:
         added = self.add(sources, dataset)
         return added.added + added.unchanged
 
-    def _session_messages(
+    def session_messages(
         self, messages: Sequence[Message], dataset: str | None, session_id: str
     ) -> list[str]:
         store = self._sessions()
@@ -165,7 +173,7 @@ class Kenning:
         return [entry.id for entry in entries]
 
     def _bridge(self, messages: Sequence[Message], dataset: str | None) -> None:
-        self._add_messages(messages, dataset)
+        self.add_messages(messages, dataset)
         self.cognify(dataset)
 
     def recall(
@@ -176,15 +184,43 @@ class Kenning:
         type: str | SearchType = SearchType.CHUNKS,
         top_k: int = 10,
     ) -> Recalled:
-        """The session memory first (BM25 over its entries), then the graph; each result says which."""
+        """The session memory first (BM25 over its entries), then the graph; each result says which.
+
+        With a session, the query and what the graph gave are appended to it as an entry
+        (`Recalled.entry_id`): rate it with `add_feedback`, and `improve` moves those nodes' weights.
+        """
         found: list[Recollection] = []
+        unavailable = ""
         if session_id is not None:
-            entries = self._sessions().get_session(self.session_key(session_id))
-            best = search_entries(entries, query, top_k)
-            found += [session_recollection(entry, score) for entry, score in best]
+            try:
+                found = self._recall_session(session_id, query, top_k)
+            except (ConfigError, StoreError) as error:
+                # Short-term memory is down or off: the graph still answers, and says so.
+                unavailable, session_id = f"session memory unavailable: {error}", None
         result = self.search(query, type, datasets=datasets, top_k=top_k, only_context=True)
-        found += [graph_recollection(hit) for hit in result.results[:top_k]]
-        return Recalled(query=query, results=found, notice=result.notice or "")
+        graph = [graph_recollection(hit) for hit in result.results[:top_k]]
+        notice = "; ".join(text for text in (unavailable, result.notice or "") if text)
+        recalled = Recalled(query=query, results=found + graph, notice=notice)
+        if session_id is not None:
+            entry = recalled_entry(query, graph, result.context, (datasets or [self.settings.dataset])[0])
+            self._sessions().append(self.session_key(session_id), entry)
+            recalled.entry_id = entry.id
+        return recalled
+
+    def _recall_session(self, session_id: str, query: str, top_k: int) -> list[Recollection]:
+        entries = self._sessions().get_session(self.session_key(session_id))
+        best = search_entries([entry for entry in entries if worth_recalling(entry)], query, top_k)
+        return [session_recollection(entry, score) for entry, score in best]
+
+    def add_feedback(self, session_id: str, entry_id: str, score: int, text: str = "") -> bool:
+        """Rate a session entry 1-5 (with an optional comment); False when there is no such entry."""
+        return self._sessions().add_feedback(self.session_key(session_id), entry_id, text, score)
+
+    def delete_feedback(self, session_id: str, entry_id: str) -> bool:
+        return self._sessions().delete_feedback(self.session_key(session_id), entry_id)
+
+    def get_session(self, session_id: str, last_n: int | None = None) -> list[SessionEntry]:
+        return self._sessions().get_session(self.session_key(session_id), last_n)
 
     def session_key(self, session_id: str) -> SessionKey:
         return SessionKey(tenant=self.settings.tenant, user=self.settings.user, session_id=session_id)
@@ -196,6 +232,23 @@ class Kenning:
                 "session memory is off (KENNING_SESSION_BACKEND=none): call without a session id"
             )
         return store
+
+    @property
+    def records(self) -> Records:
+        """Memory records: create, list, get, update and delete data items as records."""
+        return Records(self)
+
+    def improve(self, dataset: str | None = None) -> Improvement:
+        """Enrich a dataset's memory: remember its sessions' answered questions (rated 4-5 or
+        unrated), move node weights by session feedback, and merge duplicate entities.
+        Running it again with nothing new changes nothing."""
+        target = find_dataset(self.wiring.metadata, self.settings.tenant, dataset or self.settings.dataset)
+        added = self.add(session_items(self.wiring, target), target.name).added
+        if added:
+            self.cognify(target.name)
+        with held(self.wiring.lock, lock_name(target.scope), self.settings.lock_ttl_s):
+            done = improve_held(self.wiring, target, self.settings.memify)
+        return done.model_copy(update={"session_items": len(added)})
 
     def forget(
         self,
@@ -248,8 +301,59 @@ class Kenning:
             only_context=only_context,
             session_id=session_id,
             principal=self.principal(),
+            history=self._history(session_id) if session_id and not only_context else [],
         )
-        return search(self.wiring, request)
+        result = self._faded(search(self.wiring, request), scopes)
+        if session_id is not None:
+            self._remember_answer(session_id, result, scopes[0].dataset)
+        return result
+
+    def _history(self, session_id: str) -> list[str]:
+        try:
+            entries = self._sessions().get_session(self.session_key(session_id))
+        except (ConfigError, StoreError):
+            return []  # no history is better than no answer; _remember_answer says why
+        recent = [entry for entry in entries if worth_recalling(entry)][-self.settings.session_history :]
+        return [exchange(entry) for entry in recent] if self.settings.session_history else []
+
+    def _remember_answer(self, session_id: str, result: SearchResult, dataset: str) -> None:
+        try:
+            if result.answer:
+                graph = [graph_recollection(hit) for hit in result.results]
+                entry = recalled_entry(result.query, graph, result.context, dataset)
+                answered = entry.model_copy(update={"answer": result.answer})
+                self._sessions().append(self.session_key(session_id), answered)
+            self.wiring.session_records.touch(self.session_key(session_id))
+        except (ConfigError, StoreError) as error:
+            result.notice = "; ".join(filter(None, (result.notice, f"session memory unavailable: {error}")))
+
+    def _faded(self, result: SearchResult, scopes: Sequence[Scope]) -> SearchResult:
+        """Decay applied to the hits, and their retrieval noted (in batches) for decay and prune."""
+        metadata = self.wiring.metadata
+        datasets = {d.name: d for d in metadata.list_datasets(self.settings.tenant) if d.scope in scopes}
+        faded = fade(result, datasets, self.wiring.access, metadata, self.settings.decay)
+        for name, dataset in datasets.items():
+            used = [hit.chunk_id for hit in faded.results if hit.dataset == name and hit.chunk_id]
+            if used:
+                self._accessed.note(dataset.id, used)
+        return faded
+
+    def prune(
+        self, dataset: str | None = None, older_than_days: float | None = None, below: float | None = None
+    ) -> Forgotten:
+        """Forget the items not used (nor added) within `older_than_days`, or whose decay factor fell
+        below `below` (needs KENNING_DECAY_HALF_LIFE_DAYS): cascading exactly like forget."""
+        if older_than_days is None and below is None:
+            raise ConfigError("prune needs older_than_days or below")
+        self._accessed.flush()
+        target = find_dataset(self.wiring.metadata, self.settings.tenant, dataset or self.settings.dataset)
+        older = timedelta(days=older_than_days) if older_than_days is not None else None
+        wiring = self.wiring
+        decay = self.settings.decay
+        stale = stale_items(target, wiring.metadata, wiring.chunks, wiring.access, older, below, decay)
+        if not stale:
+            return Forgotten()
+        return forget_in_dataset(wiring, target, stale, False, self.settings.lock_ttl_s)
 
     def may_read(self, scope: Scope) -> bool:
         return self.principal().may_read(scope)
@@ -327,6 +431,7 @@ class Kenning:
         for bridge in self._bridges:
             bridge.join()
         self._bridges.clear()
+        self._accessed.flush()
         self.wiring.close()
 
     def __enter__(self) -> Kenning:
@@ -348,6 +453,29 @@ def session_recollection(entry: SessionEntry, score: float) -> Recollection:
         entry_id=entry.id,
         speaker=entry.speaker,
         said_at=entry.said_at,
+    )
+
+
+def exchange(entry: SessionEntry) -> str:
+    """One session entry as a line of history."""
+    if entry.kind == "message":
+        return f"{entry.speaker or 'user'}: {entry.question}"
+    return f"Q: {entry.question}\nA: {entry.answer}"
+
+
+def worth_recalling(entry: SessionEntry) -> bool:
+    """Messages and answered questions; a bare recall query is no memory of its own."""
+    return entry.kind == "message" or bool(entry.answer)
+
+
+def recalled_entry(query: str, graph: list[Recollection], context: str, dataset: str) -> SessionEntry:
+    return SessionEntry(
+        kind="qa",
+        question=query,
+        context=context,
+        element_ids=list(dict.fromkeys(r.chunk_id for r in graph if r.chunk_id)),
+        data_ids=list(dict.fromkeys(r.data_id for r in graph if r.data_id)),
+        dataset=dataset,
     )
 
 

@@ -10,7 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kenning.pipeline.chunking import ChunkingConfig
 from kenning.pipeline.context import PipelineConfig
+from kenning.pipeline.decay import DecayConfig
 from kenning.pipeline.errors import ConfigError
+from kenning.pipeline.memify import MemifyConfig
 from kenning.pipeline.ratelimit import Limits
 from kenning.workers.schedule import DEFAULT_SCHEDULE, ScheduleEntry
 
@@ -82,6 +84,14 @@ class Settings(BaseSettings):
     )
     session_ttl_s: int = Field(default=7 * 24 * 3600, ge=0, description="Session expiry; 0 = never")
     session_history: int = Field(default=10, ge=0, description="Entries given to completions as history")
+    decay_half_life_days: float = Field(
+        default=0.0, ge=0, description="Search scores fade with this half-life since last use; 0 = off"
+    )
+    decay_weight: float = Field(default=0.3, ge=0, description="Distance added to a fully faded hit")
+    improve_alpha: float = Field(default=0.3, gt=0, le=1, description="How far one rating moves a weight")
+    merge_similarity: float = Field(
+        default=0.0, ge=0, le=1, description="improve also merges same-type entities this similar; 0 = off"
+    )
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     result_backend: str = "redis://127.0.0.1:6379/1"
@@ -126,6 +136,14 @@ class Settings(BaseSettings):
     @property
     def qdrant_path(self) -> Path:
         return (self.home / "qdrant").resolve()
+
+    @property
+    def decay(self) -> DecayConfig:
+        return DecayConfig(half_life_days=self.decay_half_life_days, weight=self.decay_weight)
+
+    @property
+    def memify(self) -> MemifyConfig:
+        return MemifyConfig(alpha=self.improve_alpha, merge_similarity=self.merge_similarity)
 
     @property
     def session_dir(self) -> Path:
