@@ -39,3 +39,7 @@ class NoLLMConfigured(KenningError):
 
 class LockLost(KenningError):
     """The dataset lock was lost or taken by another run: the holder must abort."""
+
+
+class QueryBudgetExceeded(StoreError):
+    """The graph server stopped a caller's query that ran past its time or memory budget."""

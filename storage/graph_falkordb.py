@@ -18,7 +18,7 @@ import redis
 import redis.exceptions
 from falkordb import FalkorDB
 
-from kenning.pipeline.errors import StoreError, TransientStoreError
+from kenning.pipeline.errors import QueryBudgetExceeded, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope
 from kenning.storage.cypher import BATCH_SIZE, CypherGraphStore, Statement, plain_value
 
@@ -27,10 +27,6 @@ DEFAULT_TIMEOUT_MS = 5000
 DEFAULT_MAX_ROWS = 200
 # What FalkorDB answers when a query runs past its timeout or QUERY_MEM_CAPACITY.
 _OVER_BUDGET = ("query timed out", "mem consumption exceeded capacity")
-
-
-class QueryBudgetExceeded(StoreError):
-    """The server stopped a query that ran past its time or memory budget."""
 
 
 class FalkorGraphStore(CypherGraphStore):

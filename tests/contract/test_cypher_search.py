@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from kenning.pipeline.errors import StoreError
+from kenning.pipeline.errors import QueryBudgetExceeded, StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
 from kenning.retrieval.contract import Principal, QueryBudget, SearchRequest, SearchType
 from kenning.retrieval.cypher import QueryRejected
 from kenning.retrieval.registry import search
-from kenning.storage.graph_falkordb import FalkorGraphStore, QueryBudgetExceeded, graph_key
+from kenning.storage.graph_falkordb import FalkorGraphStore, graph_key
 from kenning.storage.graph_memgraph import MemgraphGraphStore
 from tests.services import free_port
 from tests.twins import TwinServices
