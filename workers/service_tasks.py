@@ -6,6 +6,11 @@ Every task takes one JSON object and returns one JSON object (queues are
 - `kenning.add` (pipeline queue): `{"dataset", "tenant"?, "texts"?: [{"name", "text"}],
   "uris"?: ["s3://bucket/prefix"]}` -> `{"added", "unchanged", "skipped", "errors"}`
 - `kenning.cognify` (pipeline queue): `{"dataset", "tenant"?}` -> `{"run_id"}`
+- `kenning.remember` (pipeline queue): `{"dataset", "tenant"?, "session_id"?, "user"?, "messages":
+  [{"speaker"?, "text", "time"?, "id"?}]}` -> `{"session_entries"?, "item_ids", "run_id"}`: with a
+  session id the messages are in the session at once (shared by workers with
+  `KENNING_SESSION_BACKEND=redis`); either way they are added and a cognify run is enqueued,
+  not waited for (follow it with `kenning.run`)
 - `kenning.run` (pipeline queue): `{"run_id"}` -> the run: `{"id", "status", "step",
   "error", "stats", "started_at", "finished_at"}`
 - `kenning.maintenance` (pipeline queue; Celery beat runs it, see workers/schedule.py):
@@ -33,7 +38,7 @@ from kenning.pipeline.locking import LockBusy, lock_name
 from kenning.pipeline.models import ChunkStatus, ItemStatus, RunStatus
 from kenning.retrieval.contract import SearchType
 from kenning.workers.celery_app import app
-from kenning.workers.lifecycle import find_dataset, forget_held
+from kenning.workers.lifecycle import Message, find_dataset, forget_held
 from kenning.workers.memory import Kenning
 
 MAX_TEXT_CHARS = 1_000_000
@@ -54,6 +59,14 @@ class AddRequest(BaseModel):
 class CognifyRequest(BaseModel):
     dataset: str
     tenant: str | None = None
+
+
+class RememberRequest(BaseModel):
+    dataset: str
+    tenant: str | None = None
+    session_id: str | None = Field(default=None, min_length=1)
+    user: str | None = Field(default=None, min_length=1)
+    messages: list[Message] = Field(min_length=1)
 
 
 class RunRequest(BaseModel):
@@ -86,13 +99,18 @@ def _parse(model: type[M], request: Any) -> M:
         raise ValueError(f"invalid {model.__name__}: {error}") from error
 
 
-def _memory(tenant: str | None = None) -> Kenning:
-    """The worker's stores, seen as the request's tenant (or the settings' one)."""
+def _memory(tenant: str | None = None, user: str | None = None) -> Kenning:
+    """The worker's stores, seen as the request's tenant and user (or the settings' ones)."""
     resources = app.resources()
     settings = resources.settings
+    update: dict[str, Any] = {}
     if tenant and tenant != settings.tenant:
         # The caller acts as that tenant, but reads only what this worker's settings allow.
-        settings = settings.model_copy(update={"tenant": tenant, "read_scopes": settings.readable})
+        update.update(tenant=tenant, read_scopes=settings.readable)
+    if user and user != settings.user:
+        update["user"] = user
+    if update:
+        settings = settings.model_copy(update=update)
     return Kenning(settings, resources.wiring)
 
 
@@ -121,6 +139,20 @@ def cognify_task(request: dict[str, Any]) -> dict[str, Any]:
     memory = _memory(parsed.tenant)
     job = enqueue(memory.wiring, memory.settings, memory.scope(parsed.dataset))
     return {"run_id": job.run_id}
+
+
+def remember_task(request: dict[str, Any]) -> dict[str, Any]:
+    from kenning.workers.canvas import enqueue
+
+    parsed = _parse(RememberRequest, request)
+    memory = _memory(parsed.tenant, parsed.user)
+    reply: dict[str, Any] = {}
+    if parsed.session_id is not None:
+        reply["session_entries"] = memory.session_messages(parsed.messages, parsed.dataset, parsed.session_id)
+    items = memory.add_messages(parsed.messages, parsed.dataset)
+    # The app keeps the worker's own settings; the scope carries the request's tenant.
+    job = enqueue(memory.wiring, app.resources().settings, memory.scope(parsed.dataset))
+    return {**reply, "item_ids": [item.id for item in items], "run_id": job.run_id}
 
 
 def run_task(request: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +221,7 @@ OPEN_ITEMS = (ItemStatus.PENDING, ItemStatus.CLASSIFIED, ItemStatus.CHUNKED)
 app.task(add_task, name="kenning.add")
 app.task(maintenance_task, name="kenning.maintenance")
 app.task(cognify_task, name="kenning.cognify")
+app.task(remember_task, name="kenning.remember")
 app.task(run_task, name="kenning.run")
 app.task(search_task, name="kenning.search")
 app.task(
