@@ -43,3 +43,15 @@ class LockLost(KenningError):
 
 class QueryBudgetExceeded(StoreError):
     """The graph server stopped a caller's query that ran past its time or memory budget."""
+
+
+class NotFound(KenningError):
+    """No such object, or one the caller may not see: both get the same answer."""
+
+
+class Forbidden(KenningError):
+    """The caller may see the object but lacks the permission the action needs."""
+
+
+class Conflict(KenningError):
+    """The object exists already (a user of that name in the tenant)."""

@@ -150,3 +150,44 @@ element_access = sa.Table(
     sa.Column("last_access", UtcDateTime(), nullable=False),
     sa.Column("count", sa.BigInteger(), nullable=False),
 )
+
+# Who may do what (pipeline/permission.py): tenants, their users, API keys stored as the
+# SHA-256 of the token (never the token), and per-dataset grants naming the dataset.
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(255), nullable=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("admin", sa.Boolean(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.UniqueConstraint("tenant", "name", name="uq_users_tenant_name"),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user_id", sa.String(64), nullable=False),
+    sa.Column("key_hash", sa.String(128), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+    sa.Index("ix_api_keys_user", "user_id"),
+)
+
+dataset_grants = sa.Table(
+    "dataset_grants",
+    metadata,
+    sa.Column("user_id", sa.String(64), primary_key=True),
+    sa.Column("dataset", sa.String(255), primary_key=True),
+    sa.Column("permission", sa.String(16), primary_key=True),
+    sa.Column("tenant", sa.String(255), nullable=False),
+    sa.Index("ix_dataset_grants_dataset", "tenant", "dataset"),
+)

@@ -12,6 +12,7 @@ from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.errors import NoLLMConfigured
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.offline import OfflineExtractor
+from kenning.pipeline.permission import PermissionStore
 from kenning.pipeline.ports import (
     AccessLog,
     BlobStore,
@@ -33,6 +34,7 @@ from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedde
 from kenning.storage.lexical_sql import SqlLexicalIndex
 from kenning.storage.lock import FileLock
 from kenning.storage.metadata_sql import SqlMetadataStore, migrate
+from kenning.storage.permission_sql import SqlPermissionStore
 from kenning.storage.ratelimit_memory import MemoryRateLimiter
 from kenning.storage.session_file import FileSessionStore
 from kenning.storage.session_sql import SqlSessionRecords
@@ -192,6 +194,11 @@ class Wiring:
     def access(self) -> AccessLog:
         """When retrieved elements were last returned, for decay and prune."""
         return self._once("access", lambda: SqlAccessLog(self.engine))
+
+    @property
+    def permissions(self) -> PermissionStore:
+        """Users, API keys and dataset grants, in the metadata database."""
+        return self._once("permissions", lambda: SqlPermissionStore(self.engine))
 
     @property
     def lock(self) -> Lock:
