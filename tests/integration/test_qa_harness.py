@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.qa import DATA, evaluate, exact_match, token_f1
+from bench.qa import DATA, SETS, evaluate, exact_match, token_f1
 from kenning.workers.settings import load_settings
 from kenning.workers.simulator import Simulator
 
@@ -29,6 +30,15 @@ def test_harness_scores_every_question_with_the_simulator(name: str, tmp_path: P
         )
         figures = evaluate(settings, name, 2, "GRAPH_COMPLETION", documents=20)
         chat_calls = simulator.stats()["calls"]["chat"]
-    assert figures["questions"] == 2 and 0.0 <= float(figures["f1"]) <= 1.0  # type: ignore[arg-type]
-    assert all(row["answer"] for row in figures["rows"])  # type: ignore[attr-defined]
-    assert chat_calls >= 2
+    rows: list[dict[str, Any]] = figures["rows"]  # type: ignore[assignment]
+    # Every question of the set was asked, and scored against its own gold answer
+    _, pairs = SETS[name](2)
+    assert [(row["question"], row["gold"]) for row in rows] == pairs
+    assert all(row["answer"] for row in rows) and chat_calls >= 2
+    for row in rows:
+        assert row["em"] == exact_match(row["answer"], row["gold"])
+        assert row["f1"] == token_f1(row["answer"], row["gold"])
+    # and the set's figures are the means over those questions
+    assert figures["questions"] == 2
+    assert figures["exact_match"] == round(sum(row["em"] for row in rows) / 2, 4)
+    assert figures["f1"] == round(sum(row["f1"] for row in rows) / 2, 4)

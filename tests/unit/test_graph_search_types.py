@@ -6,13 +6,16 @@ from collections.abc import Callable
 
 import pytest
 
-from kenning.pipeline.errors import NoLLMConfigured
 from kenning.pipeline.ingest import Source, add
+from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.models import Scope
+from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
 from kenning.retrieval.contract import Principal, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.cypher import QueryRejected
 from kenning.retrieval.registry import REGISTRY, search
 from kenning.workers.local import LocalRunner
+from kenning.workers.settings import load_settings
+from kenning.workers.wiring import open_completer
 from tests.twins import TwinServices
 
 SCOPE = Scope(tenant="t1", dataset="history")
@@ -169,6 +172,43 @@ def test_cypher_is_refused_unless_allowed_and_needs_a_cypher_store(memory: TwinS
         search(memory, request)
 
 
-def test_no_llm_completer_says_so() -> None:
-    with pytest.raises(NoLLMConfigured):
-        TwinServices().completer.complete("s", "p")
+class WithoutLLM:
+    """The memory's stores, and the completer the wiring builds when no LLM endpoint is configured."""
+
+    def __init__(self, services: TwinServices) -> None:
+        self._services = services
+
+    @property
+    def vectors(self) -> VectorStore:
+        return self._services.vectors
+
+    @property
+    def lexical(self) -> LexicalIndex:
+        return self._services.lexical
+
+    @property
+    def graph(self) -> GraphStore:
+        return self._services.graph
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._services.embedder
+
+    @property
+    def completer(self) -> Completer:
+        return open_completer(load_settings(llm_url=""))
+
+
+@pytest.mark.parametrize(
+    "kind", [SearchType.GRAPH_COMPLETION, *GRAPH_VARIANTS, SearchType.TRIPLET_COMPLETION]
+)
+def test_without_an_llm_completion_types_give_context_and_name_the_setting(
+    memory: TwinServices, kind: SearchType
+) -> None:
+    # Given the memory with no LLM endpoint configured
+    request = SearchRequest(query="Who built the first compiler?", type=kind, scopes=[SCOPE])
+    # When a completion type is asked
+    result = search(WithoutLLM(memory), request)
+    # Then it answers nothing, gives the context, and says which setting would give an answer
+    assert result.answer is None and result.results and result.context
+    assert result.notice and "KENNING_LLM_URL" in result.notice

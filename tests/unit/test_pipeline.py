@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from kenning.pipeline.ingest import Source, add, text_source
-from kenning.pipeline.models import ChunkStatus, ItemStatus, Scope
+from kenning.pipeline.locking import lock_name
+from kenning.pipeline.models import ChunkStatus, Extraction, ItemStatus, PipelineRun, Scope
 from kenning.pipeline.plan import PLAN
 from kenning.retrieval.contract import SearchRequest, SearchType
 from kenning.retrieval.registry import search
@@ -242,17 +246,46 @@ def test_plan_is_the_five_ecl_steps_in_order() -> None:
     assert [step.name for step in PLAN if step.fan_out] == ["extract"]
 
 
-@pytest.mark.parametrize("overlap", [0, 24])
-def test_local_runner_holds_the_dataset_lock(overlap: int) -> None:
+def test_local_runner_holds_the_dataset_lock_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a dataset, and an extractor that tries the dataset's lock each time the runner calls it
     services = TwinServices()
-    services.config.chunking.overlap = overlap
     add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
-    token = services.lock.acquire("dataset:t1:library", 60)
-    assert token is not None
-    with pytest.raises(Exception, match="held by another run"):
-        from kenning.pipeline.locking import held
+    name = lock_name(SCOPE)
+    taken_while_running: list[int | None] = []
+    extract = services.extractor.extract
 
-        with held(services.lock, "dataset:t1:library", 60, wait_s=0.3):
-            pass
-    services.lock.release("dataset:t1:library", token)
+    def trying_the_lock(text: str) -> Extraction:
+        token = services.lock.acquire(name, 60)
+        taken_while_running.append(token)
+        if token is not None:
+            services.lock.release(name, token)
+        return extract(text)
+
+    monkeypatch.setattr(services.extractor, "extract", trying_the_lock)
+    # When the embedded runner cognifies it
     cognify(services)
+    # Then nobody else could take the lock during the run, and the run let go of it at the end
+    assert taken_while_running and all(token is None for token in taken_while_running)
+    assert services.lock.acquire(name, 60) is not None
+
+
+def test_local_runner_waits_for_a_dataset_lock_held_elsewhere() -> None:
+    # Given a dataset whose lock another holder has
+    services = TwinServices()
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    name = lock_name(SCOPE)
+    token = services.lock.acquire(name, 60)
+    assert token is not None
+    # When a run starts, and the other holder lets go a moment later
+    runs: list[PipelineRun] = []
+    runner = threading.Thread(target=lambda: runs.append(LocalRunner(services, services.lock).run(SCOPE)))
+    runner.start()
+    time.sleep(0.5)
+    dataset = services.metadata.get_dataset(SCOPE)
+    assert dataset is not None
+    started_while_held = services.metadata.list_runs(dataset.id)
+    services.lock.release(name, token)
+    runner.join(timeout=30)
+    # Then the run began only once the lock was free, and completed
+    assert started_while_held == []
+    assert [run.status.value for run in runs] == ["completed"]
