@@ -303,6 +303,8 @@ class RunStatus(enum.StrEnum):
     INITIATED = "initiated"
     STARTED = "started"
     COMPLETED = "completed"
+    # Done, but some items or chunks failed: `error` says how many, status lists each with its reason.
+    COMPLETED_WITH_ERRORS = "completed_with_errors"
     ERRORED = "errored"
 
 

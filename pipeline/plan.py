@@ -98,6 +98,11 @@ def finish_run(services: Services, job: Job) -> PipelineRun:
     run.status, run.finished_at = RunStatus.COMPLETED, utcnow()
     services.metadata.save_run(run)
     return run
+    failures = {name: run.stats.get(name, 0) for name in ("failed_items", "failed_chunks")}
+    if any(failures.values()):
+        run.status = RunStatus.COMPLETED_WITH_ERRORS
+        counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in failures.items() if n)
+        run.error = f"{counts}: `kenning status` lists each with its reason"
 
 
 def fail_run(services: Services, job: Job, error: str) -> PipelineRun:

@@ -24,7 +24,7 @@ from kenning.workers.settings import Settings
 from kenning.workers.wiring import Wiring
 
 POLL_S = 0.5
-FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.ERRORED})
+FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED})
 
 
 def run_chain(job: Job) -> Any:

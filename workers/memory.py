@@ -24,7 +24,7 @@ from kenning.pipeline.ingest import (
 )
 from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.memify import Improvement
-from kenning.pipeline.models import DataItem, PipelineRun, RunStatus, Scope
+from kenning.pipeline.models import ChunkStatus, DataItem, ItemStatus, PipelineRun, RunStatus, Scope
 from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, search_entries
 from kenning.retrieval.contract import Hit, Principal, QueryBudget, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.registry import search
@@ -397,12 +397,22 @@ class Kenning:
             "dataset": scope.dataset,
             "tenant": scope.tenant,
             "items": dict(Counter(item.status.value for item in items)),
-            "errors": {item.name: item.error for item in items if item.error},
+            "errors": {item.name: item.error for item in items if item.status == ItemStatus.FAILED},
+            "failed_chunks": self._failed_chunks(dataset_id, {item.id: item.name for item in items}),
             "graph": {"nodes": nodes, "edges": edges},
             "llm_calls": total["llm_calls"],
             **self._spend(total),
             "runs": [{**run.model_dump(mode="json"), **self._spend(run.stats)} for run in runs[:5]],
         }
+
+    def _failed_chunks(self, dataset_id: str, names: dict[str, str]) -> list[dict[str, Any]]:
+        """Each chunk whose extraction failed: its item, position and the reason."""
+        chunks = self.wiring.chunks
+        failed = chunks.get_chunks(chunks.list_chunk_ids(dataset_id, ChunkStatus.FAILED))
+        return [
+            {"item": names.get(c.data_id, c.data_id), "chunk_id": c.id, "index": c.index, "error": c.error}
+            for c in failed
+        ]
 
     def _spend(self, stats: dict[str, int]) -> dict[str, Any]:
         prompt, completion = stats.get("prompt_tokens", 0), stats.get("completion_tokens", 0)
