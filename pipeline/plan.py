@@ -94,15 +94,16 @@ def record_step(services: Services, job: Job, step: str, counts: dict[str, int])
 
 
 def finish_run(services: Services, job: Job) -> PipelineRun:
+    """End the run: completed, or completed with errors when some items or chunks failed."""
     run = _run(services, job)
     run.status, run.finished_at = RunStatus.COMPLETED, utcnow()
-    services.metadata.save_run(run)
-    return run
     failures = {name: run.stats.get(name, 0) for name in ("failed_items", "failed_chunks")}
     if any(failures.values()):
         run.status = RunStatus.COMPLETED_WITH_ERRORS
         counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in failures.items() if n)
         run.error = f"{counts}: `kenning status` lists each with its reason"
+    services.metadata.save_run(run)
+    return run
 
 
 def fail_run(services: Services, job: Job, error: str) -> PipelineRun:

@@ -362,13 +362,13 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
             f"{entry['cost']:.4f}",
         )
     Console().print(table)
-
     for entry in status:
         for name, error in entry["errors"].items():
             console.print(f"[red]failed[/red] {entry['dataset']}/{name}: {error}")
         for chunk in entry["failed_chunks"]:
             where = f"{entry['dataset']}/{chunk['item']} chunk {chunk['index']}"
             console.print(f"[red]failed[/red] {where}: {chunk['error']}")
+
 
 @main.command("demo")
 @click.option("--home", default=None, help="Where to keep the demo's data (default: KENNING_HOME).")
