@@ -24,7 +24,7 @@ from kenning.pipeline.memify import (
     ratings,
     session_sources,
 )
-from kenning.pipeline.models import Dataset
+from kenning.pipeline.models import Dataset, RunStatus
 from kenning.pipeline.ports import MetadataStore
 from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
@@ -74,6 +74,11 @@ def session_items(wiring: Wiring, dataset: Dataset) -> list[Source]:
     return sources
 
 
+def _active_runs(metadata: MetadataStore, dataset: Dataset) -> bool:
+    running = (RunStatus.INITIATED, RunStatus.STARTED)
+    return any(run.status in running for run in metadata.list_runs(dataset.id))
+
+
 def session_entries(wiring: Wiring, dataset: Dataset) -> list[tuple[str, SessionEntry]]:
     """(session id, entry) of every session of the dataset's tenant, for this dataset or none named."""
     sessions = wiring.sessions
@@ -95,7 +100,8 @@ def forget_held(
     ids = [item.id for item in wiring.metadata.list_items(dataset.id)] if data_ids is None else data_ids
     wiring.access.forget_access(dataset.id, [chunk.id for chunk in wiring.chunks.chunks_of(dataset.id, ids)])
     forgotten = forget_items(wiring, job, ids, memory_only)
-    if data_ids is None:
+    if data_ids is None and not _active_runs(wiring.metadata, dataset):
+        # A run waiting for the lock keeps its dataset (now empty) and completes with nothing to do.
         wiring.metadata.delete_dataset(dataset.id)
     elif forgotten.reload_chunks:
         load(wiring, job)

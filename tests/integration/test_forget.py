@@ -208,3 +208,17 @@ def test_recall_works_when_the_session_store_is_down(tmp_path: Path) -> None:
         # Then the graph answers, and the notice says the session memory is unavailable
         assert recalled.results and recalled.results[0].source == "graph"
         assert "session memory unavailable" in recalled.notice and recalled.entry_id is None
+
+
+def test_forgetting_a_dataset_keeps_a_run_that_waits_for_it(tmp_path: Path) -> None:
+    from kenning.pipeline.plan import start_run
+
+    with memory(tmp_path / "home") as kenning:
+        ingest(kenning, ["a"])
+        # Given a run started (queued behind the lock) when the whole dataset is forgotten
+        waiting = start_run(kenning.wiring, kenning.scope("news"))
+        kenning.forget("news")
+        # Then the run and its (now empty) dataset are still there for it to complete
+        assert kenning.wiring.metadata.get_run(waiting.run_id) is not None
+        assert kenning.wiring.metadata.get_dataset(kenning.scope("news")) is not None
+        assert kenning.wiring.graph.counts(kenning.scope("news")) == (0, 0)
