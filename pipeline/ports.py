@@ -244,6 +244,29 @@ class Lock(Protocol):
         ...
 
 
+class RunLock(Lock, Protocol):
+    """A dataset lock that a pipeline run holds as a whole, across its tasks and worker processes.
+
+    It is taken, kept and released by the run's id; a lock nobody keeps expires after its ttl.
+    """
+
+    def take(self, name: str, run_id: str, ttl_s: float) -> int | None:
+        """For the run: a new, larger token when the lock is free; the current one, extended, when the
+        run holds it already; None when someone else holds it."""
+        ...
+
+    def keep(self, name: str, run_id: str, ttl_s: float) -> int | None:
+        """Extend the lock if the run holds it: its token; None when it is free or someone else's."""
+        ...
+
+    def release_run(self, name: str, run_id: str) -> None:
+        """Let go, only if the run holds the lock."""
+        ...
+
+    def holder(self, name: str) -> int | None:
+        """The token the lock is held under, or None when it is free."""
+        ...
+
 
 def chunked(items: Sequence[str], size: int) -> Iterator[list[str]]:
     for start in range(0, len(items), size):

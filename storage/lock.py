@@ -1,4 +1,5 @@
-"""Dataset locks for embedded mode: a file lock across processes, and its in-memory twin."""
+"""Dataset locks for embedded mode: a file lock across processes, and the in-memory twin of every
+lock (the file lock's acquire and release, and the Redis run lock's take, keep and release by run)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import fcntl
 import os
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -13,7 +16,8 @@ class FileLock:
     """An advisory file lock per dataset for embedded mode: one holder across processes.
 
     The lock lasts until released or until its process dies; the ttl is unused
-    because the operating system frees the lock of a dead process.
+    because the operating system frees the lock of a dead process. The fencing token
+    is a counter kept in the lock file, so that it grows across processes too.
     """
 
     def __init__(self, root: Path) -> None:
@@ -30,7 +34,7 @@ class FileLock:
         except BlockingIOError:
             os.close(descriptor)
             return None
-        token = time.time_ns()
+        token = _next_token(descriptor)
         with self._mutex:
             self._held[name] = (descriptor, token)
         return token
@@ -45,24 +49,74 @@ class FileLock:
         os.close(descriptor)
 
 
+def _next_token(descriptor: int) -> int:
+    """One more than the token the lock file holds, written back; the caller holds the lock."""
+    os.lseek(descriptor, 0, os.SEEK_SET)
+    text = os.read(descriptor, 64).decode("ascii", "replace").strip()
+    token = int(text) + 1 if text.isdigit() else 1
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, str(token).encode("ascii"), 0)
+    return token
+
+
+@dataclass
+class _Hold:
+    token: int
+    holder: str
+    expires: float
+
+
 class MemoryLock:
-    """An in-process twin of the file lock, with expiry on a monotonic clock."""
+    """The in-process twin of the file lock and of the Redis run lock, with expiry on a monotonic clock."""
 
     def __init__(self) -> None:
-        self._held: dict[str, tuple[int, float]] = {}
+        self._held: dict[str, _Hold] = {}
         self._fence = 0
         self._mutex = threading.Lock()
 
     def acquire(self, name: str, ttl_s: float) -> int | None:
-        with self._mutex:
-            current = self._held.get(name)
-            if current and current[1] > time.monotonic():
-                return None
-            self._fence += 1
-            self._held[name] = (self._fence, time.monotonic() + ttl_s)
-            return self._fence
+        return self.take(name, f"lock-{uuid.uuid4().hex}", ttl_s)
 
     def release(self, name: str, token: int) -> None:
         with self._mutex:
-            if self._held.get(name, (None, 0.0))[0] == token:
+            current = self._current(name)
+            if current is not None and current.token == token:
                 del self._held[name]
+
+    def take(self, name: str, run_id: str, ttl_s: float) -> int | None:
+        with self._mutex:
+            current = self._current(name)
+            if current is None:
+                self._fence += 1
+                current = self._held[name] = _Hold(self._fence, run_id, 0.0)
+            elif current.holder != run_id:
+                return None
+            current.expires = time.monotonic() + ttl_s
+            return current.token
+
+    def keep(self, name: str, run_id: str, ttl_s: float) -> int | None:
+        with self._mutex:
+            current = self._current(name)
+            if current is None or current.holder != run_id:
+                return None
+            current.expires = time.monotonic() + ttl_s
+            return current.token
+
+    def release_run(self, name: str, run_id: str) -> None:
+        with self._mutex:
+            current = self._current(name)
+            if current is not None and current.holder == run_id:
+                del self._held[name]
+
+    def holder(self, name: str) -> int | None:
+        with self._mutex:
+            current = self._current(name)
+            return current.token if current is not None else None
+
+    def _current(self, name: str) -> _Hold | None:
+        """The live hold of the lock; an expired one is dropped. The caller holds the mutex."""
+        current = self._held.get(name)
+        if current is not None and current.expires <= time.monotonic():
+            del self._held[name]
+            return None
+        return current

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,12 +40,16 @@ _RELEASE = """
 if redis.call('get', KEYS[3]) == ARGV[1] then return redis.call('del', KEYS[1], KEYS[3]) end
 return 0
 """
+_RELEASE_TOKEN = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1], KEYS[3]) end
+return 0
+"""
 
 
-class RunLock:
+class RedisRunLock:
     """The dataset lock in Redis, held by a pipeline run: by all of its tasks, under a fencing token.
 
-    The rule the tasks follow is in `workers.tasks.holding`.
+    Implements `pipeline.ports.RunLock`. The rule the tasks follow is in `workers.tasks.holding`.
     """
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:
@@ -53,6 +58,16 @@ class RunLock:
         self._take = client.register_script(_TAKE)
         self._keep = client.register_script(_KEEP)
         self._release = client.register_script(_RELEASE)
+        self._release_token = client.register_script(_RELEASE_TOKEN)
+
+    def acquire(self, name: str, ttl_s: float) -> int | None:
+        """Take the lock if it is free, for a holder of its own (expiring after `ttl_s`)."""
+        return self.take(name, f"lock-{uuid.uuid4().hex}", ttl_s)
+
+    def release(self, name: str, token: int) -> None:
+        """Let go, only if the lock is still held under this token."""
+        with _translated("dataset lock"):
+            self._release_token(keys=self._keys(name), args=[str(token)])
 
     def take(self, name: str, run_id: str, ttl_s: float) -> int | None:
         """For the run: a new, larger token when the lock is free; the current one, extended, when the
@@ -63,7 +78,7 @@ class RunLock:
         """Extend the lock if the run holds it; its token, or None when it is free or held by another run."""
         return self._token(self._keep, name, [run_id, int(ttl_s * 1000)])
 
-    def release(self, name: str, run_id: str) -> None:
+    def release_run(self, name: str, run_id: str) -> None:
         """Let go, only if the run holds the lock."""
         with _translated("dataset lock"):
             self._release(keys=self._keys(name), args=[run_id])

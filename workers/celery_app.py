@@ -47,7 +47,8 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
 
 from kenning.pipeline.errors import ConfigError
-from kenning.storage.run_lock import Deliveries, RunLock
+from kenning.pipeline.ports import RunLock
+from kenning.storage.run_lock import Deliveries, RedisRunLock
 from kenning.workers import keys
 from kenning.workers.schedule import beat_schedule
 from kenning.workers.settings import Settings, load_settings
@@ -101,7 +102,7 @@ class Resources:
 
 def open_lock(client: redis.Redis, settings: Settings) -> RunLock:
     """The dataset lock; its keys carry the queue prefix so that deployments sharing a Redis stay apart."""
-    return RunLock(client, prefix=keys.lock_prefix(settings.queue_prefix))
+    return RedisRunLock(client, prefix=keys.lock_prefix(settings.queue_prefix))
 
 
 def open_deliveries(client: redis.Redis, settings: Settings) -> Deliveries:

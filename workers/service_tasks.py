@@ -187,7 +187,7 @@ def forget_task(request: dict[str, Any]) -> dict[str, Any]:
     try:
         forgotten = forget_held(memory.wiring, dataset, parsed.data_ids, parsed.memory_only)
     finally:
-        lock.release(name, holder)
+        lock.release_run(name, holder)
     return forgotten.model_dump()
 
 

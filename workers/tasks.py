@@ -155,7 +155,7 @@ def finish(self: Any, state: dict[str, Any]) -> dict[str, int]:
     message, resources = Message.model_validate(state), app.resources()
     with holding(resources, message):
         run = finish_run(resources.wiring, message.job)
-    resources.lock.release(lock_name(message.job.scope), message.job.run_id)
+    resources.lock.release_run(lock_name(message.job.scope), message.job.run_id)
     return run.stats
 
 
@@ -169,7 +169,7 @@ def fail(request: Any, exc: BaseException, _traceback: Any, job: dict[str, Any])
     # Several batches of one fan-out may fail; the first error is the one to keep.
     if run is not None and run.status not in ENDED:
         fail_run(resources.wiring, parsed, f"{type(exc).__name__}: {exc}")
-    resources.lock.release(lock_name(parsed.scope), parsed.run_id)
+    resources.lock.release_run(lock_name(parsed.scope), parsed.run_id)
 
 
 @contextmanager

@@ -507,7 +507,7 @@ def test_a_run_takes_its_expired_lock_again_but_never_another_runs(
 
         # And once the run has ended and let go, its late tasks stop instead of taking it again
         fail_run(resources.wiring, first, "stopped")
-        resources.lock.release(name, first.run_id)
+        resources.lock.release_run(name, first.run_id)
         with pytest.raises(LockLost, match="has ended"):
             hold(resources, mine)
         assert resources.lock.holder(name) is None
