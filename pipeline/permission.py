@@ -49,8 +49,9 @@ class User(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    tenant: str = Field(min_length=1, max_length=255)
-    name: str = Field(min_length=1, max_length=255)
+    # No `/` in a tenant: read scopes are `tenant/dataset` patterns.
+    tenant: str = Field(min_length=1, max_length=255, pattern=r"^[^/\x00-\x1f\x7f]+$")
+    name: str = Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")
     admin: bool = Field(default=False, description="Every permission on every dataset of its tenant")
     created_at: datetime = Field(default_factory=utcnow)
 

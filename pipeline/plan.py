@@ -75,10 +75,11 @@ PLAN: tuple[Step, ...] = (
 STEPS = {step.name: step for step in PLAN}
 
 
-def start_run(services: Services, scope: Scope) -> Job:
-    """Create the dataset if needed and a new pipeline run for it."""
+def start_run(services: Services, scope: Scope, run_id: str | None = None) -> Job:
+    """Create the dataset if needed and a new pipeline run for it (of `run_id`, when the caller
+    had to name the run before it could start)."""
     dataset: Dataset = services.metadata.ensure_dataset(scope)
-    run_id = stable_id(dataset.id, "run", utcnow().isoformat())
+    run_id = run_id or stable_id(dataset.id, "run", utcnow().isoformat())
     services.metadata.save_run(PipelineRun(id=run_id, dataset_id=dataset.id, status=RunStatus.STARTED))
     return Job(run_id=run_id, dataset_id=dataset.id, tenant=scope.tenant, dataset=scope.dataset)
 

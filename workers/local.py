@@ -48,10 +48,11 @@ class LocalRunner:
         self._plan = plan
         self._progress = progress
 
-    def run(self, scope: Scope) -> PipelineRun:
-        """Cognify the dataset; the returned run holds the counters of every step."""
+    def run(self, scope: Scope, run_id: str | None = None) -> PipelineRun:
+        """Cognify the dataset; the returned run holds the counters of every step. `run_id`
+        names the run (default: a new id), for a caller that gave it out before the run began."""
         with held(self._lock, lock_name(scope), self._lock_ttl_s):
-            job = start_run(self._services, scope)
+            job = start_run(self._services, scope, run_id)
             try:
                 self._run_steps(job)
             except BaseException as error:

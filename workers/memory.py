@@ -355,6 +355,14 @@ class Kenning:
             return Forgotten()
         return forget_in_dataset(wiring, target, stale, False, self.settings.lock_ttl_s)
 
+    def as_caller(self, tenant: str, user: str, read_scopes: Sequence[str]) -> Kenning:
+        """This memory as another caller sees it (its tenant, user and read scopes: `tenant/dataset`
+        globs, `""` for none), sharing these stores and background work: close this one, not it."""
+        update = {"tenant": tenant, "user": user, "read_scopes": list(read_scopes)}
+        view = Kenning(self.settings.model_copy(update=update), self.wiring)
+        view._bridges, view._accessed = self._bridges, self._accessed
+        return view
+
     def may_read(self, scope: Scope) -> bool:
         return self.principal().may_read(scope)
 

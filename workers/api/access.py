@@ -1,0 +1,101 @@
+"""Who is calling: an API key becomes a `Caller` (tenant, user, grants) and the memory as it sees it.
+
+`authorized` is the dependency every `/v1` route takes; a router mounted on the app later (an
+MCP endpoint, a graph view) takes it too and gets the same principal and the same checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from kenning.pipeline.errors import NotFound
+from kenning.pipeline.models import Dataset, Scope
+from kenning.pipeline.permission import Caller, Permission, authenticate
+from kenning.workers.api.errors import ApiError
+from kenning.workers.api.runs import RunTracker
+from kenning.workers.memory import Kenning
+
+bearer = HTTPBearer(auto_error=False, description="An API key from `kenning key create`")
+CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+@dataclass
+class ApiState:
+    """What the app holds for its life: the memory (stores opened once) and the runs it started."""
+
+    memory: Kenning
+    runs: RunTracker
+    distributed: bool = False
+    mounted: list[str] = field(default_factory=list)
+
+
+def api_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.kenning
+    return state
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request's caller, and the memory as that caller: its tenant, user and read scopes."""
+
+    caller: Caller
+    memory: Kenning
+    state: ApiState
+
+    @property
+    def tenant(self) -> str:
+        return self.caller.tenant
+
+    def dataset_name(self, name: str | None) -> str:
+        return name or self.memory.settings.dataset
+
+    def require(self, permission: Permission, name: str | None) -> str:
+        """The dataset's name, if the caller holds `permission` on it (see `Caller.check`)."""
+        dataset = self.dataset_name(name)
+        self.caller.check(permission, dataset)
+        return dataset
+
+    def existing(self, permission: Permission, name: str | None) -> Dataset:
+        """The dataset, which must exist and allow `permission`; NotFound for one it may not read."""
+        dataset = self.require(permission, name)
+        found = self.memory.wiring.metadata.get_dataset(Scope(tenant=self.tenant, dataset=dataset))
+        if found is None:
+            raise NotFound(f"no dataset {dataset!r}")
+        return found
+
+    def readable(self, names: Sequence[str] | None) -> list[str]:
+        """Those of `names` the caller may read (all it may read when None), silently."""
+        if names is None:
+            return [d.name for d in self.datasets() if self.caller.may(Permission.READ, d.name)]
+        return self.caller.granted(Permission.READ, list(dict.fromkeys(names)))
+
+    def datasets(self) -> list[Dataset]:
+        """The tenant's existing datasets the caller holds any permission on."""
+        listed = self.memory.wiring.metadata.list_datasets(self.tenant)
+        return [d for d in listed if self.caller.permissions(d.name)]
+
+    def dataset_by_id(self, dataset_id: str, *allowed: Permission) -> Dataset:
+        """The tenant's dataset of that id on which the caller holds one of `allowed`; else NotFound."""
+        for dataset in self.memory.wiring.metadata.list_datasets(self.tenant):
+            if dataset.id == dataset_id and any(self.caller.may(p, dataset.name) for p in allowed):
+                return dataset
+        raise NotFound("not found")
+
+
+def authorized(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+) -> Access:
+    """The request's `Access`; 401 without a key, or with an unknown or revoked one (read afresh)."""
+    if credentials is None:
+        raise ApiError(401, "unauthorized", "send an API key: Authorization: Bearer <key>", CHALLENGE)
+    state = api_state(request)
+    caller = authenticate(state.memory.wiring.permissions, credentials.credentials)
+    if caller is None:
+        raise ApiError(401, "unauthorized", "the API key is unknown or revoked", CHALLENGE)
+    memory = state.memory.as_caller(caller.tenant, caller.user, caller.read_scopes())
+    return Access(caller=caller, memory=memory, state=state)

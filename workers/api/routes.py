@@ -1,0 +1,408 @@
+"""The `/v1` routes: add, cognify and runs, search, remember, recall, forget, sessions, records, datasets.
+
+Each route checks the caller's permission on the dataset first, then calls the memory as that
+caller. Reads of datasets it may not read give nothing (searches) or 404 (one object); writes
+need write, forget and delete need delete, sharing needs share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mimetypes
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import TypeAdapter, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from kenning.pipeline.errors import InputError, KenningError, NotFound, StoreError
+from kenning.pipeline.forget import Forgotten
+from kenning.pipeline.ingest import AddResult, Source, text_source
+from kenning.pipeline.permission import Permission, find_user
+from kenning.pipeline.session import SessionEntry
+from kenning.retrieval.contract import SearchResult
+from kenning.workers.api.access import Access, authorized
+from kenning.workers.api.errors import ERROR_RESPONSES, ApiError
+from kenning.workers.api.runs import FINISHED, POLL_S
+from kenning.workers.api.schemas import (
+    Added,
+    AddText,
+    CognifyIn,
+    DatasetName,
+    Datasets,
+    DatasetView,
+    Done,
+    Feedback,
+    ForgetIn,
+    GrantIn,
+    Grants,
+    Identifier,
+    ItemView,
+    Me,
+    RecallIn,
+    RecordIn,
+    RecordText,
+    RememberIn,
+    RunView,
+    SearchIn,
+)
+from kenning.workers.lifecycle import Recalled, Remembered
+from kenning.workers.records import PAGE_LIMIT, MemoryRecord, Page
+
+READ, WRITE, DELETE, SHARE = Permission
+KEEPALIVE_S = 15.0
+Caller = Annotated[Access, Depends(authorized)]
+DATASET_PATTERN = r"^[^/\x00-\x1f\x7f]+$"
+DatasetPath = Annotated[str, Path(min_length=1, max_length=255, pattern=DATASET_PATTERN)]
+IdPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+
+
+# Adding and cognifying
+
+MULTIPART_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "files": {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1},
+        "dataset": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": DATASET_PATTERN},
+        "node_sets": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 255}},
+    },
+    "required": ["files"],
+}
+ADD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": AddText.model_json_schema()},
+            "multipart/form-data": {"schema": MULTIPART_SCHEMA},
+        },
+    }
+}
+DATASET_FIELD: TypeAdapter[str] = TypeAdapter(DatasetName)
+NODE_SET_FIELD: TypeAdapter[list[str]] = TypeAdapter(list[Identifier])
+
+
+@router.post("/add", response_model=Added, openapi_extra=ADD_BODY, summary="Add texts, files or s3:// URIs")
+async def add(request: Request, access: Caller) -> Added:
+    """JSON `{texts, uris, dataset, node_sets}`, or multipart/form-data with `files` (and `dataset`,
+    `node_sets`). The request body is limited in size (`KENNING_API_MAX_UPLOAD_BYTES`)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        dataset, node_sets, sources = await _uploaded(request)
+        uris: list[str] = []
+    elif kind in ("application/json", ""):
+        try:
+            body = AddText.model_validate_json(await request.body())
+        except ValidationError as error:
+            raise ApiError(422, "invalid_request", _problems(error)) from error
+        dataset, node_sets, uris = body.dataset, body.node_sets, body.uris
+        sources = [text_source(text) for text in body.texts]
+    else:
+        raise ApiError(415, "unsupported_media_type", "send application/json or multipart/form-data")
+    name = access.require(WRITE, dataset)
+    result = await run_in_threadpool(_add, access, name, sources, uris, node_sets)
+    return Added(
+        dataset=name,
+        added=[ItemView.of(item) for item in result.added],
+        unchanged=[ItemView.of(item) for item in result.unchanged],
+        superseded=[ItemView.of(item) for item in result.superseded],
+        skipped=result.skipped,
+        errors=result.errors,
+    )
+
+
+async def _uploaded(request: Request) -> tuple[str | None, list[str], list[Source]]:
+    async with request.form() as form:
+        try:
+            raw = form.get("dataset")
+            dataset = DATASET_FIELD.validate_python(raw) if raw is not None else None
+            node_sets = NODE_SET_FIELD.validate_python(form.getlist("node_sets"))
+        except ValidationError as error:
+            raise ApiError(422, "invalid_request", _problems(error)) from error
+        files = [part for part in form.getlist("files") if isinstance(part, UploadFile)]
+        if not files:
+            raise ApiError(422, "invalid_request", "files: upload at least one file")
+        sources = []
+        for part in files:
+            name = part.filename or "upload"
+            mime = part.content_type or mimetypes.guess_type(name)[0] or ""
+            sources.append(Source(name=name, uri=f"upload:{name}", data=await part.read(), mime=mime))
+    return dataset, node_sets, sources
+
+
+def _add(
+    access: Access, dataset: str, sources: list[Source], uris: list[str], node_sets: list[str]
+) -> AddResult:
+    result = access.memory.add(sources, dataset, node_sets) if sources else AddResult()
+    for uri in uris:
+        try:
+            fetched = access.memory.add_paths([uri], dataset, node_sets)
+        except (InputError, StoreError) as error:  # that source is unreadable; the others proceed
+            result.errors[uri] = str(error)
+            continue
+        result.added += fetched.added
+        result.unchanged += fetched.unchanged
+        result.superseded += fetched.superseded
+        result.skipped += fetched.skipped
+        result.errors.update(fetched.errors)
+    return result
+
+
+@router.post(
+    "/cognify",
+    response_model=RunView,
+    status_code=202,
+    responses={200: {"model": RunView, "description": "The run ended (`wait=true`)"}},
+)
+def cognify(
+    access: Caller,
+    response: Response,
+    body: CognifyIn | None = None,
+    wait: Annotated[bool, Query(description="Answer when the run has ended")] = False,
+) -> RunView:
+    """Start building the dataset's graph and vectors; answers at once with the run (202), or
+    with `wait=true` when it has ended (200). Follow it at `/v1/runs/{id}` or `/v1/runs/{id}/events`."""
+    dataset = access.require(WRITE, body.dataset if body else None)
+    run_id = access.state.runs.start(access.memory, dataset, wait=wait)
+    if wait:
+        response.status_code = 200
+    return access.state.runs.view(access.caller, access.memory.wiring.metadata, run_id)
+
+
+@router.get("/runs/{run_id}", response_model=RunView)
+def get_run(run_id: IdPath, access: Caller) -> RunView:
+    """A run of a dataset the caller may read or write."""
+    return access.state.runs.view(access.caller, access.memory.wiring.metadata, run_id)
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+)
+async def run_events(run_id: IdPath, access: Caller) -> StreamingResponse:
+    """Server-sent events: `progress` (the run, whenever it changes) until `end` (the run ended)."""
+    first = await run_in_threadpool(get_run, run_id, access)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(_events(run_id, access, first), media_type="text/event-stream", headers=headers)
+
+
+async def _events(run_id: str, access: Access, view: RunView) -> AsyncIterator[str]:
+    last, quiet = "", 0.0
+    while True:
+        payload = view.model_dump_json()
+        if payload != last:
+            yield f"event: progress\ndata: {payload}\n\n"
+            last, quiet = payload, 0.0
+        elif quiet >= KEEPALIVE_S:
+            yield ": keep-alive\n\n"
+            quiet = 0.0
+        if view.status in FINISHED:
+            yield f"event: end\ndata: {payload}\n\n"
+            return
+        await asyncio.sleep(POLL_S)
+        quiet += POLL_S
+        try:
+            view = await run_in_threadpool(get_run, run_id, access)
+        except KenningError as error:  # the run, or the caller's access to it, went away
+            yield f"event: error\ndata: {ApiError(404, 'not_found', str(error)).message}\n\n"
+            return
+
+
+# Search and memory for agents
+
+
+@router.post("/search", response_model=SearchResult)
+def search(body: SearchIn, access: Caller) -> SearchResult:
+    """Any search type over the datasets named (default: all the caller may read). Datasets it
+    may not read are left out silently: they give nothing, never an error."""
+    datasets = access.readable(body.datasets)
+    if not datasets:
+        return SearchResult(query=body.query, type=body.type, results=[], context="")
+    return access.memory.search(
+        body.query,
+        body.type,
+        datasets=datasets,
+        top_k=body.top_k,
+        only_context=body.only_context,
+        session_id=body.session_id,
+    )
+
+
+@router.post("/remember", response_model=Remembered)
+def remember(body: RememberIn, access: Caller) -> Remembered:
+    """Without a session: add and cognify now. With one: into the session now, the graph later."""
+    dataset = access.require(WRITE, body.dataset)
+    return access.memory.remember(body.data, dataset, body.session_id)
+
+
+@router.post("/recall", response_model=Recalled)
+def recall(body: RecallIn, access: Caller) -> Recalled:
+    """The session's entries first (with a session), then the graph; every result cites its source."""
+    datasets = access.readable(body.datasets)
+    if not datasets and body.session_id is None:
+        return Recalled(query=body.query, results=[])
+    recalled = access.memory.recall(body.query, datasets or None, body.session_id, body.type, body.top_k)
+    recalled.results = [hit for hit in recalled.results if _readable(access, hit.dataset)]
+    return recalled
+
+
+@router.post("/forget", response_model=Forgotten)
+def forget(body: ForgetIn, access: Caller) -> Forgotten:
+    """Forget data items of a dataset (`data_ids`), or the whole dataset; needs delete."""
+    dataset = access.existing(DELETE, body.dataset)
+    return access.memory.forget(dataset.name, body.data_ids, memory_only=body.memory_only)[0]
+
+
+# Sessions
+
+
+@router.get("/sessions/{session_id}", response_model=list[SessionEntry])
+def get_session(
+    session_id: IdPath, access: Caller, last_n: Annotated[int | None, Query(ge=1, le=10_000)] = None
+) -> list[SessionEntry]:
+    """The caller's own session: its entries, oldest first (those of datasets it may read)."""
+    entries = access.memory.get_session(session_id, last_n)
+    return [entry for entry in entries if _readable(access, entry.dataset)]
+
+
+@router.post("/sessions/{session_id}/feedback", response_model=Done)
+def add_feedback(session_id: IdPath, body: Feedback, access: Caller) -> Done:
+    """Rate an entry of the caller's session 1-5; `improve` turns ratings into weights."""
+    if not access.memory.add_feedback(session_id, body.entry_id, body.score, body.text):
+        raise NotFound(f"session {session_id!r} has no entry {body.entry_id!r}")
+    return Done()
+
+
+@router.delete("/sessions/{session_id}/feedback/{entry_id}", response_model=Done)
+def delete_feedback(session_id: IdPath, entry_id: IdPath, access: Caller) -> Done:
+    if not access.memory.delete_feedback(session_id, entry_id):
+        raise NotFound(f"session {session_id!r} has no entry {entry_id!r}")
+    return Done()
+
+
+# Memory records
+
+
+@router.get("/records", response_model=Page)
+def list_records(
+    access: Caller,
+    dataset: Annotated[str | None, Query(min_length=1, max_length=255, pattern=DATASET_PATTERN)] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 50,
+) -> Page:
+    target = access.existing(READ, dataset)
+    return access.memory.records.list(target.name, offset, limit)
+
+
+@router.post("/records", response_model=MemoryRecord, status_code=201)
+def create_record(body: RecordIn, access: Caller) -> MemoryRecord:
+    """Remember a text as a record (add and cognify); `external_id` names it for later updates."""
+    dataset = access.require(WRITE, body.dataset)
+    return access.memory.records.create(body.text, dataset, body.external_id)
+
+
+@router.get("/records/{record_id}", response_model=MemoryRecord)
+def get_record(record_id: IdPath, access: Caller) -> MemoryRecord:
+    """A record with the nodes and edges it produced."""
+    return access.memory.records.get(record_id, _record_dataset(access, record_id, READ))
+
+
+@router.put("/records/{record_id}", response_model=MemoryRecord)
+def update_record(record_id: IdPath, body: RecordText, access: Caller) -> MemoryRecord:
+    """Replace the record's text: cognified now, and what only the old text said is forgotten."""
+    return access.memory.records.update(record_id, body.text, _record_dataset(access, record_id, WRITE))
+
+
+@router.delete("/records/{record_id}", response_model=Done)
+def delete_record(record_id: IdPath, access: Caller) -> Done:
+    access.memory.records.delete(record_id, _record_dataset(access, record_id, DELETE))
+    return Done()
+
+
+def _record_dataset(access: Access, record_id: str, permission: Permission) -> str:
+    items = access.memory.wiring.metadata.get_items([record_id])
+    if not items:
+        raise NotFound(f"no memory record {record_id!r}")
+    dataset = access.dataset_by_id(items[0].dataset_id, *Permission)
+    access.caller.check(permission, dataset.name)
+    return dataset.name
+
+
+# Datasets and who may use them
+
+
+@router.get("/datasets", response_model=Datasets)
+def list_datasets(access: Caller) -> Datasets:
+    """Datasets the caller holds a permission on, with those permissions; granted ones not yet
+    created are listed with `exists: false`."""
+    caller = access.caller
+    existing = {d.name: d for d in access.memory.wiring.metadata.list_datasets(access.tenant)}
+    names = sorted(set(existing) | {name for name, held in caller.grants.items() if held})
+    views = [
+        DatasetView(
+            name=name,
+            exists=name in existing,
+            created_at=existing[name].created_at if name in existing else None,
+            permissions=sorted(caller.permissions(name)),
+        )
+        for name in names
+        if caller.permissions(name)
+    ]
+    return Datasets(datasets=views)
+
+
+@router.get("/datasets/{dataset}/permissions", response_model=Grants)
+def get_grants(dataset: DatasetPath, access: Caller) -> Grants:
+    """Who holds which permission on the dataset; needs share."""
+    name = access.require(SHARE, dataset)
+    return _grants(access, name)
+
+
+@router.post("/datasets/{dataset}/permissions", response_model=Grants)
+def grant(dataset: DatasetPath, body: GrantIn, access: Caller) -> Grants:
+    """Grant a user of the caller's tenant permissions on the dataset; needs share."""
+    name = access.require(SHARE, dataset)
+    store = access.memory.wiring.permissions
+    store.grant(find_user(store, access.tenant, body.user), name, body.permissions)
+    return _grants(access, name)
+
+
+@router.delete("/datasets/{dataset}/permissions/{user}", response_model=Grants)
+def revoke(
+    dataset: DatasetPath,
+    user: IdPath,
+    access: Caller,
+    permission: Annotated[list[Permission] | None, Query(description="Default: every permission")] = None,
+) -> Grants:
+    """Revoke a user's permissions on the dataset (all of them by default); needs share."""
+    name = access.require(SHARE, dataset)
+    store = access.memory.wiring.permissions
+    store.revoke(find_user(store, access.tenant, user), name, permission or list(Permission))
+    return _grants(access, name)
+
+
+def _grants(access: Access, dataset: str) -> Grants:
+    held = access.memory.wiring.permissions.grants_on(access.tenant, dataset)
+    return Grants(dataset=dataset, grants={user: sorted(p) for user, p in sorted(held.items())})
+
+
+@router.get("/me", response_model=Me)
+def me(access: Caller) -> Me:
+    """The caller: tenant, user, whether an admin, and its grants."""
+    caller = access.caller
+    grants = {name: sorted(held) for name, held in sorted(caller.grants.items()) if held}
+    return Me(tenant=caller.tenant, user=caller.user, admin=caller.admin, grants=grants)
+
+
+def _readable(access: Access, dataset: str) -> bool:
+    """Entries that name no dataset are the caller's own session's; others need read."""
+    return not dataset or access.caller.may(READ, dataset)
+
+
+def _problems(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
