@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from kenning import __version__
 from kenning.pipeline.errors import KenningError
@@ -405,7 +406,9 @@ def run() -> None:
     try:
         main(standalone_mode=True)
     except KenningError as error:
-        console.print(f"[red]error:[/red] {error}")
+        # One line, never wrapped, the message taken literally (it may hold brackets).
+        line = " ".join(str(error).split())
+        console.print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True)
         sys.exit(2)
 
 

@@ -6,15 +6,23 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from kenning.pipeline.chunking import ChunkingConfig
 from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.decay import DecayConfig
-from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.memify import MemifyConfig
 from kenning.pipeline.ratelimit import Limits
 from kenning.workers.schedule import DEFAULT_SCHEDULE, ScheduleEntry
+from kenning.workers.validation import (
+    HttpUrl,
+    Name,
+    RedisUrl,
+    ScopePatterns,
+    SqlUrl,
+    check_graph_url,
+    config_error,
+)
 
 
 class Settings(BaseSettings):
@@ -23,10 +31,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KENNING_", extra="ignore", frozen=True)
 
     home: Path = Field(default=Path(".kenning"), description="Where embedded data lives")
-    tenant: str = "default"
-    dataset: str = "main"
+    tenant: Name = "default"
+    dataset: Name = "main"
 
-    metadata_url: str = Field(default="", description="SQLAlchemy URL; default SQLite under home")
+    metadata_url: SqlUrl = Field(default="", description="SQLAlchemy URL; default SQLite under home")
     graph_backend: Literal["sql", "memgraph", "falkordb"] = "sql"
     graph_url: str = Field(
         default="",
@@ -37,18 +45,18 @@ class Settings(BaseSettings):
     graph_password: str = ""
     graph_name: str = "kenning"
     vector_backend: Literal["qdrant"] = "qdrant"
-    qdrant_url: str = Field(default="", description="A Qdrant server; empty = local mode under home")
+    qdrant_url: HttpUrl = Field(default="", description="A Qdrant server; empty = local mode under home")
     qdrant_api_key: str = ""
-    s3_endpoint_url: str = Field(default="", description="Any S3-compatible store; empty = boto3's own")
+    s3_endpoint_url: HttpUrl = Field(default="", description="Any S3-compatible store; empty = boto3's own")
 
     embedding_provider: Literal["local", "openai", "hash"] = "local"
-    embedding_url: str = ""
+    embedding_url: HttpUrl = ""
     embedding_api_key: str = ""
     embedding_model: str = "text-embedding-3-small"
     embedding_dimension: int = Field(default=384, ge=8)
     embedding_batch: int = Field(default=32, ge=1)
 
-    llm_url: str = Field(default="", description="OpenAI-compatible base URL (with /v1); empty = offline")
+    llm_url: HttpUrl = Field(default="", description="OpenAI-compatible base URL (with /v1); empty = offline")
     llm_api_key: str = ""
     llm_model: str = "gpt-4o-mini"
     llm_timeout_s: float = Field(default=60.0, gt=0)
@@ -68,7 +76,7 @@ class Settings(BaseSettings):
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
     temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
     cypher_enabled: bool = Field(default=False, description="Allow CYPHER and NATURAL_LANGUAGE search")
-    read_scopes: list[str] = Field(
+    read_scopes: ScopePatterns = Field(
         default_factory=list,
         description="tenant/dataset patterns this process may search; empty = own tenant",
     )
@@ -95,7 +103,7 @@ class Settings(BaseSettings):
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     result_backend: str = "redis://127.0.0.1:6379/1"
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Locks and coordination")
+    redis_url: RedisUrl = Field(default="redis://127.0.0.1:6379/0", description="Locks and coordination")
     lock_ttl_s: float = Field(default=600.0, gt=0)
     lock_wait_s: float = Field(default=3600.0, gt=0, description="How long a run waits for its dataset")
     broker_visibility_timeout_s: float = Field(
@@ -114,8 +122,7 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         ChunkingConfig(size=self.chunk_size, overlap=self.chunk_overlap)
         Limits(rpm=self.llm_rpm, tpm=self.llm_tpm)
-        if self.graph_backend in ("memgraph", "falkordb") and not self.graph_url:
-            raise ValueError(f"graph_backend {self.graph_backend!r} needs KENNING_GRAPH_URL")
+        check_graph_url(self.graph_backend, self.graph_url)
         if self.embedding_provider == "openai" and not self.embedding_url:
             raise ValueError("embedding_provider 'openai' needs KENNING_EMBEDDING_URL")
         return self
@@ -168,9 +175,5 @@ def load_settings(**overrides: object) -> Settings:
     """Settings from the environment (and overrides); a bad value is a `ConfigError`."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"KENNING_{'_'.join(str(p) for p in error['loc']).upper() or 'SETTINGS'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise ConfigError(f"invalid settings: {problems}") from exc
+    except (ValidationError, SettingsError) as exc:
+        raise config_error(exc, Settings) from exc

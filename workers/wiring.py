@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from kenning.pipeline.context import PipelineConfig
-from kenning.pipeline.errors import NoLLMConfigured
+from kenning.pipeline.errors import ConfigError, NoLLMConfigured
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.permission import PermissionStore
@@ -79,6 +81,8 @@ class Wiring:
         return self._once("engine", self._open_engine)
 
     def _open_engine(self) -> sa.Engine:
+        if not self.settings.metadata_url:
+            self.home()
         with needs_extra("this metadata store"):
             engine = open_engine(self.settings.metadata_dsn)
         migrate(engine)
@@ -102,7 +106,7 @@ class Wiring:
 
     @property
     def blobs(self) -> BlobStore:
-        return self._once("blobs", lambda: FileBlobStore(self.settings.blob_dir))
+        return self._once("blobs", lambda: FileBlobStore(self.home() / "blobs"))
 
     @property
     def graph(self) -> GraphStore:
@@ -115,6 +119,8 @@ class Wiring:
 
     @property
     def vectors(self) -> VectorStore:
+        if not self.settings.qdrant_url:
+            self.home()
         return self._once("vectors", self._open_vectors)
 
     def _open_vectors(self) -> VectorStore:
@@ -176,7 +182,7 @@ class Wiring:
         if settings.session_backend == "none":
             return None
         if settings.session_backend == "file":
-            return FileSessionStore(settings.session_dir, ttl_s=settings.session_ttl_s)
+            return FileSessionStore(self.home() / "sessions", ttl_s=settings.session_ttl_s)
         with needs_extra("the Redis session store"):
             import redis
 
@@ -205,7 +211,12 @@ class Wiring:
         return self._once("lock", self._open_lock)
 
     def _open_lock(self) -> Lock:
-        return FileLock(self.settings.home.resolve() / "locks")
+        return FileLock(self.home() / "locks")
+
+    def home(self) -> Path:
+        """The embedded data directory, created on first use: a ConfigError naming KENNING_HOME when it
+        cannot be created or written."""
+        return self._once("home", lambda: usable_home(self.settings.home))
 
     def close(self) -> None:
         with self._mutex:
@@ -213,6 +224,19 @@ class Wiring:
                 close()
             self._closers.clear()
             self._made.clear()
+
+
+def usable_home(home: Path) -> Path:
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=home):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(
+            f"KENNING_HOME: cannot use {str(home)!r} ({reason}), expected a writable directory"
+        ) from error
+    return home.resolve()
 
 
 def open_graph(settings: Settings, engine: sa.Engine) -> GraphStore:

@@ -1,0 +1,120 @@
+"""What each setting accepts, and a failed check as one line naming its `KENNING_*` variable.
+
+A value that fails is described by its shape only (its scheme, say), never echoed: URLs carry
+passwords, and a key pasted into the wrong variable must not end up in a terminal or a log.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, get_origin
+
+from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic_settings import SettingsError
+
+from kenning.pipeline.errors import ConfigError
+
+SQL_SCHEMES = ("sqlite", "postgresql")
+GRAPH_SCHEMES = {
+    "memgraph": ("bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc"),
+    "falkordb": ("redis", "rediss", "unix"),
+}
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def scheme_of(url: str) -> str:
+    found = _SCHEME.match(url)
+    return found.group(1).lower() if found else ""
+
+
+def shape_of(url: str) -> str:
+    scheme = scheme_of(url)
+    return f"a {scheme}:// URL" if scheme else "a value with no scheme"
+
+
+def http_url(value: str) -> str:
+    if value and (scheme_of(value) not in ("http", "https") or not value.split("://", 1)[1].strip("/")):
+        raise ValueError(
+            f"expected an http:// or https:// URL (e.g. http://127.0.0.1:8000), got {shape_of(value)}"
+        )
+    return value
+
+
+def sql_url(value: str) -> str:
+    if value and scheme_of(value).split("+")[0] not in SQL_SCHEMES:
+        raise ValueError(
+            "expected a SQLAlchemy URL for SQLite or PostgreSQL (sqlite:///path/kenning.db, "
+            f"postgresql+psycopg://user@host/db), got {shape_of(value)}"
+        )
+    return value
+
+
+def redis_url(value: str) -> str:
+    if scheme_of(value) not in REDIS_SCHEMES:
+        raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {shape_of(value)}")
+    return value
+
+
+def name(value: str) -> str:
+    if not value.strip() or "/" in value:
+        raise ValueError("expected a non-empty name without '/'")
+    return value
+
+
+def scope_patterns(values: list[str]) -> list[str]:
+    for pattern in values:
+        tenant, _, dataset = pattern.partition("/")
+        if not (tenant and dataset) or "/" in dataset:
+            raise ValueError(f"expected tenant/dataset patterns such as acme/* or */main, got {pattern!r}")
+    return values
+
+
+def check_graph_url(backend: str, url: str) -> None:
+    """The graph URL fits the backend: a SQL URL for `sql`, Bolt for Memgraph, Redis for FalkorDB."""
+    if backend == "sql":
+        try:
+            sql_url(url)
+        except ValueError as error:
+            raise ValueError(f"KENNING_GRAPH_URL: {error}") from None
+        return
+    schemes = GRAPH_SCHEMES[backend]
+    *first, last = [f"{scheme}://" for scheme in schemes]
+    accepted = f"a {', '.join(first)} or {last} URL"
+    if not url:
+        raise ValueError(f"KENNING_GRAPH_URL: the {backend} graph backend needs a URL ({accepted})")
+    if scheme_of(url) not in schemes:
+        raise ValueError(
+            f"KENNING_GRAPH_URL: the {backend} graph backend needs {accepted}, got {shape_of(url)}"
+        )
+
+
+HttpUrl = Annotated[str, AfterValidator(http_url)]
+SqlUrl = Annotated[str, AfterValidator(sql_url)]
+RedisUrl = Annotated[str, AfterValidator(redis_url)]
+Name = Annotated[str, AfterValidator(name)]
+ScopePatterns = Annotated[list[str], AfterValidator(scope_patterns)]
+
+
+def config_error(error: ValidationError | SettingsError, model: type[BaseModel]) -> ConfigError:
+    """One ConfigError, on one line, naming each variable that failed and what it accepts."""
+    if isinstance(error, SettingsError):
+        return ConfigError(f"invalid settings: {_undecodable(error, model)}")
+    return ConfigError("invalid settings: " + "; ".join(_problem(problem) for problem in error.errors()))
+
+
+def _problem(problem: Any) -> str:
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    variable = "_".join(str(part) for part in problem["loc"][:1]).upper()
+    return f"KENNING_{variable}: {message}" if variable else message
+
+
+def _undecodable(error: SettingsError, model: type[BaseModel]) -> str:
+    # pydantic-settings says which field it could not decode only in its message.
+    found = re.search(r'field "(\w+)"', str(error))
+    field = model.model_fields.get(found.group(1)) if found else None
+    if found is None or field is None:
+        return str(error)
+    shape = "a JSON object" if get_origin(field.annotation) is dict else "a JSON list"
+    about = f" ({field.description})" if field.description else ""
+    return f"KENNING_{found.group(1).upper()}: not valid JSON, expected {shape}{about}"
