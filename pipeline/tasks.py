@@ -30,6 +30,7 @@ from kenning.pipeline.models import (
     content_hash,
     extraction_key,
 )
+from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.structured import Table, foreign_key_graph
 
@@ -152,7 +153,9 @@ def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str,
             done.add(key)
         services.chunks.set_chunk_status([record.id], ChunkStatus.EXTRACTED)
     return {
-        "llm_calls": calls,
+        # The offline extractor is no LLM: its extractions are not LLM calls, and cost nothing.
+        "extractions": calls,
+        "llm_calls": 0 if extractor.model == OfflineExtractor.model else calls,
         "cache_hits": len(hits),
         "failed_chunks": failed,
         "prompt_tokens": prompt_tokens,

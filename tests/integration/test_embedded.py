@@ -49,7 +49,9 @@ def test_add_cognify_search_status_through_the_cli(env: Path) -> None:
     again = invoke("add", str(corpus), "--dataset", "science")
     assert "added 0, unchanged 4" in again.output
 
-    invoke("cognify", "--dataset", "science")
+    # The empty file fails alone: the run says so and the CLI exits non-zero
+    cognified = CliRunner().invoke(main, ["cognify", "--dataset", "science"], catch_exceptions=False)
+    assert cognified.exit_code == 1 and "completed_with_errors" in cognified.output
 
     found = invoke("search", "Who won the Nobel Prize?", "--type", "CHUNKS", "--dataset", "science", "--json")
     payload = json.loads(found.output)
@@ -75,7 +77,7 @@ def test_add_cognify_search_status_through_the_cli(env: Path) -> None:
     status = json.loads(invoke("status", "--dataset", "science", "--json").output)["datasets"][0]
     assert status["items"] == {"done": 3, "failed": 1}
     assert "empty" in status["errors"]["empty.txt"]
-    assert status["graph"]["nodes"] > 0 and status["runs"][0]["status"] == "completed"
+    assert status["graph"]["nodes"] > 0 and status["runs"][0]["status"] == "completed_with_errors"
 
 
 def test_add_reads_stdin(env: Path) -> None:
@@ -139,7 +141,7 @@ def test_fifty_megabyte_file_over_the_limit_fails_alone(env: Path) -> None:
         memory.add_paths([str(big), str(small)])
         run = memory.cognify()
         status = memory.status()[0]
-    assert run.status.value == "completed"
+    assert run.status.value == "completed_with_errors" and "1 failed items" in run.error
     assert status["items"] == {"done": 1, "failed": 1}
     assert "over the limit" in status["errors"]["big.txt"]
 

@@ -75,7 +75,8 @@ class Client:
         """The run once it has completed or errored (or as it stands after RUN_TIMEOUT_S)."""
         deadline = time.monotonic() + RUN_TIMEOUT_S
         run = self.call("kenning.run", {"run_id": run_id}, "pipeline")
-        while run["status"] not in ("completed", "errored") and time.monotonic() < deadline:
+        ended = ("completed", "completed_with_errors", "errored")
+        while run["status"] not in ended and time.monotonic() < deadline:
             time.sleep(0.5)
             run = self.call("kenning.run", {"run_id": run_id}, "pipeline")
         return run
