@@ -44,8 +44,12 @@ class Settings(BaseSettings):
     graph_user: str = ""
     graph_password: str = ""
     graph_name: str = "kenning"
-    vector_backend: Literal["qdrant"] = "qdrant"
-    qdrant_url: HttpUrl = Field(default="", description="A Qdrant server; empty = local mode under home")
+    vector_backend: Literal["auto", "edge", "qdrant"] = Field(
+        default="auto",
+        description="edge: Qdrant Edge under home; qdrant: qdrant-client (qdrant_url, else local mode "
+        "under home); auto: qdrant when qdrant_url is set, else edge",
+    )
+    qdrant_url: HttpUrl = Field(default="", description="A Qdrant server; empty = an engine under home")
     qdrant_api_key: str = ""
     s3_endpoint_url: HttpUrl = Field(default="", description="Any S3-compatible store; empty = boto3's own")
 
@@ -125,6 +129,8 @@ class Settings(BaseSettings):
         check_graph_url(self.graph_backend, self.graph_url)
         if self.embedding_provider == "openai" and not self.embedding_url:
             raise ValueError("embedding_provider 'openai' needs KENNING_EMBEDDING_URL")
+        if self.vector_backend == "edge" and self.qdrant_url:
+            raise ValueError("vector_backend 'edge' keeps vectors under home; a Qdrant URL needs 'qdrant'")
         return self
 
     @property
@@ -139,6 +145,17 @@ class Settings(BaseSettings):
     @property
     def graph_dsn(self) -> str:
         return self.graph_url or self.metadata_dsn
+
+    @property
+    def vector_engine(self) -> Literal["edge", "qdrant"]:
+        """The vector backend in use: `auto` resolved by whether a Qdrant server is configured."""
+        if self.vector_backend == "auto":
+            return "qdrant" if self.qdrant_url else "edge"
+        return self.vector_backend
+
+    @property
+    def vector_path(self) -> Path:
+        return (self.home / "vectors").resolve()
 
     @property
     def qdrant_path(self) -> Path:

@@ -124,13 +124,19 @@ class Wiring:
         return self._once("vectors", self._open_vectors)
 
     def _open_vectors(self) -> VectorStore:
-        from kenning.storage.vector_qdrant import QdrantVectorStore
-
         settings = self.settings
-        if settings.qdrant_url:
-            store = QdrantVectorStore(url=settings.qdrant_url, api_key=settings.qdrant_api_key or None)
+        store: VectorStore
+        if settings.vector_engine == "edge":
+            from kenning.storage.vector_edge import EdgeVectorStore
+
+            store = EdgeVectorStore(settings.vector_path)
         else:
-            store = QdrantVectorStore(path=settings.qdrant_path)
+            from kenning.storage.vector_qdrant import QdrantVectorStore
+
+            if settings.qdrant_url:
+                store = QdrantVectorStore(url=settings.qdrant_url, api_key=settings.qdrant_api_key or None)
+            else:
+                store = QdrantVectorStore(path=settings.qdrant_path)
         check_dimensions(store, self.embedder)
         self._closers.append(store.close)
         return store

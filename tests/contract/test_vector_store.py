@@ -1,4 +1,4 @@
-"""One contract for every VectorStore: the in-memory twin, Qdrant local mode, and a Qdrant server."""
+"""One contract for every VectorStore: the in-memory twin, Qdrant Edge, Qdrant local mode and server."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStor
 from kenning.pipeline.models import Scope, VectorPoint, stable_id
 from kenning.pipeline.ports import VectorStore
 from kenning.storage.memory_vectors import MemoryVectorStore
+from kenning.storage.vector_edge import EdgeVectorStore
 from kenning.storage.vector_qdrant import QdrantVectorStore
 from tests.services import free_port
 
@@ -30,6 +31,8 @@ OTHER = Scope(tenant="acme", dataset="letters")
 def make_store(kind: str, tmp_path: Path, batch_size: int = 128) -> VectorStore:
     if kind == "memory":
         return MemoryVectorStore()
+    if kind == "edge":
+        return EdgeVectorStore(tmp_path / "vectors", batch_size=batch_size)
     if kind == "qdrant-local":
         return QdrantVectorStore(path=tmp_path / "qdrant", batch_size=batch_size)
     if not QDRANT_URL:
@@ -37,7 +40,7 @@ def make_store(kind: str, tmp_path: Path, batch_size: int = 128) -> VectorStore:
     return QdrantVectorStore(url=QDRANT_URL, batch_size=batch_size)
 
 
-@pytest.fixture(params=["memory", "qdrant-local", "qdrant-server"])
+@pytest.fixture(params=["memory", "edge", "qdrant-local", "qdrant-server"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

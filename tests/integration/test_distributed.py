@@ -17,6 +17,7 @@ from qdrant_client import QdrantClient
 
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ItemStatus, PipelineRun, RunStatus, Scope
+from kenning.storage.vector_edge import EdgeVectorStore
 from kenning.workers.celery_app import open_lock
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import Settings
@@ -78,7 +79,14 @@ def graph_of(memory: Kenning, dataset: str) -> Snapshot:
 
 
 def vector_ids(settings: Settings) -> dict[str, set[str]]:
-    """Point ids per collection of a Qdrant local path; only call it once its owner has let go."""
+    """Point ids per collection of an embedded home's vectors; for Qdrant local mode, only call
+    it once its owner has let go (Qdrant Edge is shared)."""
+    if settings.vector_engine == "edge":
+        store = EdgeVectorStore(settings.vector_path)
+        try:
+            return {name: store.point_ids(name) for name in store.list_collections()}
+        finally:
+            store.close()
     client = QdrantClient(path=str(settings.qdrant_path))
     try:
         found = {}

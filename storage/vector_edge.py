@@ -1,0 +1,494 @@
+"""Qdrant Edge adapter for the `VectorStore` port: the Qdrant engine in process, on disk.
+
+Each collection is a folder under the store's path:
+
+    <path>/<collection>/collection.json   dimension and distance, written once at creation
+    <path>/<collection>/shard/            the engine's shard (segments, WAL, HNSW and payload indexes)
+    <path>/<collection>/.lock             held (flock) by the one process that has the shard open
+    <path>/<collection>/.want             held shared by processes waiting for that lock
+
+The engine allows one open shard per folder, so processes share a collection by taking
+turns: a process opens the shard under the exclusive lock and keeps it open while it works,
+and closes it (which flushes) as soon as another process registers as waiting, or after it
+has been idle for `linger_s`. The next holder loads the shard from disk and so sees every
+write made before. Threads of one process share one open shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import qdrant_edge as qe
+
+from kenning.pipeline.errors import StoreError, TransientStoreError
+from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
+from kenning.storage.memory_vectors import distance_of, mismatch, require_dimension, scoped_payload
+
+DEFAULT_BATCH_SIZE = 256
+DEFAULT_INDEX_THRESHOLD = 20_000
+DEFAULT_LOCK_TIMEOUT_S = 300.0
+DEFAULT_LINGER_S = 30.0
+POLL_S = 0.02
+SCROLL_PAGE = 1_000
+META_FILE = "collection.json"
+SHARD_DIR = "shard"
+LOCK_FILE = ".lock"
+WANT_FILE = ".want"
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+
+
+class EdgeVectorStore:
+    """A `VectorStore` on Qdrant Edge under `path`: one shard per collection, shared by processes.
+
+    Writes go in batches of `batch_size` points. Once a collection holds `index_threshold`
+    points outside its HNSW index, the write that crossed it builds the index (searches of
+    other processes wait meanwhile), unless `auto_index` is off and `optimize` is left to
+    the caller; below it, searches scan the scope's points exactly.
+    Tenant and dataset are payload-indexed, so a search reads only its scope's points.
+    A process waits at most `lock_timeout_s` for a collection another process holds, then
+    raises `TransientStoreError`. Nothing is opened until first use; `close` lets go of
+    everything, and a later call opens again.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        index_threshold: int = DEFAULT_INDEX_THRESHOLD,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        linger_s: float = DEFAULT_LINGER_S,
+        auto_index: bool = True,
+    ) -> None:
+        if batch_size < 1 or index_threshold < 1:
+            raise StoreError("the vector store's batch_size and index_threshold must be positive")
+        self._path = Path(path)
+        self._batch_size = batch_size
+        self._index_threshold = index_threshold
+        self._lock_timeout_s = lock_timeout_s
+        self._linger_s = linger_s
+        self._auto_index = auto_index
+        self._dimensions: dict[str, int] = {}
+        self._shards: dict[str, _Shard] = {}
+        self._lock = threading.Lock()
+        self._releaser: _Releaser | None = None
+        _track(self)
+
+    def ensure_collection(self, name: str, dimension: int) -> None:
+        """Create the collection, or raise `DimensionMismatch` if it exists with another size."""
+        existing = self._dimension_of(name)
+        if existing is None:
+            with self._using(name, f"create collection {name!r}", create=dimension):
+                pass
+            existing = self._dimension_of(name)
+        if existing != dimension:
+            raise mismatch(name, existing or 0, dimension)
+
+    def upsert(self, scope: Scope, collection: str, points: Sequence[VectorPoint]) -> None:
+        """Insert or replace points by id, `batch_size` at a time, stamped with the scope."""
+        dimension = self._dimension_of(collection)
+        if dimension is None:
+            raise StoreError(f"collection {collection!r} does not exist; ensure_collection creates it")
+        for point in points:
+            require_dimension(collection, dimension, point.vector)
+        with _translated(f"stage points for {collection!r}"):
+            staged = [
+                qe.Point(_point_id(p.id), list(p.vector), scoped_payload(scope, p.payload)) for p in points
+            ]
+        if not staged:
+            return
+        with self._using(collection, f"upsert into {collection!r}") as shard:
+            for start in range(0, len(staged), self._batch_size):
+                batch = staged[start : start + self._batch_size]
+                shard.update(qe.UpdateOperation.upsert_points(batch))
+            if self._auto_index:
+                info = shard.info()
+                if info.points_count - info.indexed_vectors_count >= self._index_threshold:
+                    shard.optimize()
+
+    def search(
+        self,
+        scope: Scope,
+        collection: str,
+        vector: Sequence[float],
+        limit: int,
+        fields: Sequence[str] | None = None,
+    ) -> list[ScoredPoint]:
+        """Closest points of the scope first; `score` is the cosine distance, 1 - similarity."""
+        dimension = self._dimension_of(collection)
+        if dimension is None or limit <= 0:
+            return []
+        require_dimension(collection, dimension, vector)
+        selector: bool | list[str] = [*fields, "tenant", "dataset"] if fields is not None else True
+        request = qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest(list(vector)),
+            filter=_scope_filter(scope),
+            with_payload=selector,
+            with_vector=False,
+        )
+        with self._using(collection, f"search {collection!r}") as shard:
+            hits = shard.query(request)
+        return [
+            ScoredPoint(id=str(hit.id), score=distance_of(hit.score), payload=dict(hit.payload or {}))
+            for hit in hits
+        ]
+
+    def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
+        """Remove the scope's points with these ids, `batch_size` ids at a time."""
+        wanted = [_point_id(raw) for raw in ids]
+        if self._dimension_of(collection) is None or not wanted:
+            return
+        with self._using(collection, f"delete from {collection!r}") as shard:
+            for start in range(0, len(wanted), self._batch_size):
+                only = qe.HasIdCondition(set(wanted[start : start + self._batch_size]))
+                where = qe.Filter(must=[*_scope_conditions(scope), only])
+                shard.update(qe.UpdateOperation.delete_points_by_filter(where))
+
+    def set_payload(self, scope: Scope, collection: str, values: dict[str, dict[str, Any]]) -> None:
+        """Merge each patch into its point's payload: one operation per point (patches differ)."""
+        patches = [(_point_id(raw), scoped_payload(scope, patch)) for raw, patch in values.items()]
+        if self._dimension_of(collection) is None or not patches:
+            return
+        with self._using(collection, f"set payload in {collection!r}") as shard:
+            for point_id, patch in patches:
+                where = qe.Filter(must=[*_scope_conditions(scope), qe.HasIdCondition({point_id})])
+                shard.update(qe.UpdateOperation.set_payload_by_filter(where, patch))
+
+    def list_collections(self) -> list[str]:
+        if not self._path.is_dir():
+            return []
+        return sorted(entry.name for entry in self._path.iterdir() if (entry / META_FILE).is_file())
+
+    def count(self, scope: Scope, collection: str) -> int:
+        if self._dimension_of(collection) is None:
+            return 0
+        with self._using(collection, f"count {collection!r}") as shard:
+            return shard.count(qe.CountRequest(exact=True, filter=_scope_filter(scope)))
+
+    def close(self) -> None:
+        """Close every open shard and release its lock; a later call opens it again."""
+        with self._lock:
+            shards, self._shards = list(self._shards.values()), {}
+            releaser, self._releaser = self._releaser, None
+        if releaser is not None:
+            releaser.stop()
+        for shard in shards:
+            shard.release_now()
+
+    def optimize(self, collection: str) -> bool:
+        """Index the collection's points now (HNSW, vacuum); whether anything changed."""
+        if self._dimension_of(collection) is None:
+            return False
+        with self._using(collection, f"optimize {collection!r}") as shard:
+            return shard.optimize()
+
+    def point_ids(self, collection: str) -> set[str]:
+        """Every point id of the collection, in all scopes: for checks and tools, not for queries."""
+        found: set[str] = set()
+        if self._dimension_of(collection) is None:
+            return found
+        offset: qe.PointId | None = None
+        with self._using(collection, f"list points of {collection!r}") as shard:
+            while True:
+                request = qe.ScrollRequest(offset=offset, limit=SCROLL_PAGE, with_payload=False)
+                records, offset = shard.scroll(request)
+                found.update(str(record.id) for record in records)
+                if offset is None:
+                    return found
+
+    @contextmanager
+    def _using(self, name: str, action: str, create: int | None = None) -> Iterator[qe.EdgeShard]:
+        shard = self._shard(name)
+        with _translated(action):
+            engine = shard.enter(create)
+            try:
+                yield engine
+            finally:
+                shard.leave()
+
+    def _shard(self, name: str) -> _Shard:
+        folder = self._folder(name)
+        with self._lock:
+            shard = self._shards.get(name)
+            if shard is None:
+                shard = _Shard(folder, self._lock_timeout_s, self._index_threshold)
+                self._shards[name] = shard
+            if self._releaser is None:
+                self._releaser = _Releaser(self, self._linger_s)
+            return shard
+
+    def _open_shards(self) -> list[_Shard]:
+        with self._lock:
+            return list(self._shards.values())
+
+    def _folder(self, name: str) -> Path:
+        if NAME.fullmatch(name) is None:
+            raise StoreError(f"collection name {name!r} is not a plain file name")
+        return self._path / name
+
+    def _dimension_of(self, name: str) -> int | None:
+        """The collection's vector size, or None when it does not exist; sizes never change."""
+        if name in self._dimensions:
+            return self._dimensions[name]
+        meta = self._folder(name) / META_FILE
+        try:
+            recorded = json.loads(meta.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"collection {name!r} has an unreadable {META_FILE}: {exc}") from exc
+        if recorded.get("distance") != "cosine" or not isinstance(recorded.get("dimension"), int):
+            raise StoreError(f"collection {name!r} is not a single cosine vector; it was not made here")
+        self._dimensions[name] = recorded["dimension"]
+        return self._dimensions[name]
+
+    def _forget_after_fork(self) -> None:
+        # A child of fork() shares the parent's open file descriptions, hence its locks: it must
+        # neither use nor close the parent's shards. It keeps them unreachable and opens its own.
+        _ORPHANS.extend(self._shards.values())
+        self._shards = {}
+        self._lock = threading.Lock()
+        self._releaser = None
+
+
+class _Shard:
+    """One collection in this process: its engine shard, open only while this holds `.lock`."""
+
+    def __init__(self, folder: Path, lock_timeout_s: float, index_threshold: int) -> None:
+        self.folder = folder
+        self._lock_timeout_s = lock_timeout_s
+        self._index_threshold = index_threshold
+        self._state = threading.Condition()
+        self._engine: qe.EdgeShard | None = None
+        self._lock_fd: int | None = None
+        self._users = 0
+        self._last_used = 0.0
+
+    def enter(self, create: int | None) -> qe.EdgeShard:
+        with self._state:
+            if self._engine is None:
+                self._acquire()
+                try:
+                    self._engine = self._load(create)
+                except BaseException:
+                    self._unlock()
+                    raise
+            self._users += 1
+            return self._engine
+
+    def leave(self) -> None:
+        with self._state:
+            self._users -= 1
+            self._last_used = time.monotonic()
+            if self._users == 0:
+                self._state.notify_all()
+                if _others_waiting(self.folder):
+                    self._release()
+
+    def release_if_due(self, linger_s: float) -> None:
+        """Let go when idle and another process waits, or when idle for `linger_s`."""
+        if not self._state.acquire(blocking=False):
+            return
+        try:
+            if self._engine is None or self._users:
+                return
+            idle = time.monotonic() - self._last_used
+            if idle >= linger_s or _others_waiting(self.folder):
+                self._release()
+        finally:
+            self._state.release()
+
+    def release_now(self) -> None:
+        """Close the shard once the operations in flight are done."""
+        with self._state:
+            self._state.wait_for(lambda: self._users == 0)
+            self._release()
+
+    def _load(self, create: int | None) -> qe.EdgeShard:
+        engine_dir = self.folder / SHARD_DIR
+        if (self.folder / META_FILE).is_file():
+            return qe.EdgeShard.load(str(engine_dir))
+        if create is None:
+            raise StoreError(f"collection {self.folder.name!r} does not exist; ensure_collection creates it")
+        # A folder without its meta file is a creation that died half way: start it again.
+        shutil.rmtree(engine_dir, ignore_errors=True)
+        engine = qe.EdgeShard.create(str(engine_dir), self._config(create))
+        tenant = qe.KeywordIndexParams(is_tenant=True)
+        engine.update(qe.UpdateOperation.create_field_index("tenant", tenant))
+        engine.update(qe.UpdateOperation.create_field_index("dataset", qe.PayloadSchemaType.Keyword))
+        engine.flush()
+        _write_atomically(self.folder / META_FILE, {"dimension": create, "distance": "cosine"})
+        return engine
+
+    def _config(self, dimension: int) -> qe.EdgeConfig:
+        # The optimizer indexes a segment once it outgrows the threshold, counted in KB of float32.
+        threshold_kb = max(1, self._index_threshold * dimension * 4 // 1024)
+        return qe.EdgeConfig(
+            vectors=qe.EdgeVectorParams(size=dimension, distance=qe.Distance.Cosine),
+            optimizers=qe.EdgeOptimizersConfig(indexing_threshold=threshold_kb),
+        )
+
+    def _acquire(self) -> None:
+        """Take the collection's file lock, queueing behind processes that already wait."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if _others_waiting(self.folder) or not _try_lock(fd):
+                self._wait_for(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+
+    def _wait_for(self, fd: int) -> None:
+        want = os.open(self.folder / WANT_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # Holding `.want` shared tells the holder to let go after its current operation.
+            fcntl.flock(want, fcntl.LOCK_SH)
+            deadline = time.monotonic() + self._lock_timeout_s
+            pause = 0.001
+            while not _try_lock(fd):
+                if time.monotonic() >= deadline:
+                    raise TransientStoreError(
+                        f"vector collection {self.folder.name!r} stayed busy in another process for "
+                        f"{self._lock_timeout_s:g} s"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, POLL_S)
+        finally:
+            os.close(want)
+
+    def _release(self) -> None:
+        engine, self._engine = self._engine, None
+        try:
+            if engine is not None:
+                with _translated(f"close collection {self.folder.name!r}"):
+                    engine.close()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor releases the flock
+
+
+class _Releaser:
+    """A daemon thread that closes this process's idle shards when others wait or time passes."""
+
+    def __init__(self, store: EdgeVectorStore, linger_s: float) -> None:
+        self._store = weakref.ref(store)
+        self._linger_s = linger_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kenning-vector-releaser", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(POLL_S):
+            store = self._store()
+            if store is None:
+                return
+            for shard in store._open_shards():
+                with contextlib.suppress(StoreError):
+                    shard.release_if_due(self._linger_s)
+            del store
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _others_waiting(folder: Path) -> bool:
+    """Whether some process holds `.want`: it waits for this collection's lock."""
+    try:
+        fd = os.open(folder / WANT_FILE, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        if not _try_lock(fd):
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, content: dict[str, Any]) -> None:
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.write_text(json.dumps(content))
+    os.replace(staging, path)
+
+
+@contextmanager
+def _translated(action: str) -> Iterator[None]:
+    """Turn the engine's errors (plain `Exception`s and `ValueError`s) into store errors."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:  # the engine raises bare Exception for every failure
+        raise StoreError(f"the vector engine could not {action}: {exc}") from exc
+
+
+def _point_id(raw: str) -> str:
+    try:
+        return str(uuid.UUID(raw))
+    except ValueError as exc:
+        raise StoreError(f"point id {raw!r} is not a UUID") from exc
+
+
+def _scope_filter(scope: Scope) -> qe.Filter:
+    return qe.Filter(must=_scope_conditions(scope))
+
+
+def _scope_conditions(scope: Scope) -> list[qe.ConditionType]:
+    return [
+        qe.FieldCondition("tenant", match=qe.MatchValue(scope.tenant)),
+        qe.FieldCondition("dataset", match=qe.MatchValue(scope.dataset)),
+    ]
+
+
+_STORES: weakref.WeakSet[EdgeVectorStore] = weakref.WeakSet()
+_ORPHANS: list[_Shard] = []
+_FORK_HOOK = threading.Lock()
+_fork_hook_set = False
+
+
+def _track(store: EdgeVectorStore) -> None:
+    global _fork_hook_set
+    with _FORK_HOOK:
+        _STORES.add(store)
+        if not _fork_hook_set:
+            os.register_at_fork(after_in_child=_forget_in_child)
+            _fork_hook_set = True
+
+
+def _forget_in_child() -> None:
+    for store in list(_STORES):
+        store._forget_after_fork()

@@ -1,0 +1,203 @@
+"""Qdrant Edge beyond the shared contract: lazy opening, reopening, indexing, and processes sharing a path."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import qdrant_edge as qe
+
+from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
+from kenning.pipeline.models import Scope, VectorPoint, stable_id
+from kenning.storage.vector_edge import EdgeVectorStore
+
+SCOPE = Scope(tenant="acme", dataset="papers")
+
+
+def point(key: str, vector: list[float], **payload: object) -> VectorPoint:
+    return VectorPoint(id=stable_id("test", key), vector=vector, payload=dict(payload))
+
+
+def run_python(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+WRITER = """
+    import sys
+    from kenning.pipeline.models import Scope, VectorPoint, stable_id
+    from kenning.storage.vector_edge import EdgeVectorStore
+
+    path, dataset, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = EdgeVectorStore(path)
+    scope = Scope(tenant="acme", dataset=dataset)
+    store.ensure_collection("Entity_name", 4)
+    for i in range(0, count, 10):
+        batch = [
+            VectorPoint(id=stable_id(dataset, str(j)), vector=[1.0, j / count, 0.5, 0.0], payload={"n": j})
+            for j in range(i, min(i + 10, count))
+        ]
+        store.upsert(scope, "Entity_name", batch)
+        assert store.search(scope, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3)
+    print(store.count(scope, "Entity_name"), flush=True)
+    if len(sys.argv) > 4:
+        sys.stdin.readline()
+    store.close()
+"""
+
+
+def test_nothing_is_opened_until_used(tmp_path: Path) -> None:
+    store = EdgeVectorStore(tmp_path / "vectors")
+
+    assert store.list_collections() == []
+    assert store.search(SCOPE, "Entity_name", [1.0, 0.0], limit=3) == []
+    assert not (tmp_path / "vectors").exists()
+
+    store.ensure_collection("Entity_name", 2)
+    assert (tmp_path / "vectors" / "Entity_name" / "collection.json").is_file()
+    store.close()
+
+
+def test_data_survives_reopening_and_keeps_its_dimension(tmp_path: Path) -> None:
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 2)
+    store.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0], name="Ada")])
+    store.close()
+
+    reopened = EdgeVectorStore(tmp_path / "vectors")
+    with pytest.raises(DimensionMismatch):
+        reopened.ensure_collection("Entity_name", 3)
+    assert reopened.search(SCOPE, "Entity_name", [1.0, 0.0], limit=1)[0].payload["name"] == "Ada"
+    reopened.close()
+
+
+def test_collection_names_must_be_plain_file_names(tmp_path: Path) -> None:
+    store = EdgeVectorStore(tmp_path / "vectors")
+
+    for name in ("../escape", ".hidden", "a/b", ""):
+        with pytest.raises(StoreError, match="plain file name"):
+            store.ensure_collection(name, 2)
+
+
+def test_two_stores_on_one_path_take_turns(tmp_path: Path) -> None:
+    # Given two stores on one path, each writing in turn while the other still has it open
+    first = EdgeVectorStore(tmp_path / "vectors")
+    second = EdgeVectorStore(tmp_path / "vectors")
+    first.ensure_collection("Entity_name", 2)
+    second.ensure_collection("Entity_name", 2)
+    for i in range(5):
+        first.upsert(SCOPE, "Entity_name", [point(f"first{i}", [1.0, i / 10])])
+        second.upsert(SCOPE, "Entity_name", [point(f"second{i}", [i / 10, 1.0])])
+
+        # Then each sees every write made so far, its own and the other's
+        assert first.count(SCOPE, "Entity_name") == second.count(SCOPE, "Entity_name") == 2 * (i + 1)
+    first.close()
+    second.close()
+
+
+def test_processes_writing_one_collection_lose_nothing(tmp_path: Path) -> None:
+    # Given three processes writing 200 points each, ten at a time, to one collection
+    path = str(tmp_path / "vectors")
+    writers = [run_python(WRITER, path, f"d{n}", "200") for n in range(3)]
+
+    # When this process searches it meanwhile
+    store = EdgeVectorStore(path)
+    while any(w.poll() is None for w in writers):
+        store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=5)
+        time.sleep(0.01)
+
+    # Then every writer succeeded and every point is there, once
+    for writer in writers:
+        out, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0, err
+        assert out.strip() == "200"
+    assert [store.count(Scope(tenant="acme", dataset=f"d{n}"), "Entity_name") for n in range(3)] == [200] * 3
+    assert len(store.point_ids("Entity_name")) == 600
+    store.close()
+
+
+def test_an_idle_holder_lets_go_when_another_process_asks(tmp_path: Path) -> None:
+    # Given another process that wrote and keeps its store open, idle, until told to stop
+    path = str(tmp_path / "vectors")
+    holder = run_python(WRITER, path, "theirs", "20", "hold")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "20"
+
+        # When this process reads and writes the same collection, it does so at once
+        store = EdgeVectorStore(path, lock_timeout_s=10)
+        started = time.monotonic()
+        assert store.count(Scope(tenant="acme", dataset="theirs"), "Entity_name") == 20
+        store.upsert(SCOPE, "Entity_name", [point("mine", [1.0, 0.0, 0.0, 0.0])])
+        assert time.monotonic() - started < 5
+        store.close()
+    finally:
+        holder.communicate("stop\n", timeout=60)
+    assert holder.returncode == 0
+
+
+def test_a_collection_held_too_long_is_a_transient_error(tmp_path: Path) -> None:
+    # Given a collection whose lock someone holds and never offers
+    store = EdgeVectorStore(tmp_path / "vectors", lock_timeout_s=0.3)
+    store.ensure_collection("Entity_name", 2)
+    store.close()
+    descriptor = os.open(tmp_path / "vectors" / "Entity_name" / ".lock", os.O_RDWR)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    try:
+        # When this store needs it, it gives up after its timeout with a transient error
+        with pytest.raises(TransientStoreError, match="busy"):
+            store.count(SCOPE, "Entity_name")
+    finally:
+        os.close(descriptor)
+
+    # Then once the lock is free the store works again
+    assert store.count(SCOPE, "Entity_name") == 0
+    store.close()
+
+
+def test_writes_of_a_killed_process_are_kept(tmp_path: Path) -> None:
+    # Given a process that writes and dies without closing its store
+    path = str(tmp_path / "vectors")
+    code = WRITER.replace("    store.close()\n", "    import os; os._exit(0)\n")
+    writer = run_python(code, path, "killed", "50")
+    out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+
+    # Then its points are all there for the next process
+    store = EdgeVectorStore(path)
+    assert store.count(Scope(tenant="acme", dataset="killed"), "Entity_name") == 50
+    store.close()
+
+
+def test_the_index_is_built_past_the_threshold_and_searches_stay_right(tmp_path: Path) -> None:
+    # Given a store that indexes once 500 points are outside the index
+    store = EdgeVectorStore(tmp_path / "vectors", index_threshold=500)
+    store.ensure_collection("DocumentChunk_text", 16)
+    vectors = np.random.default_rng(3).normal(size=(800, 16))
+
+    # When 800 points are written
+    store.upsert(
+        SCOPE, "DocumentChunk_text", [point(str(i), list(map(float, v))) for i, v in enumerate(vectors)]
+    )
+
+    # Then each finds itself first, and the collection holds an HNSW index
+    for i in (0, 399, 799):
+        [hit] = store.search(SCOPE, "DocumentChunk_text", list(map(float, vectors[i])), limit=1)
+        assert hit.id == stable_id("test", str(i))
+    store.close()
+    shard = qe.EdgeShard.load(str(tmp_path / "vectors" / "DocumentChunk_text" / "shard"))
+    try:
+        assert shard.info().indexed_vectors_count >= 500
+    finally:
+        shard.close()
