@@ -7,6 +7,12 @@ honouring `Retry-After`, at most `max_retries` times. Then the call raises
 `TransientLLMError` (the endpoint was unavailable) or `LLMError` (it answered
 something unusable, or rejected the request).
 
+Each call also has one deadline for all its attempts together (`deadline_s`), so an
+endpoint that accepts connections and never answers costs at most that per call. A
+circuit breaker counts connection failures and timeouts in a row across calls: after
+`breaker_failures` of them every call fails at once with `CircuitOpen` for
+`breaker_cooldown_s`, then one call may try again (a success closes it).
+
 With a shared `RateLimiter`, every attempt first waits for its turn under `limit_key`
 (at most `rate_limit_wait_s`, else `TransientLLMError`), and a 429 penalizes the key
 for everyone sharing it.
@@ -75,6 +81,9 @@ class LLMConfig(BaseModel):
     backoff_max_s: float = Field(default=60.0, ge=0)
     rate_limit_wait_s: float = Field(default=300.0, ge=0)
     completion_tokens_estimate: int = Field(default=1024, ge=0)
+    deadline_s: float = Field(default=300.0, gt=0, description="All attempts of one call, waits included")
+    breaker_failures: int = Field(default=5, ge=1, description="Connection failures in a row that open it")
+    breaker_cooldown_s: float = Field(default=30.0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,10 @@ class OpenAIExtractor:
     def usage(self) -> LLMUsage:
         return self._chat.usage
 
+    @property
+    def breaker_state(self) -> str:
+        return self._chat.breaker.state
+
     def extract(self, text: str) -> Extraction:
         """The chunk's extraction, with `usage`: the tokens of every attempt it took."""
         user = "Extract the knowledge graph and the summary of this chunk.\n\n" + wrap_chunk(text)
@@ -158,6 +171,47 @@ class OpenAICompleter:
 T = TypeVar("T")
 
 
+class CircuitOpen(TransientLLMError):
+    """The endpoint failed to connect or answer too many times in a row: calls fail at once for a while."""
+
+
+class CircuitBreaker:
+    """Connection failures in a row, shared by every call of one caller; open after `failures`."""
+
+    def __init__(self, failures: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._failures, self._cooldown_s, self._clock = failures, cooldown_s, clock
+        self._in_a_row = 0
+        self._opened_at: float | None = None
+        self._last = ""
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        """"closed", "open" (failing fast) or "half-open" (the next call may try)."""
+        with self._lock:
+            if self._opened_at is None:
+                return "closed"
+            return "open" if self._clock() - self._opened_at < self._cooldown_s else "half-open"
+
+    def check(self, endpoint: str) -> None:
+        if self.state == "open":
+            raise CircuitOpen(
+                f"LLM endpoint {endpoint} unavailable: {self._in_a_row} connection failures in a row "
+                f"(last: {self._last}); failing fast for {self._cooldown_s:g} s"
+            )
+
+    def failed(self, cause: str) -> None:
+        with self._lock:
+            self._in_a_row += 1
+            self._last = cause
+            if self._in_a_row >= self._failures:
+                self._opened_at = self._clock()
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._in_a_row, self._opened_at = 0, None
+
+
 class _Retry(Exception):
     """One attempt failed in a way a later attempt may not."""
 
@@ -184,6 +238,7 @@ class _ChatCaller:
         self._usage = LLMUsage()
         self._lock = threading.Lock()
         self._random = random.Random()
+        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s)
 
     @property
     def usage(self) -> LLMUsage:
@@ -201,41 +256,54 @@ class _ChatCaller:
         tokens = estimate_tokens(len(system) + len(user), self.config.completion_tokens_estimate)
         attempts = self.config.max_retries + 1
         billed = TokenUsage()
+        deadline = time.monotonic() + self.config.deadline_s
         for attempt in range(attempts):
+            self.breaker.check(self.config.base_url)
             try:
-                response = self._send(messages, response_format, tokens)
+                response = self._send(messages, response_format, tokens, deadline - time.monotonic())
                 billed = _add_usage(billed, response)
                 return _parse_answer(response, parse), billed
             except _Retry as failure:
-                if attempt + 1 == attempts:
-                    raise self._final_error(failure, attempts) from failure.__cause__
+                delay = self._delay(attempt, failure.retry_after)
+                if attempt + 1 == attempts or time.monotonic() + delay >= deadline:
+                    raise self._final_error(failure, attempt + 1) from failure.__cause__
                 self._count(retries=1)
-                time.sleep(self._delay(attempt, failure.retry_after))
+                time.sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")
 
     def close(self) -> None:
         self._client.close()
 
     def _send(
-        self, messages: list[ChatCompletionMessageParam], response_format: ResponseFormat | None, tokens: int
+        self,
+        messages: list[ChatCompletionMessageParam],
+        response_format: ResponseFormat | None,
+        tokens: int,
+        left_s: float,
     ) -> ChatCompletion:
         if self._limiter is not None:
             self._limiter.acquire(self._limit_key, tokens, self.config.rate_limit_wait_s)
         self._count(calls=1)
+        timeout = max(0.1, min(self.config.timeout_s, left_s))
         try:
             response = self._client.chat.completions.create(
                 model=self.config.model,
                 messages=messages,
                 temperature=self.config.temperature,
                 response_format=response_format if response_format is not None else openai.omit,
+                timeout=timeout,
             )
         except openai.APIStatusError as exc:
+            self.breaker.succeeded()  # it answered: the endpoint is there
             self._note_rate_limit(exc)
             raise _status_failure(exc) from exc
         except openai.APITimeoutError as exc:
-            raise _Retry(f"request timed out after {self.config.timeout_s:g} s", transient=True) from exc
+            self.breaker.failed(f"no answer within {timeout:g} s")
+            raise _Retry(f"request timed out after {timeout:g} s", transient=True) from exc
         except openai.APIConnectionError as exc:
+            self.breaker.failed(f"connection failed: {exc}")
             raise _Retry(f"connection failed: {exc}", transient=True) from exc
+        self.breaker.succeeded()
         if response.usage is not None:
             self._count(
                 prompt_tokens=response.usage.prompt_tokens, completion_tokens=response.usage.completion_tokens

@@ -312,6 +312,8 @@ def llm_config(settings: Settings) -> Any:
         model=settings.llm_model,
         timeout_s=settings.llm_timeout_s,
         max_retries=settings.llm_max_retries,
+        deadline_s=settings.llm_deadline_s,
+        breaker_failures=settings.llm_breaker_failures,
     )
 
 
