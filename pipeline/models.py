@@ -306,6 +306,8 @@ class RunStatus(enum.StrEnum):
     # Done, but some items or chunks failed: `error` says how many, status lists each with its reason.
     COMPLETED_WITH_ERRORS = "completed_with_errors"
     ERRORED = "errored"
+    # Its process ended before it did (killed, lost); the next cognify resumes its work.
+    INTERRUPTED = "interrupted"
 
 
 class PipelineRun(BaseModel):

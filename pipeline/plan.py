@@ -84,6 +84,20 @@ def start_run(services: Services, scope: Scope, run_id: str | None = None) -> Jo
     return Job(run_id=run_id, dataset_id=dataset.id, tenant=scope.tenant, dataset=scope.dataset)
 
 
+def interrupt_others(services: Services, job: Job, why: str) -> list[str]:
+    """Mark the dataset's other started runs interrupted: the caller holds the dataset's lock, so
+    none of them can still be running. Their ids."""
+    dead = [
+        run
+        for run in services.metadata.list_runs(job.dataset_id)
+        if run.id != job.run_id and run.status in (RunStatus.INITIATED, RunStatus.STARTED)
+    ]
+    for run in dead:
+        run.status, run.error, run.finished_at = RunStatus.INTERRUPTED, why, utcnow()
+        services.metadata.save_run(run)
+    return [run.id for run in dead]
+
+
 def record_step(services: Services, job: Job, step: str, counts: dict[str, int]) -> PipelineRun:
     """Add a finished step's counters to its run. Steps of one run never record concurrently."""
     run = _run(services, job)

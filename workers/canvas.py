@@ -24,7 +24,9 @@ from kenning.workers.settings import Settings
 from kenning.workers.wiring import Wiring
 
 POLL_S = 0.5
-FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED})
+FINISHED = frozenset(
+    {RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED, RunStatus.INTERRUPTED}
+)
 
 
 def run_chain(job: Job) -> Any:
@@ -72,6 +74,7 @@ def cognify_distributed(
     A run that fails ends errored with the error's text. After `timeout_s` the run as it
     stands (still started) is returned; the workers go on with it.
     """
+    memory.dataset(dataset)  # an unknown name is an error, not a new dataset
     job = enqueue(memory.wiring, memory.settings, memory.scope(dataset))
     console.print(f"run {job.run_id[:8]} of dataset {job.dataset!r} sent to the workers")
     return follow(memory.wiring, job, console, timeout_s or memory.settings.cognify_timeout_s)

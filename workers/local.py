@@ -14,6 +14,7 @@ from kenning.pipeline.plan import (
     StepResult,
     fail_run,
     finish_run,
+    interrupt_others,
     merge_counts,
     record_step,
     start_run,
@@ -53,6 +54,8 @@ class LocalRunner:
         names the run (default: a new id), for a caller that gave it out before the run began."""
         with held(self._lock, lock_name(scope), self._lock_ttl_s):
             job = start_run(self._services, scope, run_id)
+            why = f"its process ended before it finished; run {job.run_id} resumed its work"
+            interrupt_others(self._services, job, why)
             try:
                 self._run_steps(job)
             except BaseException as error:
@@ -63,11 +66,14 @@ class LocalRunner:
     def _run_steps(self, job: Job) -> None:
         items: list[str] = []
         for step in self._plan:
-            result = self._fan_out(step, job, items) if step.fan_out else step.run(self._services, job, items)
+            if step.fan_out:
+                # Each batch is recorded as it ends, so a killed run keeps what it spent.
+                self._fan_out(step, job, items)
+                continue
+            result = step.run(self._services, job, items)
             record_step(self._services, job, step.name, result.counts)
             self._progress(step.name, 1, 1)
-            if not step.fan_out:
-                items = result.items
+            items = result.items
 
     def _fan_out(self, step: Step, job: Job, items: list[str]) -> StepResult:
         batches = list(chunked(items, step.batch_size(self._services.config)))
@@ -79,6 +85,7 @@ class LocalRunner:
                 batches, pool.map(lambda b: step.run(self._services, job, b), batches), strict=True
             ):
                 results.append(result)
+                record_step(self._services, job, step.name, result.counts)
                 done += len(batch)
                 self._progress(step.name, done, len(items))
         return StepResult(counts=merge_counts(results))

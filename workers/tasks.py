@@ -58,7 +58,9 @@ RETRY: dict[str, Any] = {
     "max_retries": 5,
 }
 LOCK_POLL_S = 1.0
-ENDED = frozenset({RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED})
+ENDED = frozenset(
+    {RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED, RunStatus.INTERRUPTED}
+)
 
 
 class Redelivered(KenningError):

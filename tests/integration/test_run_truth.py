@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kenning.pipeline.models import Extraction, RunStatus
 from kenning.workers.cli import main
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
@@ -52,3 +53,51 @@ def test_the_cli_exits_non_zero_and_status_lists_the_failure(
     status = json.loads(runner.invoke(main, ["status", "--dataset", "d", "--json"]).output)["datasets"][0]
     assert status["runs"][0]["status"] == "completed_with_errors"
     assert status["failed_chunks"] and status["failed_chunks"][0]["item"] == "note.txt"
+
+
+class DiesAfter:
+    """The offline extractor, until its process "dies" (an exception no step handles) at call n."""
+
+    model = "dies"
+    prompt_version = "1"
+
+    def __init__(self, calls: int) -> None:
+        self.left = calls
+        self._inner = CountingExtractor()
+
+    def extract(self, text: str) -> Extraction:
+        self.left -= 1
+        if self.left < 0:
+            raise SystemExit("killed")
+        return self._inner.extract(text)
+
+
+def test_a_run_whose_process_died_is_marked_interrupted_by_the_next_and_kept_its_spend(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(
+        home=tmp_path / "home", embedding_provider="hash", concurrency=1, extract_batch=2
+    )
+    # Given a run that dies in the middle of extraction, its process gone before it could say so
+    dying = Kenning(settings, Wiring(settings, {"extractor": DiesAfter(4)}))
+    for n in range(8):
+        dying.add_text(f"Note {n}: Ada Lovelace met Charles Babbage in London.", "d", name=f"n{n}")
+    with pytest.raises(SystemExit):
+        dying.cognify("d")
+    dataset = dying.wiring.metadata.get_dataset(dying.scope("d"))
+    assert dataset is not None
+    [dead] = dying.wiring.metadata.list_runs(dataset.id)
+    dead.status = RunStatus.STARTED  # as a kill -9 leaves it: no chance to record the failure
+    dying.wiring.metadata.save_run(dead)
+    # Its finished batches' extractions are counted already
+    assert dead.stats["extractions"] == 4
+
+    # When the next cognify runs
+    with Kenning(settings, Wiring(settings, {"extractor": CountingExtractor()})) as memory:
+        run = memory.cognify("d")
+        runs = {r.id: r for r in memory.wiring.metadata.list_runs(dataset.id)}
+    dying.close()
+
+    # Then it resumed the work (only the rest was extracted) and marked the dead run interrupted
+    assert run.status.value == "completed" and run.stats["extractions"] == 4
+    assert runs[dead.id].status == RunStatus.INTERRUPTED and run.id in runs[dead.id].error
