@@ -18,6 +18,8 @@ Every task takes one JSON object and returns one JSON object (queues are
 - `kenning.forget` (load queue): `{"dataset", "tenant"?, "data_ids"?: [...], "memory_only"?}`
   -> `{"items", "nodes", "edges", "chunks", "blobs", "cache_entries", "reload_chunks"}`; under the
   dataset's run lock, so it never interleaves with a cognify of that dataset (retried while busy)
+- `kenning.improve` (load queue; put it on the beat schedule): `datasets`? -> per dataset
+  `{"weighted", "merged_entities", "repointed_edges", "session_items"}`
 - `kenning.search` (query queue): `{"query", "type"?, "datasets"?, "tenant"?, "top_k"?,
   "only_context"?}` -> `{"query", "type", "results", "context", "answer", "notice"}`
 
@@ -29,16 +31,18 @@ hundred kilobytes each); put large corpora in a bucket and send its URI.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
 from kenning.pipeline.ingest import text_source
 from kenning.pipeline.locking import LockBusy, lock_name
-from kenning.pipeline.models import ChunkStatus, ItemStatus, RunStatus
+from kenning.pipeline.models import ChunkStatus, Dataset, ItemStatus, RunStatus
 from kenning.retrieval.contract import SearchType
 from kenning.workers.celery_app import app
-from kenning.workers.lifecycle import Message, find_dataset, forget_held
+from kenning.workers.lifecycle import Message, find_dataset, forget_held, improve_held, session_items
 from kenning.workers.memory import Kenning
 
 MAX_TEXT_CHARS = 1_000_000
@@ -180,15 +184,42 @@ def forget_task(request: dict[str, Any]) -> dict[str, Any]:
     parsed = _parse(ForgetRequest, request)
     memory = _memory(parsed.tenant)
     dataset = find_dataset(memory.wiring.metadata, memory.settings.tenant, parsed.dataset)
-    lock, holder = app.resources().lock, f"forget-{uuid.uuid4().hex}"
+    with run_lock(memory, dataset, "forget"):
+        forgotten = forget_held(memory.wiring, dataset, parsed.data_ids, parsed.memory_only)
+    return forgotten.model_dump()
+
+
+def improve_task(datasets: list[str] | None = None) -> dict[str, Any]:
+    """The scheduled enrichment (beat: a `kenning.improve` entry in KENNING_SCHEDULE): for each dataset
+    of the tenant (or those named), rated session answers are added and a cognify run enqueued, and
+    feedback weights and entity merges are applied under the dataset's run lock."""
+    from kenning.workers.canvas import enqueue
+
+    memory = _memory()
+    done: dict[str, Any] = {}
+    for dataset in memory.wiring.metadata.list_datasets(memory.settings.tenant):
+        if datasets and dataset.name not in datasets:
+            continue
+        added = memory.add(session_items(memory.wiring, dataset), dataset.name).added
+        if added:
+            enqueue(memory.wiring, memory.settings, dataset.scope)
+        with run_lock(memory, dataset, "improve"):
+            improved = improve_held(memory.wiring, dataset, memory.settings.memify)
+        done[dataset.name] = improved.model_copy(update={"session_items": len(added)}).model_dump()
+    return done
+
+
+@contextmanager
+def run_lock(memory: Kenning, dataset: Dataset, purpose: str) -> Iterator[None]:
+    """The dataset's run lock for a task that is not a cognify run; LockBusy (retried) when taken."""
+    lock, holder = app.resources().lock, f"{purpose}-{uuid.uuid4().hex}"
     name = lock_name(dataset.scope)
     if lock.take(name, holder, memory.settings.lock_ttl_s) is None:
-        raise LockBusy(f"{name} is held by a run; forget waits for it")
+        raise LockBusy(f"{name} is held by a run; {purpose} waits for it")
     try:
-        forgotten = forget_held(memory.wiring, dataset, parsed.data_ids, parsed.memory_only)
+        yield
     finally:
         lock.release_run(name, holder)
-    return forgotten.model_dump()
 
 
 def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
@@ -224,6 +255,14 @@ app.task(cognify_task, name="kenning.cognify")
 app.task(remember_task, name="kenning.remember")
 app.task(run_task, name="kenning.run")
 app.task(search_task, name="kenning.search")
+app.task(
+    improve_task,
+    name="kenning.improve",
+    autoretry_for=(LockBusy,),
+    retry_backoff=True,
+    retry_backoff_max=30,
+    max_retries=120,
+)
 app.task(
     forget_task,
     name="kenning.forget",
