@@ -69,10 +69,11 @@ class Access:
         return found
 
     def readable(self, names: Sequence[str] | None) -> list[str]:
-        """Those of `names` the caller may read (all it may read when None), silently."""
-        if names is None:
-            return [d.name for d in self.datasets() if self.caller.may(Permission.READ, d.name)]
-        return self.caller.granted(Permission.READ, list(dict.fromkeys(names)))
+        """Those of `names` (all, when None) that exist and the caller may read; others are left
+        out silently."""
+        existing = sorted(d.name for d in self.memory.wiring.metadata.list_datasets(self.tenant))
+        wanted = existing if names is None else [name for name in dict.fromkeys(names) if name in existing]
+        return self.caller.granted(Permission.READ, wanted)
 
     def datasets(self) -> list[Dataset]:
         """The tenant's existing datasets the caller holds any permission on."""

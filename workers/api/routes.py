@@ -22,7 +22,7 @@ from kenning.pipeline.errors import InputError, KenningError, NotFound, StoreErr
 from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import AddResult, Source, text_source
 from kenning.pipeline.permission import Permission, find_user
-from kenning.pipeline.session import SessionEntry
+from kenning.pipeline.session import SessionEntry, search_entries
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.api.access import Access, authorized
 from kenning.workers.api.errors import ERROR_RESPONSES, ApiError
@@ -49,7 +49,8 @@ from kenning.workers.api.schemas import (
     RunView,
     SearchIn,
 )
-from kenning.workers.lifecycle import Recalled, Remembered
+from kenning.workers.lifecycle import Recalled, Recollection, Remembered
+from kenning.workers.memory import session_recollection, worth_recalling
 from kenning.workers.records import PAGE_LIMIT, MemoryRecord, Page
 
 READ, WRITE, DELETE, SHARE = Permission
@@ -166,7 +167,7 @@ def cognify(
 ) -> RunView:
     """Start building the dataset's graph and vectors; answers at once with the run (202), or
     with `wait=true` when it has ended (200). Follow it at `/v1/runs/{id}` or `/v1/runs/{id}/events`."""
-    dataset = access.require(WRITE, body.dataset if body else None)
+    dataset = access.existing(WRITE, body.dataset if body else None).name
     run_id = access.state.runs.start(access.memory, dataset, wait=wait)
     if wait:
         response.status_code = 200
@@ -244,11 +245,19 @@ def remember(body: RememberIn, access: Caller) -> Remembered:
 def recall(body: RecallIn, access: Caller) -> Recalled:
     """The session's entries first (with a session), then the graph; every result cites its source."""
     datasets = access.readable(body.datasets)
-    if not datasets and body.session_id is None:
-        return Recalled(query=body.query, results=[])
-    recalled = access.memory.recall(body.query, datasets or None, body.session_id, body.type, body.top_k)
+    if not datasets:  # no graph to search: the session's entries alone, if any
+        return Recalled(query=body.query, results=_from_session(access, body))
+    recalled = access.memory.recall(body.query, datasets, body.session_id, body.type, body.top_k)
     recalled.results = [hit for hit in recalled.results if _readable(access, hit.dataset)]
     return recalled
+
+
+def _from_session(access: Access, body: RecallIn) -> list[Recollection]:
+    if body.session_id is None:
+        return []
+    entries = [entry for entry in access.memory.get_session(body.session_id) if worth_recalling(entry)]
+    found = search_entries(entries, body.query, body.top_k)
+    return [session_recollection(entry, score) for entry, score in found if _readable(access, entry.dataset)]
 
 
 @router.post("/forget", response_model=Forgotten)
