@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     extract_batch: int = Field(default=8, ge=1)
     load_batch: int = Field(default=32, ge=1)
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
+    api_max_upload_bytes: int = Field(
+        default=64 * 2**20, ge=1, description="The HTTP API's limit on one request body (uploads)"
+    )
     temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
     cypher_enabled: bool = Field(default=False, description="Allow CYPHER and NATURAL_LANGUAGE search")
     read_scopes: ScopePatterns = Field(
