@@ -4,10 +4,15 @@ sessions, records and sharing over HTTP, with JSON errors and the permission rul
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
@@ -311,3 +316,30 @@ def test_sessions_records_and_feedback(memory: Kenning, client: TestClient) -> N
     assert updated.status_code == 200 and updated.json()["id"] != record_id
     assert client.delete(f"/v1/records/{updated.json()['id']}", headers=auth).json() == {"ok": True}
     assert client.get(f"/v1/records/{updated.json()['id']}", headers=auth).status_code == 404
+
+
+def test_kenning_serve_answers_on_a_port(home: Path) -> None:
+    # Given an admin's key, and `kenning serve` started on a free port
+    cli("user", "create", "ada", "--admin")
+    token = cli("key", "create", "--user", "ada").strip().splitlines()[-1]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "kenning.workers.cli", "serve", "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # Then it answers over HTTP, as the key's user
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"{base}/health", timeout=2).json() == {"status": "ok"}
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and server.poll() is None, "kenning serve did not start"
+                time.sleep(0.2)
+        me = httpx.get(f"{base}/v1/me", headers=bearer(token), timeout=10).json()
+        assert (me["user"], me["admin"]) == ("ada", True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
