@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -151,6 +153,7 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     dimension: int = 3
+    floats_always: bool = False  # as some compatible servers do, whatever encoding was asked
 
 
 @dataclass
@@ -166,13 +169,16 @@ def embedding_for(text: str, dimension: int) -> list[float]:
     return [float(len(text))] + [1.0] * (dimension - 1)
 
 
+def encoded(vector: list[float], as_base64: bool) -> list[float] | str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode() if as_base64 else vector
+
+
 def reply_body(request: dict[str, Any], reply: Reply) -> bytes:
     if reply.status != 200:
         return json.dumps({"error": {"message": "stand-in failure", "type": "test"}}).encode()
-    data = [
-        {"object": "embedding", "index": i, "embedding": embedding_for(text, reply.dimension)}
-        for i, text in enumerate(request["input"])
-    ]
+    as_base64 = request.get("encoding_format") == "base64" and not reply.floats_always
+    vectors = [encoded(embedding_for(text, reply.dimension), as_base64) for text in request["input"]]
+    data = [{"object": "embedding", "index": i, "embedding": vector} for i, vector in enumerate(vectors)]
     # Out of order on purpose: clients must sort by index.
     data.reverse()
     usage = {"prompt_tokens": 1, "total_tokens": 1}
@@ -236,7 +242,8 @@ def test_openai_embedder_batches_and_keeps_input_order(server: EmbeddingServer, 
     assert vectors == [embedding_for(t, 3) for t in texts]
     assert [len(r["input"]) for r in server.requests] == [256, 44]
     assert {r["path"] for r in server.requests} == {"/v1/embeddings"}
-    assert {(r["model"], r["encoding_format"]) for r in server.requests} == {("text-embedding-test", "float")}
+    asked = {(r["model"], r["encoding_format"]) for r in server.requests}
+    assert asked == {("text-embedding-test", "base64")}
 
 
 def test_openai_embedder_retries_after_429(server: EmbeddingServer, make_embedder: Any) -> None:
@@ -286,3 +293,16 @@ def test_openai_embedder_unreachable_is_transient() -> None:
 def test_openai_embedder_refuses_oversized_batches() -> None:
     with pytest.raises(ConfigError, match="1..256"):
         OpenAIEmbedder("http://127.0.0.1:1/v1", "", "m", 3, batch_size=512)
+
+
+def test_openai_embedder_asks_for_base64_and_understands_floats_too(
+    server: EmbeddingServer, make_embedder: Any
+) -> None:
+    embedder = make_embedder()
+    server.script = [Reply(), Reply(floats_always=True)]
+
+    decoded = embedder.embed(["ab", "abcd"])
+    plain = embedder.embed(["ab", "abcd"])
+
+    assert server.requests[0]["encoding_format"] == "base64"
+    assert decoded == plain == [embedding_for("ab", 3), embedding_for("abcd", 3)]
