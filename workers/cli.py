@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -345,9 +346,11 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
 
             watch_runs(memory.wiring, lambda: memory.started_jobs(dataset), console, timeout_s, WATCH_POLL_S)
         status = memory.status(dataset)
+        home = str(memory.settings.home.resolve())
     if as_json:
-        click.echo(json.dumps({"datasets": status}, ensure_ascii=False))
+        click.echo(json.dumps({"home": home, "datasets": status}, ensure_ascii=False))
         return
+    click.echo(f"home: {home}")
     table = Table("dataset", "items", "graph", "last run", "llm calls", "tokens", "cost")
     for entry in status:
         items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
@@ -389,6 +392,17 @@ def demo_command(home: str | None) -> None:
             click.echo(
                 f"A: {result.answer}" if result.answer else "A: (no LLM configured: context shown above)"
             )
+
+
+@main.command("samples")
+@click.argument("folder", default="samples", type=click.Path(file_okay=False, path_type=Path))
+def samples_command(folder: Path) -> None:
+    """Copy the bundled sample corpus (a lighthouse's history, in Markdown) into FOLDER, to add."""
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = sorted(SAMPLES.glob("*.md"))
+    for sample in samples:
+        shutil.copyfile(sample, folder / sample.name)
+    click.echo(f"copied {len(samples)} sample documents into {folder}")
 
 
 @main.command("worker")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -36,9 +36,12 @@ def forget_job(dataset: Dataset) -> Job:
     return Job(run_id=run_id, dataset_id=dataset.id, tenant=dataset.tenant, dataset=dataset.name)
 
 
-def find_dataset(metadata: MetadataStore, tenant: str, name: str) -> Dataset:
-    """The tenant's dataset of that name; InputError naming the datasets that exist otherwise."""
-    datasets = metadata.list_datasets(tenant)
+def find_dataset(
+    metadata: MetadataStore, tenant: str, name: str, readable: Callable[[Dataset], bool] | None = None
+) -> Dataset:
+    """The tenant's dataset of that name; InputError naming the datasets that exist otherwise (only
+    those `readable` allows, when given: the error must not tell a caller what it may not read)."""
+    datasets = [d for d in metadata.list_datasets(tenant) if readable is None or readable(d)]
     for dataset in datasets:
         if dataset.name == name:
             return dataset

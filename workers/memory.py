@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Any
 
 from kenning.pipeline.context import Job
-from kenning.pipeline.errors import ConfigError, StoreError
+from kenning.pipeline.errors import ConfigError, InputError, StoreError
 from kenning.pipeline.estimate import Estimate, estimate, price
 from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import (
@@ -24,7 +24,7 @@ from kenning.pipeline.ingest import (
 )
 from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.memify import Improvement
-from kenning.pipeline.models import ChunkStatus, DataItem, ItemStatus, PipelineRun, RunStatus, Scope
+from kenning.pipeline.models import ChunkStatus, DataItem, Dataset, ItemStatus, PipelineRun, RunStatus, Scope
 from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, search_entries
 from kenning.retrieval.contract import Hit, Principal, QueryBudget, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.registry import search
@@ -116,7 +116,13 @@ class Kenning:
         result.skipped += found.skipped
         result.errors.update(found.errors)
 
+    def dataset(self, name: str | None = None) -> Dataset:
+        """The tenant's dataset of that name (default: KENNING_DATASET); an InputError listing the
+        datasets there are when it does not exist. Only `add` creates datasets."""
+        return find_dataset(self.wiring.metadata, self.settings.tenant, name or self.settings.dataset)
+
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
+        self.dataset(dataset)
         runner = LocalRunner(
             self.wiring,
             self.wiring.lock,
@@ -197,7 +203,15 @@ class Kenning:
             except (ConfigError, StoreError) as error:
                 # Short-term memory is down or off: the graph still answers, and says so.
                 unavailable, session_id = f"session memory unavailable: {error}", None
-        result = self.search(query, type, datasets=datasets, top_k=top_k, only_context=True)
+        try:
+            result = self.search(query, type, datasets=datasets, top_k=top_k, only_context=True)
+        except InputError as error:
+            if session_id is None:
+                raise
+            # The session answers while the background cognify has not made its dataset yet.
+            result = SearchResult(
+                query=query, type=SearchType(type), results=[], context="", notice=str(error)
+            )
         graph = [graph_recollection(hit) for hit in result.results[:top_k]]
         notice = "; ".join(text for text in (unavailable, result.notice or "") if text)
         recalled = Recalled(query=query, results=found + graph, notice=notice)
@@ -274,6 +288,7 @@ class Kenning:
 
     def estimate(self, dataset: str | None = None) -> Estimate:
         """LLM calls, tokens and cost the next cognify would spend; writes nothing."""
+        self.dataset(dataset)
         settings = self.settings
         found = estimate(self.wiring, self.scope(dataset))
         return found.price(settings.llm_price_prompt_per_1k, settings.llm_price_completion_per_1k)
@@ -291,6 +306,8 @@ class Kenning:
         wanted = [self.scope(name) for name in (datasets or [self.settings.dataset])]
         # A dataset the caller may not read is left out, silently: no error tells it exists.
         scopes = [scope for scope in wanted if self.may_read(scope)]
+        for scope in scopes:
+            find_dataset(self.wiring.metadata, scope.tenant, scope.dataset, lambda d: self.may_read(d.scope))
         if not scopes:
             return SearchResult(query=query, type=SearchType(type), results=[], context="")
         request = SearchRequest(
@@ -387,10 +404,9 @@ class Kenning:
         Each run, and each dataset over all its runs, has its LLM `tokens` ({prompt,
         completion}) and their `cost` at the settings' prices; a dataset also its `llm_calls`.
         """
-        metadata = self.wiring.metadata
-        datasets = metadata.list_datasets(self.settings.tenant)
-        if dataset:
-            datasets = [d for d in datasets if d.name == dataset]
+        datasets = (
+            [self.dataset(dataset)] if dataset else self.wiring.metadata.list_datasets(self.settings.tenant)
+        )
         return [self._dataset_status(d.scope, d.id) for d in datasets]
 
     def _dataset_status(self, scope: Scope, dataset_id: str) -> dict[str, Any]:

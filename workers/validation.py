@@ -57,15 +57,15 @@ def redis_url(value: str) -> str:
 
 
 def name(value: str) -> str:
-    if not value.strip() or "/" in value:
-        raise ValueError("expected a non-empty name without '/'")
+    if not value.strip():
+        raise ValueError("expected a non-empty name")
     return value
 
 
 def scope_patterns(values: list[str]) -> list[str]:
     for pattern in values:
-        tenant, _, dataset = pattern.partition("/")
-        if not (tenant and dataset) or "/" in dataset:
+        # A pattern matches `tenant/dataset`: with neither a slash nor a wildcard it matches nothing.
+        if not any(mark in pattern for mark in "/*?["):
             raise ValueError(f"expected tenant/dataset patterns such as acme/* or */main, got {pattern!r}")
     return values
 

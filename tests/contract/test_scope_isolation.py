@@ -14,7 +14,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kenning.pipeline.errors import NoLLMConfigured
+from kenning.pipeline.errors import InputError, NoLLMConfigured
 from kenning.pipeline.models import Scope
 from kenning.retrieval.contract import Principal, SearchType
 from kenning.retrieval.registry import REGISTRY
@@ -110,10 +110,28 @@ def test_no_search_type_returns_data_outside_the_caller_s_scope(
                 and principal.may_read(Scope(tenant=key[0], dataset=key[1]))
             }
 
+            # (a dataset it may read that does not exist is an error naming only datasets it may read)
+            own = {dataset for tenant, dataset in world["pairs"] if tenant == world["caller"]}
+            missing = [
+                dataset
+                for dataset in world["wanted"]
+                if dataset not in own and principal.may_read(Scope(tenant=world["caller"], dataset=dataset))
+            ]
+            if missing:
+                with pytest.raises(InputError) as raised:
+                    caller.search(QUESTION, SearchType.CHUNKS, datasets=world["wanted"])
+                listed = str(raised.value).split("(datasets: ", 1)[1].removesuffix(")")
+                readable = {d for d in own if principal.may_read(Scope(tenant=world["caller"], dataset=d))}
+                assert listed == (", ".join(sorted(readable)) or "none"), (world, str(raised.value))
+                assert not any(m in str(raised.value) for m in markers.values())
+            wanted = [dataset for dataset in world["wanted"] if dataset not in missing]
+            if not wanted:
+                return
+
             # When it searches with every registered type
             for kind in REGISTRY:
                 query = RAW if kind == SearchType.CYPHER else QUESTION
-                result = caller.search(query, kind, datasets=world["wanted"], top_k=50)
+                result = caller.search(query, kind, datasets=wanted, top_k=50)
                 seen = {m for m in markers.values() if m in json.dumps(result.model_dump())}
 
                 # Then it sees nothing outside its scope; raw Cypher sees all of its scope

@@ -140,7 +140,8 @@ def test_forget_a_dataset_and_everything(tmp_path: Path) -> None:
 
         kenning.forget(everything=True)
         assert kenning.wiring.metadata.list_datasets(kenning.settings.tenant) == []
-        assert kenning.search("Ada", "CHUNKS", datasets=["other"]).results == []
+        with pytest.raises(InputError, match=r"no dataset 'other' \(datasets: none\)"):
+            kenning.search("Ada", "CHUNKS", datasets=["other"])
         with pytest.raises(InputError, match="no dataset 'news'"):
             kenning.forget("news")
 
@@ -193,7 +194,7 @@ def test_forget_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert refused.exit_code != 0  # asks for --yes
     assert runner.invoke(main, ["forget", "--dataset", "notes", "--yes"]).exit_code == 0
     missing = runner.invoke(main, ["recall", "zeppelin", "--dataset", "notes", "--json"])
-    assert json.loads(missing.output)["results"] == []
+    assert isinstance(missing.exception, InputError) and "no dataset 'notes'" in str(missing.exception)
 
 
 def test_recall_works_when_the_session_store_is_down(tmp_path: Path) -> None:

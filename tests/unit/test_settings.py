@@ -40,7 +40,7 @@ BAD_VALUES = [
     ({"KENNING_S3_ENDPOINT_URL": "minio"}, "KENNING_S3_ENDPOINT_URL", "http"),
     ({"KENNING_REDIS_URL": "http://127.0.0.1:6379"}, "KENNING_REDIS_URL", "redis://"),
     ({"KENNING_TENANT": ""}, "KENNING_TENANT", "name"),
-    ({"KENNING_TENANT": "a/b"}, "KENNING_TENANT", "name"),
+    ({"KENNING_TENANT": "  "}, "KENNING_TENANT", "name"),
     ({"KENNING_DATASET": ""}, "KENNING_DATASET", "name"),
     ({"KENNING_EMBEDDING_PROVIDER": "magic"}, "KENNING_EMBEDDING_PROVIDER", "hash"),
     ({"KENNING_CHUNK_SIZE": "big"}, "KENNING_CHUNK_SIZE", "integer"),
