@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mimetypes
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -79,7 +80,9 @@ def text_source(text: str, name: str = "text", external_id: str = "") -> Source:
 def path_sources(paths: Sequence[str], errors: dict[str, str]) -> Iterator[Source]:
     """Sources for files, directories (recursively, hidden files skipped) and `-` for stdin.
 
-    A path that cannot be read is reported in `errors` and the others proceed.
+    A path that cannot be read is reported in `errors` and the others proceed; so is each one
+    that is neither a regular file nor a directory (a device or a pipe might never end), with
+    what it is.
     """
     for raw in paths:
         if raw == "-":
@@ -89,7 +92,10 @@ def path_sources(paths: Sequence[str], errors: dict[str, str]) -> Iterator[Sourc
         if not path.exists():
             errors[raw] = "no such file or directory"
             continue
-        for file in _files(path):
+        if not (path.is_file() or path.is_dir()):
+            errors[raw] = skipped_because(path)
+            continue
+        for file in _files(path, errors):
             try:
                 yield file_source(file)
             except InputError as error:
@@ -105,14 +111,33 @@ def file_source(path: Path) -> Source:
     return Source(name=path.name, uri=path.resolve().as_uri(), data=data, mime=mime)
 
 
-def _files(path: Path) -> Iterator[Path]:
+def _files(path: Path, errors: dict[str, str]) -> Iterator[Path]:
     if path.is_file():
         yield path
         return
     for file in sorted(path.rglob("*")):
-        relative = file.relative_to(path)
-        if file.is_file() and not any(part.startswith(".") for part in relative.parts):
+        if any(part.startswith(".") for part in file.relative_to(path).parts):
+            continue
+        if file.is_file():
             yield file
+        elif not file.is_dir():
+            errors[str(file)] = skipped_because(file)
+
+
+def skipped_because(path: Path) -> str:
+    """Why a path that is neither a regular file nor a directory is not read."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "skipped: a broken symbolic link"
+    kinds = (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"skipped: {kind}, not a regular file or a directory"
 
 
 def bucket_sources(
