@@ -17,6 +17,8 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
+from kenning.pipeline.locking import held, lock_name
+from kenning.pipeline.models import Scope, utcnow
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.cli import main
@@ -343,3 +345,22 @@ def test_kenning_serve_answers_on_a_port(home: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_an_event_stream_ends_when_its_key_is_revoked(memory: Kenning, client: TestClient) -> None:
+    token = key_for(memory, "ada", {"notes": [Permission.READ, Permission.WRITE]})
+    client.post("/v1/add", headers=bearer(token), json={"dataset": "notes", "texts": [ADA.decode()]})
+    scope = Scope(tenant=memory.settings.tenant, dataset="notes")
+    # Given a run that waits for its dataset, which another holds
+    with held(memory.wiring.lock, lock_name(scope), 60):
+        run_id = client.post("/v1/cognify", headers=bearer(token), json={"dataset": "notes"}).json()["id"]
+        events = []
+        with client.stream("GET", f"/v1/runs/{run_id}/events", headers=bearer(token)) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line.removeprefix("data: ")))
+                    # When the key is revoked while its stream is open
+                    memory.wiring.permissions.revoke_key(token.split("_")[1], utcnow())
+    # Then the stream ends with an error saying so, the run going on without it
+    assert events[0]["status"] == "initiated"
+    assert events[-1] == {"error": {"code": "unauthorized", "message": "the API key is unknown or revoked"}}

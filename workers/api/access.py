@@ -31,7 +31,6 @@ class ApiState:
     memory: Kenning
     runs: RunTracker
     distributed: bool = False
-    mounted: list[str] = field(default_factory=list)
 
 
 def api_state(request: Request) -> ApiState:
@@ -46,6 +45,12 @@ class Access:
     caller: Caller
     memory: Kenning
     state: ApiState
+    token: str = field(repr=False)
+
+    def refreshed(self) -> Access:
+        """The same key's access read afresh (for a long answer, such as an event stream): 401 once
+        the key is revoked, and the grants as they are now."""
+        return access_of(self.state, self.token)
 
     @property
     def tenant(self) -> str:
@@ -75,11 +80,6 @@ class Access:
         wanted = existing if names is None else [name for name in dict.fromkeys(names) if name in existing]
         return self.caller.granted(Permission.READ, wanted)
 
-    def datasets(self) -> list[Dataset]:
-        """The tenant's existing datasets the caller holds any permission on."""
-        listed = self.memory.wiring.metadata.list_datasets(self.tenant)
-        return [d for d in listed if self.caller.permissions(d.name)]
-
     def dataset_by_id(self, dataset_id: str, *allowed: Permission) -> Dataset:
         """The tenant's dataset of that id on which the caller holds one of `allowed`; else NotFound."""
         for dataset in self.memory.wiring.metadata.list_datasets(self.tenant):
@@ -94,9 +94,12 @@ def authorized(
     """The request's `Access`; 401 without a key, or with an unknown or revoked one (read afresh)."""
     if credentials is None:
         raise ApiError(401, "unauthorized", "send an API key: Authorization: Bearer <key>", CHALLENGE)
-    state = api_state(request)
-    caller = authenticate(state.memory.wiring.permissions, credentials.credentials)
+    return access_of(api_state(request), credentials.credentials)
+
+
+def access_of(state: ApiState, token: str) -> Access:
+    caller = authenticate(state.memory.wiring.permissions, token)
     if caller is None:
         raise ApiError(401, "unauthorized", "the API key is unknown or revoked", CHALLENGE)
     memory = state.memory.as_caller(caller.tenant, caller.user, caller.read_scopes())
-    return Access(caller=caller, memory=memory, state=state)
+    return Access(caller=caller, memory=memory, state=state, token=token)

@@ -17,6 +17,7 @@ from kenning.pipeline.errors import (
     Forbidden,
     InputError,
     KenningError,
+    LLMError,
     LockLost,
     NoLLMConfigured,
     NotFound,
@@ -54,6 +55,7 @@ MAPPED: tuple[tuple[type[KenningError], int, str], ...] = (
     (LockLost, 409, "dataset_busy"),
     (QueryBudgetExceeded, 422, "query_budget_exceeded"),
     (StoreError, 503, "store_unavailable"),
+    (LLMError, 502, "llm_error"),
     (NoLLMConfigured, 400, "not_configured"),
     (ConfigError, 400, "not_configured"),
     (InputError, 400, "invalid_input"),
@@ -79,6 +81,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "The request body is over the size limit"),
         (415, "The content type is not accepted here"),
         (422, "The request does not match its schema"),
+        (502, "The LLM endpoint failed"),
         (503, "A store is unavailable"),
     )
 }

@@ -25,7 +25,7 @@ from kenning.pipeline.permission import Permission, find_user
 from kenning.pipeline.session import SessionEntry, search_entries
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.api.access import Access, authorized
-from kenning.workers.api.errors import ERROR_RESPONSES, ApiError
+from kenning.workers.api.errors import ERROR_RESPONSES, ApiError, ErrorBody, ErrorDetail
 from kenning.workers.api.runs import FINISHED, POLL_S
 from kenning.workers.api.schemas import (
     Added,
@@ -208,10 +208,20 @@ async def _events(run_id: str, access: Access, view: RunView) -> AsyncIterator[s
         await asyncio.sleep(POLL_S)
         quiet += POLL_S
         try:
+            # The key and its grants are read again each time: revoked, the stream ends at once.
+            access = await run_in_threadpool(access.refreshed)
             view = await run_in_threadpool(get_run, run_id, access)
-        except KenningError as error:  # the run, or the caller's access to it, went away
-            yield f"event: error\ndata: {ApiError(404, 'not_found', str(error)).message}\n\n"
+        except ApiError as error:
+            yield _error_event(error.code, error.message)
             return
+        except KenningError as error:  # the run, or the caller's access to it, went away
+            yield _error_event("not_found", str(error))
+            return
+
+
+def _error_event(code: str, message: str) -> str:
+    body = ErrorBody(error=ErrorDetail(code=code, message=message))
+    return f"event: error\ndata: {body.model_dump_json()}\n\n"
 
 
 # Search and memory for agents
