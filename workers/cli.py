@@ -20,6 +20,7 @@ from kenning import __version__
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import PipelineRun
 from kenning.retrieval.contract import SearchResult, SearchType
+from kenning.workers.access_cli import COMMANDS as ACCESS_COMMANDS
 from kenning.workers.agent_cli import COMMANDS as AGENT_COMMANDS
 from kenning.workers.extras import needs_extra
 from kenning.workers.lifecycle import Message, Remembered
@@ -417,6 +418,8 @@ def worker_command(queues: str | None, concurrency: int, loglevel: str) -> None:
     run_worker(queues, concurrency, loglevel)
 
 
+for command in ACCESS_COMMANDS:
+    main.add_command(command)
 for command in AGENT_COMMANDS:
     main.add_command(command)
 
