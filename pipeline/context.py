@@ -29,6 +29,10 @@ class PipelineConfig(BaseModel):
     load_batch: int = Field(default=32, ge=1, description="Chunks written per load batch")
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
     temporal: bool = Field(default=False, description="Also extract dated events into Event/Timestamp nodes")
+    references: dict[str, str] = Field(
+        default_factory=dict,
+        description="Foreign-key columns whose names say no table: `column` or `table.column` -> table",
+    )
 
 
 class Services(Protocol):

@@ -1,15 +1,19 @@
 """Structured sources: rows of CSV/JSON tables as Records, and the foreign-key edges between them.
 
 No LLM is involved: a column named `<x>_id` (or `<x>id`) whose value is a key of the
-table `<x>`, `<x>s` or `<x>es` is a reference from one row to another.
+table `<x>`, or of a table named by its plural or singular (`company_id` -> `companies`,
+`person_id` -> `people`), is a reference from one row to another. Columns whose names do not
+say their table are declared: `{"employer_id": "companies", "people.manager": "people"}`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 
+import inflect
 from pydantic import BaseModel, Field
 
 from kenning.pipeline.loaders import format_row
@@ -52,18 +56,27 @@ class KeyedTable:
     by_key: dict[str, Record]
 
 
-def foreign_key_graph(tables: list[Table], tenant: str, dataset: str) -> tuple[list[Record], list[Edge]]:
+def foreign_key_graph(
+    tables: list[Table], tenant: str, dataset: str, references: Mapping[str, str] | None = None
+) -> tuple[list[Record], list[Edge]]:
     """Records for every row of every table, and an edge for every resolvable foreign key.
 
-    Ids are deterministic and the output order does not depend on the order of `tables`.
-    A reference to a key that no table holds gives no edge.
+    `references` declares the table a column refers to, by `column` or `table.column` (the
+    latter wins); a declaration wins over what the column's name says. Ids are deterministic
+    and the output order does not depend on the order of `tables`. A reference to a key that
+    no table holds gives no edge.
     """
     keyed = [key_table(table, tenant, dataset) for table in sorted(tables, key=table_order)]
     by_name: dict[str, KeyedTable] = {}
     for item in keyed:
         by_name.setdefault(table_token(item.table.name), item)
+    for item in keyed:
+        # A table answers to its other number too, unless a table of that name exists.
+        for form in noun_forms(table_token(item.table.name)):
+            by_name.setdefault(form, item)
+    declared = {table_token(column): table_token(table) for column, table in (references or {}).items()}
     records = [record for item in keyed for record in item.records]
-    edges = [edge for item in keyed for edge in reference_edges(item, by_name)]
+    edges = [edge for item in keyed for edge in reference_edges(item, by_name, declared)]
     return records, edges
 
 
@@ -108,7 +121,28 @@ def table_columns(table: Table) -> list[str]:
 
 def singulars(name: str) -> list[str]:
     token = table_token(name)
-    return [token, *(token[: -len(suffix)] for suffix in ("es", "s") if token.endswith(suffix))]
+    return [token, *noun_forms(token)]
+
+
+@cache
+def _inflector() -> inflect.engine:
+    return inflect.engine()
+
+
+@cache
+def noun_forms(token: str) -> tuple[str, ...]:
+    """The singular and plural of a table or column token, inflecting its last word:
+    `companies` -> (`company`,), `sales_person` -> (`sales_people`,)."""
+    head, _, word = token.rpartition("_")
+    if not word.isalpha():
+        return ()
+    engine = _inflector()
+    singular = engine.singular_noun(word)
+    plural = engine.plural_noun(singular or word)
+    forms = [
+        f"{head}_{form}" if head else form for form in (singular, plural) if isinstance(form, str) and form
+    ]
+    return tuple(dict.fromkeys(form for form in forms if form != token))
 
 
 def is_unique_key(rows: list[dict[str, str]], column: str) -> bool:
@@ -136,9 +170,11 @@ def row_number(number: int) -> str:
 # References.
 
 
-def reference_edges(item: KeyedTable, by_name: dict[str, KeyedTable]) -> Iterator[Edge]:
+def reference_edges(
+    item: KeyedTable, by_name: dict[str, KeyedTable], declared: Mapping[str, str]
+) -> Iterator[Edge]:
     for column in table_columns(item.table):
-        target = reference_target(column, by_name)
+        target = declared_target(item, column, by_name, declared) or reference_target(column, by_name)
         if target is None or (target is item and column == item.key_column):
             continue
         for record, row in zip(item.records, item.table.rows, strict=True):
@@ -147,12 +183,20 @@ def reference_edges(item: KeyedTable, by_name: dict[str, KeyedTable]) -> Iterato
                 yield reference_edge(item, record, column, target, referenced)
 
 
+def declared_target(
+    item: KeyedTable, column: str, by_name: dict[str, KeyedTable], declared: Mapping[str, str]
+) -> KeyedTable | None:
+    token = table_token(column)
+    table = declared.get(f"{table_token(item.table.name)}.{token}") or declared.get(token)
+    return by_name.get(table) if table else None
+
+
 def reference_target(column: str, by_name: dict[str, KeyedTable]) -> KeyedTable | None:
     match = REFERENCE_COLUMN.match(column.strip())
     if match is None:
         return None
     stem = table_token(match.group("target")).rstrip("_")
-    candidates = (stem, f"{stem}s", f"{stem}es") if stem else ()
+    candidates = (stem, *noun_forms(stem)) if stem else ()
     return next((by_name[name] for name in candidates if name in by_name), None)
 
 

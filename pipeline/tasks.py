@@ -276,7 +276,7 @@ def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
             log.warning("no rows from %s: %s", item.name, error)
             continue
         tables.append(Table(name=_table_name(item.name), data_id=item.id, rows=rows))
-    records, edges = foreign_key_graph(tables, job.tenant, job.dataset)
+    records, edges = foreign_key_graph(tables, job.tenant, job.dataset, services.config.references)
     assembly = Assembly()
     for record in records:
         assembly.add_node(record, "")

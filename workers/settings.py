@@ -86,6 +86,10 @@ class Settings(BaseSettings):
         default=64 * 2**20, ge=1, description="The HTTP API's limit on one request body (uploads)"
     )
     temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
+    fk_references: dict[str, str] = Field(
+        default_factory=dict,
+        description='CSV/JSON key columns naming no table, e.g. {"employer_id": "companies"}',
+    )
     cypher_enabled: bool = Field(default=False, description="Allow CYPHER and NATURAL_LANGUAGE search")
     read_scopes: ScopePatterns = Field(
         default_factory=list,
@@ -192,6 +196,7 @@ class Settings(BaseSettings):
             load_batch=self.load_batch,
             max_document_bytes=self.max_document_bytes,
             temporal=self.temporal,
+            references=self.fk_references,
         )
 
 

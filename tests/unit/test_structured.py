@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import random
 
+from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.loaders import extract_rows
-from kenning.pipeline.models import Edge, stable_id
+from kenning.pipeline.models import Edge, Scope, stable_id
 from kenning.pipeline.structured import Record, Table, foreign_key_graph
+from kenning.workers.local import LocalRunner
+from kenning.workers.settings import load_settings
+from tests.twins import TwinServices
 
 CYPHER = "'}) DETACH DELETE n //"
 
@@ -199,3 +203,116 @@ def test_hostile_values_come_through_verbatim() -> None:
 
 def test_no_tables_give_nothing() -> None:
     assert foreign_key_graph([], "t", "d") == ([], [])
+
+
+def people() -> Table:
+    rows = [
+        {"id": "1", "name": "Ada", "company_id": "C1", "employer_id": "C2", "manager": ""},
+        {"id": "2", "name": "Grace", "company_id": "C2", "employer_id": "C1", "manager": "1"},
+    ]
+    return Table(name="people", data_id="data-people", rows=rows)
+
+
+def companies() -> Table:
+    rows = [{"id": "C1", "name": "Analytical Engines"}, {"id": "C2", "name": "Remington Rand"}]
+    return Table(name="companies", data_id="data-companies", rows=rows)
+
+
+def test_irregular_plurals_resolve_both_ways() -> None:
+    # Given people who reference companies, and assignments that reference people by person_id
+    assignments = Table(
+        name="assignments",
+        data_id="data-assignments",
+        rows=[{"id": "A1", "person_id": "2", "child_id": "K1"}],
+    )
+    children = Table(name="children", data_id="data-children", rows=[{"id": "K1", "name": "Byron"}])
+    # When their foreign keys are resolved
+    _, edges = foreign_key_graph([people(), companies(), assignments, children], "t", "d")
+    # Then company_id finds `companies`, person_id finds `people`, child_id finds `children`
+    assert edge_triples(edges) == {
+        (record_id("people", "1", "t", "d"), "company_id", record_id("companies", "C1", "t", "d")),
+        (record_id("people", "2", "t", "d"), "company_id", record_id("companies", "C2", "t", "d")),
+        (record_id("assignments", "A1", "t", "d"), "person_id", record_id("people", "2", "t", "d")),
+        (record_id("assignments", "A1", "t", "d"), "child_id", record_id("children", "K1", "t", "d")),
+    }
+
+
+def test_the_key_column_of_an_irregular_plural_is_its_singular_id() -> None:
+    # Given `people` keyed by person_id, whose first unique column is the name
+    staff = Table(
+        name="people",
+        data_id="p",
+        rows=[{"name": "Ada", "person_id": "P1"}, {"name": "Grace", "person_id": "P2"}],
+    )
+    badges = Table(name="badges", data_id="b", rows=[{"id": "B1", "person_id": "P2"}])
+    _, edges = foreign_key_graph([staff, badges], "t", "d")
+    assert edge_triples(edges) == {
+        (record_id("badges", "B1", "t", "d"), "person_id", record_id("people", "P2", "t", "d"))
+    }
+
+
+def test_declared_references_link_columns_whose_names_differ_from_the_table() -> None:
+    # Given columns that do not name their table: employer_id -> companies, people.manager -> people
+    references = {"employer_id": "companies", "people.manager": "people", "missing_id": "no_such_table"}
+    # When the graph is built with those declarations
+    _, edges = foreign_key_graph([people(), companies()], "t", "d", references)
+    # Then those columns link too, beside the ones found by name
+    triples = edge_triples(edges)
+    assert (
+        record_id("people", "1", "t", "d"),
+        "employer_id",
+        record_id("companies", "C2", "t", "d"),
+    ) in triples
+    assert (
+        record_id("people", "2", "t", "d"),
+        "employer_id",
+        record_id("companies", "C1", "t", "d"),
+    ) in triples
+    assert (record_id("people", "2", "t", "d"), "manager", record_id("people", "1", "t", "d")) in triples
+    assert len(triples) == 5
+    # And without them, only the columns that name their table link
+    _, undeclared = foreign_key_graph([people(), companies()], "t", "d")
+    assert {relationship for _, relationship, _ in edge_triples(undeclared)} == {"company_id"}
+
+
+def test_a_declared_reference_wins_over_the_name() -> None:
+    # Given loans whose company_id in fact holds a person's id
+    loans = Table(name="loans", data_id="l", rows=[{"id": "L1", "company_id": "2"}])
+    # When that is declared, the column links to people; by its name alone it links nowhere
+    _, declared = foreign_key_graph([people(), companies(), loans], "t", "d", {"loans.company_id": "people"})
+    _, by_name = foreign_key_graph([people(), companies(), loans], "t", "d")
+    loan = record_id("loans", "L1", "t", "d")
+    assert {(s, r, t) for s, r, t in edge_triples(declared) if s == loan} == {
+        (loan, "company_id", record_id("people", "2", "t", "d"))
+    }
+    assert not [s for s, _, _ in edge_triples(by_name) if s == loan]
+
+
+def test_csv_files_link_through_the_pipeline_with_declared_references() -> None:
+    # Given people.csv (id, name, company_id, employer_id) and companies.csv in one dataset
+    services = TwinServices()
+    services.config.references = {"employer_id": "companies"}
+    scope = Scope(tenant="t", dataset="crm")
+    csv = {
+        "people.csv": "id,name,company_id,employer_id\n1,Ada,C1,C2\n2,Grace,C2,C1\n",
+        "companies.csv": "id,name\nC1,Analytical Engines\nC2,Remington Rand\n",
+    }
+    add(
+        services.metadata,
+        services.blobs,
+        scope,
+        [Source(name=n, uri=f"test:{n}", data=t.encode()) for n, t in csv.items()],
+    )
+    # When the dataset is cognified
+    run = LocalRunner(services, services.lock).run(scope)
+    # Then each person row links to its company by name and to its employer as declared
+    assert run.status.value == "completed", run.error
+    nodes, edges = services.graph.export(scope)
+    rows = {node.id for node in nodes if node.type == "Record"}
+    relationships = sorted(edge.relationship for edge in edges if {edge.source_id, edge.target_id} <= rows)
+    assert relationships == ["company_id", "company_id", "employer_id", "employer_id"]
+
+
+def test_references_are_a_setting() -> None:
+    settings = load_settings(fk_references={"people.employer_id": "companies"})
+    assert settings.pipeline.references == {"people.employer_id": "companies"}
