@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.locking import held, lock_name
-from kenning.pipeline.models import PipelineRun, Scope
+from kenning.pipeline.models import PipelineRun, RunStatus, Scope, utcnow
 from kenning.pipeline.plan import (
     PLAN,
     Step,
@@ -19,7 +20,9 @@ from kenning.pipeline.plan import (
     record_step,
     start_run,
 )
-from kenning.pipeline.ports import Lock, chunked
+from kenning.pipeline.ports import Lock, MetadataStore, chunked
+
+EMBEDDED_PID = "embedded_pid"
 
 # (step name, done, total): called as work advances, from the runner's thread.
 ProgressCallback = Callable[[str, int, int], None]
@@ -27,6 +30,32 @@ ProgressCallback = Callable[[str, int, int], None]
 
 def no_progress(_step: str, _done: int, _total: int) -> None:
     return None
+
+
+def close_dead_runs(metadata: MetadataStore, dataset_id: str) -> list[str]:
+    """Mark interrupted the dataset's started embedded runs whose process is gone; their ids.
+
+    Only runs of this machine's embedded runner carry a pid; a run on Celery workers is left to them.
+    """
+    dead = []
+    for run in metadata.list_runs(dataset_id):
+        pid = run.stats.get(EMBEDDED_PID)
+        if run.status == RunStatus.STARTED and pid and not _alive(pid):
+            run.status, run.finished_at = RunStatus.INTERRUPTED, utcnow()
+            run.error = f"its process ({pid}) ended before it finished; the next cognify resumes its work"
+            metadata.save_run(run)
+            dead.append(run.id)
+    return dead
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
 
 
 class LocalRunner:
@@ -54,6 +83,8 @@ class LocalRunner:
         names the run (default: a new id), for a caller that gave it out before the run began."""
         with held(self._lock, lock_name(scope), self._lock_ttl_s):
             job = start_run(self._services, scope, run_id)
+            # The process that runs it: `close_dead_runs` tells a run killed with it by this pid.
+            record_step(self._services, job, "begin", {EMBEDDED_PID: os.getpid()})
             why = f"its process ended before it finished; run {job.run_id} resumed its work"
             interrupt_others(self._services, job, why)
             try:

@@ -40,7 +40,7 @@ from kenning.workers.lifecycle import (
     improve_held,
     session_items,
 )
-from kenning.workers.local import LocalRunner, ProgressCallback, no_progress
+from kenning.workers.local import LocalRunner, ProgressCallback, close_dead_runs, no_progress
 from kenning.workers.records import Records
 from kenning.workers.settings import Settings, load_settings
 from kenning.workers.wiring import Wiring
@@ -411,6 +411,7 @@ class Kenning:
 
     def _dataset_status(self, scope: Scope, dataset_id: str) -> dict[str, Any]:
         metadata = self.wiring.metadata
+        close_dead_runs(metadata, dataset_id)
         items = metadata.list_items(dataset_id)
         runs = sorted(metadata.list_runs(dataset_id), key=lambda r: r.started_at, reverse=True)
         nodes, edges = self.wiring.graph.counts(scope)
@@ -452,10 +453,12 @@ class Kenning:
         """The runs now started, of the dataset or of every dataset of the tenant."""
         metadata = self.wiring.metadata
         datasets = metadata.list_datasets(self.settings.tenant)
+        wanted = [d for d in datasets if not dataset or d.name == dataset]
+        for d in wanted:
+            close_dead_runs(metadata, d.id)
         return [
             Job(run_id=run.id, dataset_id=d.id, tenant=d.tenant, dataset=d.name)
-            for d in datasets
-            if not dataset or d.name == dataset
+            for d in wanted
             for run in metadata.list_runs(d.id)
             if run.status == RunStatus.STARTED
         ]

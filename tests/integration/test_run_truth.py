@@ -101,3 +101,31 @@ def test_a_run_whose_process_died_is_marked_interrupted_by_the_next_and_kept_its
     # Then it resumed the work (only the rest was extracted) and marked the dead run interrupted
     assert run.status.value == "completed" and run.stats["extractions"] == 4
     assert runs[dead.id].status == RunStatus.INTERRUPTED and run.id in runs[dead.id].error
+
+
+def test_status_marks_a_run_whose_process_is_gone_interrupted(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from kenning.pipeline.plan import record_step, start_run
+    from kenning.workers.local import EMBEDDED_PID
+
+    settings = load_settings(home=tmp_path / "home", embedding_provider="hash")
+    with Kenning(settings) as memory:
+        memory.add_text("Ada Lovelace wrote the first program.", "d")
+        # Given a started run whose process was killed, and one whose process is alive (this one)
+        dead_pid = subprocess.Popen(["true"])
+        dead_pid.wait()
+        dead = start_run(memory.wiring, memory.scope("d"))
+        record_step(memory.wiring, dead, "extract", {EMBEDDED_PID: dead_pid.pid})
+        live = start_run(memory.wiring, memory.scope("d"))
+        record_step(memory.wiring, live, "extract", {EMBEDDED_PID: os.getpid()})
+
+        # When status is read
+        [status] = memory.status("d")
+
+        # Then the dead run is interrupted, and the live one is not
+        runs = {run["id"]: run for run in status["runs"]}
+        assert runs[dead.run_id]["status"] == "interrupted" and "ended before" in runs[dead.run_id]["error"]
+        assert runs[live.run_id]["status"] == "started"
+        assert [job.run_id for job in memory.started_jobs("d")] == [live.run_id]
