@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ def main() -> None:
         return
     report: dict[str, Any] = {
         "workload": {k: getattr(args, k) for k in ("points", "dim", "batch", "queries", "datasets")},
+        "versions": {name: version(name) for name in ("qdrant-edge-py", "qdrant-client")},
         "machine": {"cpus": os.cpu_count(), "load_average_before": os.getloadavg()},
         "engines": {},
     }

@@ -128,8 +128,11 @@ class Wiring:
         store: VectorStore
         if settings.vector_engine == "edge":
             from kenning.storage.vector_edge import EdgeVectorStore
+            from kenning.storage.vector_import import import_local_qdrant
 
             store = EdgeVectorStore(settings.vector_path)
+            # A home written by qdrant-client local mode keeps its vectors: they move over once.
+            import_local_qdrant(settings.qdrant_path, store, settings.vector_path)
         else:
             from kenning.storage.vector_qdrant import QdrantVectorStore
 

@@ -1,4 +1,4 @@
-"""Qdrant Edge beyond the shared contract: lazy opening, reopening, indexing, and processes sharing a path."""
+"""Qdrant Edge beyond the shared contract: opening, indexing, sharing a path, importing local mode."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ import qdrant_edge as qe
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, VectorPoint, stable_id
 from kenning.storage.vector_edge import EdgeVectorStore
+from kenning.storage.vector_import import import_local_qdrant
+from kenning.storage.vector_qdrant import QdrantVectorStore
 
 SCOPE = Scope(tenant="acme", dataset="papers")
 
@@ -201,3 +204,52 @@ def test_the_index_is_built_past_the_threshold_and_searches_stay_right(tmp_path:
         assert shard.info().indexed_vectors_count >= 500
     finally:
         shard.close()
+
+
+def test_threads_share_one_open_shard(tmp_path: Path) -> None:
+    # Given one store used by four threads at once, each writing and searching its own dataset
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 4)
+
+    def work(n: int) -> None:
+        scope = Scope(tenant="acme", dataset=f"t{n}")
+        for i in range(0, 200, 5):
+            batch = [point(f"{n}-{j}", [1.0, j / 200, n / 4, 0.5]) for j in range(i, i + 5)]
+            store.upsert(scope, "Entity_name", batch)
+            assert store.search(scope, "Entity_name", [1.0, 0.0, 0.0, 0.5], limit=3)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(work, range(4)))
+
+    # Then every write landed in its own dataset
+    assert [store.count(Scope(tenant="acme", dataset=f"t{n}"), "Entity_name") for n in range(4)] == [200] * 4
+    store.close()
+
+
+def test_a_local_mode_folder_is_copied_over_once(tmp_path: Path) -> None:
+    # Given vectors of two datasets written by qdrant-client local mode
+    other = Scope(tenant="acme", dataset="letters")
+    old = QdrantVectorStore(path=tmp_path / "qdrant")
+    old.ensure_collection("Entity_name", 2)
+    old.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0], name="Ada"), point("b", [0.0, 1.0])])
+    old.upsert(other, "Entity_name", [point("c", [1.0, 0.0], name="Cy")])
+    old.close()
+
+    # When they are imported into Qdrant Edge, twice
+    store = EdgeVectorStore(tmp_path / "vectors")
+    first = import_local_qdrant(tmp_path / "qdrant", store, tmp_path / "vectors")
+    second = import_local_qdrant(tmp_path / "qdrant", store, tmp_path / "vectors")
+
+    # Then every point is there once, in its own dataset, with its payload; the second did nothing
+    assert (first, second) == (3, 0)
+    assert (store.count(SCOPE, "Entity_name"), store.count(other, "Entity_name")) == (2, 1)
+    [hit] = store.search(other, "Entity_name", [1.0, 0.0], limit=5)
+    assert hit.id == stable_id("test", "c") and hit.payload == {"name": "Cy", **other.model_dump()}
+    store.close()
+
+
+def test_no_local_mode_folder_means_nothing_to_import(tmp_path: Path) -> None:
+    store = EdgeVectorStore(tmp_path / "vectors")
+
+    assert import_local_qdrant(tmp_path / "qdrant", store, tmp_path / "vectors") == 0
+    assert store.list_collections() == []

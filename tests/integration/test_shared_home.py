@@ -117,3 +117,19 @@ def test_cognify_two_datasets_while_searching_and_reading_status(tmp_path: Path)
         together, alone = counts(home, dataset), counts(sequential, dataset)
         assert together == alone, dataset
         assert sum(together["points"].values()) > 0
+
+
+def test_a_home_written_with_local_mode_keeps_its_vectors(tmp_path: Path) -> None:
+    # Given a home cognified when vectors lived in qdrant-client local mode
+    home = tmp_path / "home"
+    with Kenning(load_settings(home=home, embedding_provider="hash", vector_backend="qdrant")) as memory:
+        memory.add_text("Ada Lovelace wrote the first published algorithm.", "notes", name="ada")
+        memory.cognify("notes")
+
+    # When it is opened with the default engine
+    with Kenning(load_settings(home=home, embedding_provider="hash")) as memory:
+        hits = memory.search("Ada Lovelace", "CHUNKS", datasets=["notes"]).results
+
+    # Then its vectors have moved over to Qdrant Edge, and searches find them
+    assert hits and "Ada Lovelace" in hits[0].text
+    assert (home / "vectors" / "DocumentChunk_text" / "collection.json").is_file()
