@@ -29,10 +29,12 @@ Start each worker type with `kenning worker` (or the equivalent `celery` command
     celery -A workers.celery_app worker -Q kenning.pipeline,kenning.extract -c 4
 
 With a Qdrant server (`KENNING_QDRANT_URL`) load workers scale like the others. Without
-one, vectors live in Qdrant local mode under `KENNING_HOME/qdrant`, which admits a single
-client per path: run exactly one load worker, and `kenning worker` then runs it as one
-process with a thread pool (with `celery ... worker` pass `--pool threads` yourself).
-Extraction workers never open the vector store, so they may run anywhere.
+one, vectors live in Qdrant Edge under `KENNING_HOME/vectors`, which the processes of one
+machine share by taking turns per collection; `kenning worker` runs a load worker as one
+process with a thread pool, whose threads share each open collection without taking turns
+(with `celery ... worker` pass `--pool threads` yourself). Qdrant local mode
+(`KENNING_VECTOR_BACKEND=qdrant` without a server) admits one process per home: there, run
+exactly one load worker. Extraction workers never open the vector store, so they may run anywhere.
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ def run_worker(queues: str | None, concurrency: int, loglevel: str) -> None:
         f"--hostname={_node_name(names)}",
     ]
     if queue_name(settings, "load") in names and not settings.qdrant_url:
-        # Qdrant local mode admits one client per path: one process, its tasks on threads.
+        # Vectors on this machine: one process whose threads share each open collection.
         argv.append("--pool=threads")
     app.worker_main(argv)
 

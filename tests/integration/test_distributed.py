@@ -1,7 +1,7 @@
 """Cognify on two Celery worker processes (real Redis and PostgreSQL), checked against the embedded runner.
 
 Worker A consumes the pipeline and extract queues, worker B the extract and load queues:
-B alone opens the Qdrant local path. Every test has its own queue prefix (hence its own
+B alone opens the embedded vector store. Every test has its own queue prefix (hence its own
 queues and lock keys) and its own tenant, so parallel runs never share work.
 """
 
