@@ -87,7 +87,13 @@ DATASET_FIELD: TypeAdapter[str] = TypeAdapter(DatasetName)
 NODE_SET_FIELD: TypeAdapter[list[str]] = TypeAdapter(list[Identifier])
 
 
-@router.post("/add", response_model=Added, openapi_extra=ADD_BODY, summary="Add texts, files or s3:// URIs")
+@router.post(
+    "/add",
+    tags=["memory"],
+    response_model=Added,
+    openapi_extra=ADD_BODY,
+    summary="Add texts, files or s3:// URIs",
+)
 async def add(request: Request, access: Caller) -> Added:
     """JSON `{texts, uris, dataset, node_sets}`, or multipart/form-data with `files` (and `dataset`,
     `node_sets`). The request body is limited in size (`KENNING_API_MAX_UPLOAD_BYTES`)."""
@@ -155,6 +161,7 @@ def _add(
 
 @router.post(
     "/cognify",
+    tags=["runs"],
     response_model=RunView,
     status_code=202,
     responses={200: {"model": RunView, "description": "The run ended (`wait=true`)"}},
@@ -174,7 +181,7 @@ def cognify(
     return access.state.runs.view(access.caller, access.memory.wiring.metadata, run_id)
 
 
-@router.get("/runs/{run_id}", response_model=RunView)
+@router.get("/runs/{run_id}", tags=["runs"], response_model=RunView)
 def get_run(run_id: IdPath, access: Caller) -> RunView:
     """A run of a dataset the caller may read or write."""
     return access.state.runs.view(access.caller, access.memory.wiring.metadata, run_id)
@@ -182,6 +189,7 @@ def get_run(run_id: IdPath, access: Caller) -> RunView:
 
 @router.get(
     "/runs/{run_id}/events",
+    tags=["runs"],
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
 )
@@ -227,7 +235,7 @@ def _error_event(code: str, message: str) -> str:
 # Search and memory for agents
 
 
-@router.post("/search", response_model=SearchResult)
+@router.post("/search", tags=["memory"], response_model=SearchResult)
 def search(body: SearchIn, access: Caller) -> SearchResult:
     """Any search type over the datasets named (default: all the caller may read). Datasets it
     may not read are left out silently: they give nothing, never an error."""
@@ -244,14 +252,14 @@ def search(body: SearchIn, access: Caller) -> SearchResult:
     )
 
 
-@router.post("/remember", response_model=Remembered)
+@router.post("/remember", tags=["memory"], response_model=Remembered)
 def remember(body: RememberIn, access: Caller) -> Remembered:
     """Without a session: add and cognify now. With one: into the session now, the graph later."""
     dataset = access.require(WRITE, body.dataset)
     return access.memory.remember(body.data, dataset, body.session_id)
 
 
-@router.post("/recall", response_model=Recalled)
+@router.post("/recall", tags=["memory"], response_model=Recalled)
 def recall(body: RecallIn, access: Caller) -> Recalled:
     """The session's entries first (with a session), then the graph; every result cites its source."""
     datasets = access.readable(body.datasets)
@@ -270,7 +278,7 @@ def _from_session(access: Access, body: RecallIn) -> list[Recollection]:
     return [session_recollection(entry, score) for entry, score in found if _readable(access, entry.dataset)]
 
 
-@router.post("/forget", response_model=Forgotten)
+@router.post("/forget", tags=["memory"], response_model=Forgotten)
 def forget(body: ForgetIn, access: Caller) -> Forgotten:
     """Forget data items of a dataset (`data_ids`), or the whole dataset; needs delete."""
     dataset = access.existing(DELETE, body.dataset)
@@ -280,7 +288,7 @@ def forget(body: ForgetIn, access: Caller) -> Forgotten:
 # Sessions
 
 
-@router.get("/sessions/{session_id}", response_model=list[SessionEntry])
+@router.get("/sessions/{session_id}", tags=["sessions"], response_model=list[SessionEntry])
 def get_session(
     session_id: IdPath, access: Caller, last_n: Annotated[int | None, Query(ge=1, le=10_000)] = None
 ) -> list[SessionEntry]:
@@ -289,7 +297,7 @@ def get_session(
     return [entry for entry in entries if _readable(access, entry.dataset)]
 
 
-@router.post("/sessions/{session_id}/feedback", response_model=Done)
+@router.post("/sessions/{session_id}/feedback", tags=["sessions"], response_model=Done)
 def add_feedback(session_id: IdPath, body: Feedback, access: Caller) -> Done:
     """Rate an entry of the caller's session 1-5; `improve` turns ratings into weights."""
     if not access.memory.add_feedback(session_id, body.entry_id, body.score, body.text):
@@ -297,7 +305,7 @@ def add_feedback(session_id: IdPath, body: Feedback, access: Caller) -> Done:
     return Done()
 
 
-@router.delete("/sessions/{session_id}/feedback/{entry_id}", response_model=Done)
+@router.delete("/sessions/{session_id}/feedback/{entry_id}", tags=["sessions"], response_model=Done)
 def delete_feedback(session_id: IdPath, entry_id: IdPath, access: Caller) -> Done:
     if not access.memory.delete_feedback(session_id, entry_id):
         raise NotFound(f"session {session_id!r} has no entry {entry_id!r}")
@@ -307,7 +315,7 @@ def delete_feedback(session_id: IdPath, entry_id: IdPath, access: Caller) -> Don
 # Memory records
 
 
-@router.get("/records", response_model=Page)
+@router.get("/records", tags=["records"], response_model=Page)
 def list_records(
     access: Caller,
     dataset: Annotated[str | None, Query(min_length=1, max_length=255, pattern=DATASET_PATTERN)] = None,
@@ -318,26 +326,26 @@ def list_records(
     return access.memory.records.list(target.name, offset, limit)
 
 
-@router.post("/records", response_model=MemoryRecord, status_code=201)
+@router.post("/records", tags=["records"], response_model=MemoryRecord, status_code=201)
 def create_record(body: RecordIn, access: Caller) -> MemoryRecord:
     """Remember a text as a record (add and cognify); `external_id` names it for later updates."""
     dataset = access.require(WRITE, body.dataset)
     return access.memory.records.create(body.text, dataset, body.external_id)
 
 
-@router.get("/records/{record_id}", response_model=MemoryRecord)
+@router.get("/records/{record_id}", tags=["records"], response_model=MemoryRecord)
 def get_record(record_id: IdPath, access: Caller) -> MemoryRecord:
     """A record with the nodes and edges it produced."""
     return access.memory.records.get(record_id, _record_dataset(access, record_id, READ))
 
 
-@router.put("/records/{record_id}", response_model=MemoryRecord)
+@router.put("/records/{record_id}", tags=["records"], response_model=MemoryRecord)
 def update_record(record_id: IdPath, body: RecordText, access: Caller) -> MemoryRecord:
     """Replace the record's text: cognified now, and what only the old text said is forgotten."""
     return access.memory.records.update(record_id, body.text, _record_dataset(access, record_id, WRITE))
 
 
-@router.delete("/records/{record_id}", response_model=Done)
+@router.delete("/records/{record_id}", tags=["records"], response_model=Done)
 def delete_record(record_id: IdPath, access: Caller) -> Done:
     access.memory.records.delete(record_id, _record_dataset(access, record_id, DELETE))
     return Done()
@@ -355,7 +363,7 @@ def _record_dataset(access: Access, record_id: str, permission: Permission) -> s
 # Datasets and who may use them
 
 
-@router.get("/datasets", response_model=Datasets)
+@router.get("/datasets", tags=["datasets"], response_model=Datasets)
 def list_datasets(access: Caller) -> Datasets:
     """Datasets the caller holds a permission on, with those permissions; granted ones not yet
     created are listed with `exists: false`."""
@@ -375,14 +383,14 @@ def list_datasets(access: Caller) -> Datasets:
     return Datasets(datasets=views)
 
 
-@router.get("/datasets/{dataset}/permissions", response_model=Grants)
+@router.get("/datasets/{dataset}/permissions", tags=["datasets"], response_model=Grants)
 def get_grants(dataset: DatasetPath, access: Caller) -> Grants:
     """Who holds which permission on the dataset; needs share."""
     name = access.require(SHARE, dataset)
     return _grants(access, name)
 
 
-@router.post("/datasets/{dataset}/permissions", response_model=Grants)
+@router.post("/datasets/{dataset}/permissions", tags=["datasets"], response_model=Grants)
 def grant(dataset: DatasetPath, body: GrantIn, access: Caller) -> Grants:
     """Grant a user of the caller's tenant permissions on the dataset; needs share."""
     name = access.require(SHARE, dataset)
@@ -391,7 +399,7 @@ def grant(dataset: DatasetPath, body: GrantIn, access: Caller) -> Grants:
     return _grants(access, name)
 
 
-@router.delete("/datasets/{dataset}/permissions/{user}", response_model=Grants)
+@router.delete("/datasets/{dataset}/permissions/{user}", tags=["datasets"], response_model=Grants)
 def revoke(
     dataset: DatasetPath,
     user: IdPath,
@@ -410,7 +418,7 @@ def _grants(access: Access, dataset: str) -> Grants:
     return Grants(dataset=dataset, grants={user: sorted(p) for user, p in sorted(held.items())})
 
 
-@router.get("/me", response_model=Me)
+@router.get("/me", tags=["datasets"], response_model=Me)
 def me(access: Caller) -> Me:
     """The caller: tenant, user, whether an admin, and its grants."""
     caller = access.caller
