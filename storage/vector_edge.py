@@ -281,6 +281,11 @@ class _Shard:
 
     def enter(self, create: int | None) -> qe.EdgeShard:
         with self._state:
+            if self._engine is not None and _others_waiting(self.folder):
+                # Hand over before starting more work here, or a busy process would keep it forever.
+                self._state.wait_for(lambda: self._users == 0)
+                if self._engine is not None:
+                    self._release()
             if self._engine is None:
                 self._acquire()
                 try:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -253,3 +254,33 @@ def test_no_local_mode_folder_means_nothing_to_import(tmp_path: Path) -> None:
 
     assert import_local_qdrant(tmp_path / "qdrant", store, tmp_path / "vectors") == 0
     assert store.list_collections() == []
+
+
+def test_a_busy_process_still_hands_over(tmp_path: Path) -> None:
+    # Given a process whose threads keep a collection busy without a pause between them
+    path = tmp_path / "vectors"
+    busy = EdgeVectorStore(path)
+    busy.ensure_collection("Entity_name", 4)
+    busy.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0, 0.0, 0.0])])
+    stop = threading.Event()
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            busy.search(SCOPE, "Entity_name", [1.0, 0.0, 0.0, 0.0], limit=1)
+
+    threads = [threading.Thread(target=keep_busy) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        # When another process writes to it
+        writer = run_python(WRITER, str(path), "theirs", "20")
+        out, err = writer.communicate(timeout=120)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+    # Then it gets its turns and finishes
+    assert writer.returncode == 0, err
+    assert out.strip() == "20"
+    busy.close()
