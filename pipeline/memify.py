@@ -18,9 +18,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from functools import cache
 
-import inflect
 from pydantic import BaseModel, Field
 
 from kenning.pipeline.assembly import triplet_of
@@ -38,6 +36,7 @@ from kenning.pipeline.models import (
     normalize_name,
 )
 from kenning.pipeline.session import SessionEntry
+from kenning.pipeline.text import inflector
 
 ENTITY_TYPE = Entity.type_name()
 _PUNCTUATION = re.compile(r"[^\w\s]")
@@ -114,18 +113,13 @@ def apply_weights(services: Services, scope: Scope, weights: dict[str, float]) -
 # Consolidation
 
 
-@cache
-def _inflector() -> inflect.engine:
-    return inflect.engine()
-
-
 def name_key(name: str) -> str:
     """The form two names of one entity share: no case, punctuation, possessive, article or plural."""
     words = _PUNCTUATION.sub(" ", _POSSESSIVE.sub("", normalize_name(name))).split()
     if words and words[0] == "the":
         words = words[1:]
     if words:
-        singular = _inflector().singular_noun(words[-1])
+        singular = inflector().singular_noun(words[-1])
         words[-1] = singular if isinstance(singular, str) and len(singular) > 2 else words[-1]
     return " ".join(words)
 

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 
-import inflect
 from pydantic import BaseModel, Field
 
 from kenning.pipeline.loaders import format_row
 from kenning.pipeline.models import DataPoint, Edge, Provenance, normalize_name
+from kenning.pipeline.text import inflector
 
 
 class Record(DataPoint):
@@ -125,18 +125,13 @@ def singulars(name: str) -> list[str]:
 
 
 @cache
-def _inflector() -> inflect.engine:
-    return inflect.engine()
-
-
-@cache
 def noun_forms(token: str) -> tuple[str, ...]:
     """The singular and plural of a table or column token, inflecting its last word:
     `companies` -> (`company`,), `sales_person` -> (`sales_people`,)."""
     head, _, word = token.rpartition("_")
     if not word.isalpha():
         return ()
-    engine = _inflector()
+    engine = inflector()
     singular = engine.singular_noun(word)
     plural = engine.plural_noun(singular or word)
     forms = [

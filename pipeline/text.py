@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import inflect
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 _PARAGRAPH = re.compile(r"\n\s*\n")
+
+
+@cache
+def inflector() -> inflect.engine:
+    """The inflect engine (singulars and plurals), imported on first use: the import alone costs
+    seconds of CPU, which no command that never inflects should pay."""
+    import inflect
+
+    return inflect.engine()
 
 
 def count_tokens(text: str) -> int:
