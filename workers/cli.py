@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kenning import __version__
-from kenning.pipeline.errors import KenningError
+from kenning.pipeline.errors import InputError, KenningError
 from kenning.pipeline.models import PipelineRun
 from kenning.retrieval.contract import SearchResult, SearchType
 from kenning.workers.access_cli import COMMANDS as ACCESS_COMMANDS
@@ -183,11 +183,22 @@ def remember_command(
             ids = [item.id for item in added.added + added.unchanged]
             done = Remembered(item_ids=ids, run_id=run.id, status=run.status.value)
         else:
-            texts = [sys.stdin.read() if path == "-" else Path(path).read_text() for path in paths]
+            limit = memory.settings.max_document_bytes
+            texts = [sys.stdin.read(limit) if path == "-" else read_text(path, limit) for path in paths]
             done = memory.remember([Message(text=text) for text in texts], dataset, session_id)
     click.echo(done.model_dump_json() if as_json else f"remembered {len(done.item_ids)} items: {done.status}")
     if done.status not in ("completed", "queued"):
         sys.exit(1)
+
+
+def read_text(path: str, limit: int) -> str:
+    """A regular file's text, at most `limit` bytes: never a device or a pipe, which may not end."""
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"{path}: not a regular file")
+    if file.stat().st_size > limit:
+        raise InputError(f"{path}: {file.stat().st_size} bytes is over the limit of {limit} bytes")
+    return file.read_text(errors="replace")
 
 
 @main.command("recall")

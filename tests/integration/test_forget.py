@@ -223,3 +223,12 @@ def test_forgetting_a_dataset_keeps_a_run_that_waits_for_it(tmp_path: Path) -> N
         assert kenning.wiring.metadata.get_run(waiting.run_id) is not None
         assert kenning.wiring.metadata.get_dataset(kenning.scope("news")) is not None
         assert kenning.wiring.graph.counts(kenning.scope("news")) == (0, 0)
+
+
+def test_remembering_a_device_into_a_session_is_refused_not_read_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KENNING_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KENNING_EMBEDDING_PROVIDER", "hash")
+    refused = CliRunner().invoke(main, ["remember", "/dev/zero", "--session", "s", "--dataset", "d"])
+    assert refused.exit_code == 2 and "not a regular file" in refused.output
