@@ -45,3 +45,7 @@ bench: setup
 
 clean:
 	rm -rf .kenning bench/results dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+
+.PHONY: bench-locomo
+bench-locomo: setup
+	$(BIN)/python -m bench.locomo --conversations $${CONVERSATIONS:-5}

@@ -1,0 +1,343 @@
+"""Conversational memory on LoCoMo, no LLM: evidence recall, latency and the cost of forgetting.
+
+    python -m bench.locomo --conversations 5 --embedding local
+
+Each conversation is remembered, one `remember` call per session, into its own dataset of
+a fresh embedded home: every message is one data item whose id is its dia_id, with its
+speaker and the session's date (an image a speaker shares is kept as its caption, as in
+the LoCoMo baselines). Then every question is recalled with CHUNKS, CHUNKS_LEXICAL and
+HYBRID_COMPLETION (context only), and each result's cited data item is mapped back to its
+dia_id. Evidence recall@k is the share of a question's gold dia_ids cited by its first k
+results. Categories 1-4 make the overall figure; category 5 (adversarial: the answer is
+not in the conversation) is reported apart.
+
+Also measured: remember latency (per message, and per call), recall latency per type, and
+`forget` of one data item from a dataset of 1,000 messages. Data is read from
+../shared/data/locomo, never copied. Results go to bench/results/locomo.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kenning.workers.lifecycle import Message
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo5.json"
+RESULTS = ROOT / "bench" / "results"
+TYPES = ("CHUNKS", "CHUNKS_LEXICAL", "HYBRID_COMPLETION")
+CUTOFFS = (5, 10)
+TOP_K = 10
+ADVERSARIAL = 5
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+SESSION = re.compile(r"session_(\d+)")
+DIA_ID = re.compile(r"D:?(\d+):(\d+)")
+ID_PREFIX = "id:"
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    gold: frozenset[str]
+    category: int
+
+
+@dataclass
+class Conversation:
+    name: str
+    sessions: list[list[Message]]
+    questions: list[Question]
+    dropped_evidence: list[str] = field(default_factory=list)
+
+    @property
+    def messages(self) -> int:
+        return sum(len(session) for session in self.sessions)
+
+
+def session_time(text: str) -> datetime:
+    """`1:56 pm on 8 May, 2023` -> 2023-05-08 13:56."""
+    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y")
+
+
+def message_text(turn: dict[str, Any]) -> str:
+    caption = turn.get("blip_caption")
+    return f"{turn['text']} [shares an image: {caption}]" if caption else str(turn["text"])
+
+
+def conversation_of(record: dict[str, Any]) -> Conversation:
+    """A LoCoMo record as sessions of messages and questions whose gold ids exist.
+
+    The annotations hold a few malformed ids (`D:11:26`, `D8:6; D9:17`): they are repaired;
+    one naming no message of the conversation is dropped and listed.
+    """
+    dialogue = record["conversation"]
+    numbers = sorted(int(m.group(1)) for key in dialogue if (m := SESSION.fullmatch(key)))
+    sessions = [
+        [
+            Message(
+                speaker=turn["speaker"],
+                text=message_text(turn),
+                time=session_time(dialogue[f"session_{n}_date_time"]),
+                id=turn["dia_id"],
+            )
+            for turn in dialogue[f"session_{n}"]
+        ]
+        for n in numbers
+    ]
+    known = {message.id for session in sessions for message in session}
+    dropped: list[str] = []
+    questions = []
+    for qa in record["qa"]:
+        gold: set[str] = set()
+        for raw in qa.get("evidence", []):
+            found = [f"D{s}:{t}" for s, t in DIA_ID.findall(raw)]
+            gold.update(dia for dia in found if dia in known)
+            if not found or any(dia not in known for dia in found):
+                dropped.append(raw)
+        if gold:
+            questions.append(Question(qa["question"], frozenset(gold), int(qa["category"])))
+    name = str(record.get("sample_id") or "conversation")
+    return Conversation(name, sessions, questions, dropped)
+
+
+def load(path: Path, count: int | None) -> list[Conversation]:
+    records = json.loads(path.read_text())
+    return [conversation_of(record) for record in records[:count]]
+
+
+@contextmanager
+def opened(embedding: str) -> Iterator[Kenning]:
+    """A fresh embedded home, offline extractor, dropped on exit."""
+    with tempfile.TemporaryDirectory(prefix="kenning-locomo-") as home:
+        with Kenning(load_settings(home=home, embedding_provider=embedding, llm_url="")) as memory:
+            yield memory
+
+
+def remember(memory: Kenning, sessions: Sequence[Sequence[Message]], dataset: str) -> list[float]:
+    """Remember each session with one call; the seconds of each call."""
+    seconds = []
+    for session in sessions:
+        started = time.perf_counter()
+        done = memory.remember(list(session), dataset)
+        seconds.append(time.perf_counter() - started)
+        if done.status != "completed":
+            raise SystemExit(f"remember in {dataset} ended {done.status}")
+    return seconds
+
+
+def dia_ids(memory: Kenning, dataset: str) -> dict[str, str]:
+    """Data item id -> the message id it was remembered under (its source is `id:<message id>`)."""
+    metadata = memory.wiring.metadata
+    found = metadata.get_dataset(memory.scope(dataset))
+    if found is None:
+        return {}
+    items = metadata.list_items(found.id)
+    return {
+        item.id: item.source.removeprefix(ID_PREFIX) for item in items if item.source.startswith(ID_PREFIX)
+    }
+
+
+def cited(data_ids: Sequence[str | None], names: dict[str, str]) -> list[str]:
+    """The dia_id each result cites, in result order (None where it cites no known item)."""
+    return [names.get(data_id or "", "") for data_id in data_ids]
+
+
+def recall_at(citations: Sequence[str], gold: frozenset[str], k: int) -> float:
+    return len(gold & set(citations[:k])) / len(gold)
+
+
+def ask(
+    memory: Kenning, dataset: str, questions: Sequence[Question], kind: str, names: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One row per question: its category, recall at each cutoff and the recall's latency."""
+    rows = []
+    for question in questions:
+        started = time.perf_counter()
+        recalled = memory.recall(question.text, [dataset], type=kind, top_k=TOP_K)
+        seconds = time.perf_counter() - started
+        citations = cited([result.data_id for result in recalled.results], names)
+        row: dict[str, Any] = {"category": question.category, "seconds": seconds}
+        row.update({f"recall@{k}": recall_at(citations, question.gold, k) for k in CUTOFFS})
+        row["uncited"] = sum(1 for dia in citations if not dia)
+        rows.append(row)
+    return rows
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    figures: dict[str, Any] = {"questions": len(rows)}
+    for k in CUTOFFS:
+        figures[f"recall@{k}"] = round(statistics.mean(r[f"recall@{k}"] for r in rows), 4) if rows else None
+    return figures
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def milliseconds(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(1000 * percentile(values, 0.5), 1),
+        "p95_ms": round(1000 * percentile(values, 0.95), 1),
+    }
+
+
+def report(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Overall (categories 1-4), per category, the adversarial category apart, and latency."""
+    answerable = [r for r in rows if r["category"] != ADVERSARIAL]
+    per_category = {
+        f"{n} {CATEGORIES.get(n, '')}".strip(): summary([r for r in answerable if r["category"] == n])
+        for n in sorted({r["category"] for r in answerable})
+    }
+    return {
+        "overall": summary(answerable),
+        "per_category": per_category,
+        "adversarial": summary([r for r in rows if r["category"] == ADVERSARIAL]),
+        "uncited_results": sum(r["uncited"] for r in rows),
+        "latency": milliseconds([r["seconds"] for r in rows]),
+    }
+
+
+def run_conversation(
+    memory: Kenning, conversation: Conversation, types: Sequence[str]
+) -> tuple[list[float], dict[str, list[dict[str, Any]]]]:
+    """Remember the conversation in its own dataset, then ask its questions with each type."""
+    dataset = conversation.name
+    seconds = remember(memory, conversation.sessions, dataset)
+    names = dia_ids(memory, dataset)
+    missing = {m.id for s in conversation.sessions for m in s} - set(names.values())
+    if missing:
+        raise SystemExit(f"{dataset}: {len(missing)} messages have no data item, e.g. {sorted(missing)[:3]}")
+    return seconds, {kind: ask(memory, dataset, conversation.questions, kind, names) for kind in types}
+
+
+def forget_cost(
+    conversations: Sequence[Conversation], embedding: str, items: int, sample: int
+) -> dict[str, Any]:
+    """Remember the first `items` messages of the conversations in one dataset, then forget
+    `sample` of them, one item per call, evenly spread; the milliseconds of each call.
+
+    dia_ids repeat across conversations, and a message id seen again replaces the earlier
+    message, so here each id is prefixed with its conversation's name.
+    """
+    sessions: list[list[Message]] = []
+    left = items
+    for conversation in conversations:
+        for session in conversation.sessions:
+            if left > 0:
+                kept = session[:left]
+                sessions.append([m.model_copy(update={"id": f"{conversation.name}/{m.id}"}) for m in kept])
+                left -= len(kept)
+    dataset = "forget"
+    with opened(embedding) as memory:
+        started = time.perf_counter()
+        remember(memory, sessions, dataset)
+        remembered_s = time.perf_counter() - started
+        ids = sorted(dia_ids(memory, dataset))
+        chosen = ids[:: max(1, len(ids) // sample)][:sample]
+        seconds, reloaded = [], []
+        for data_id in chosen:
+            started = time.perf_counter()
+            forgotten = memory.forget(dataset, [data_id])
+            seconds.append(time.perf_counter() - started)
+            reloaded.append(sum(f.reload_chunks for f in forgotten))
+        left_items = len(dia_ids(memory, dataset))
+    return {
+        "items": len(ids),
+        "remember_s": round(remembered_s, 1),
+        "forgotten": len(chosen),
+        "items_left": left_items,
+        "ms_per_item": milliseconds(seconds),
+        "chunks_reloaded_per_item_p50": statistics.median(reloaded),
+    }
+
+
+def run(
+    conversations: Sequence[Conversation],
+    embedding: str,
+    forget_items: int,
+    forget_from: Sequence[Conversation] = (),
+) -> dict[str, Any]:
+    """The figures of the conversations, and of forgetting in a dataset of `forget_items`
+    messages drawn from `forget_from` (by default the same conversations)."""
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    calls: list[float] = []
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in TYPES}
+    per_conversation = {}
+    for conversation in conversations:
+        with opened(embedding) as memory:
+            seconds, found = run_conversation(memory, conversation, TYPES)
+        calls += seconds
+        for kind, kind_rows in found.items():
+            rows[kind] += kind_rows
+        per_conversation[conversation.name] = {
+            "sessions": len(conversation.sessions),
+            "messages": conversation.messages,
+            "questions": len(conversation.questions),
+            "remember_s": round(sum(seconds), 1),
+            **{kind: summary([r for r in found[kind] if r["category"] != ADVERSARIAL]) for kind in TYPES},
+        }
+        print(f"{conversation.name}: {json.dumps(per_conversation[conversation.name])}", file=sys.stderr)
+    messages = sum(c.messages for c in conversations)
+    source = forget_from or conversations
+    forgetting = forget_cost(source, embedding, forget_items, 20) if forget_items else None
+    print(f"forget: {json.dumps(forgetting)}", file=sys.stderr)
+    return {
+        "benchmark": "LoCoMo evidence recall (context only, no LLM)",
+        "conversations": len(conversations),
+        "messages": messages,
+        "questions": len(rows[TYPES[0]]),
+        "dropped_evidence_ids": [d for c in conversations for d in c.dropped_evidence],
+        "embedder": "local all-MiniLM-L6-v2" if embedding == "local" else embedding,
+        "extractor": "offline",
+        "top_k": TOP_K,
+        "results": {kind: report(kind_rows) for kind, kind_rows in rows.items()},
+        "remember": {
+            "calls": len(calls),
+            "ms_per_message": round(1000 * sum(calls) / messages, 1),
+            "per_call": milliseconds(calls),
+        },
+        "forget": forgetting,
+        "per_conversation": per_conversation,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--conversations", type=int, default=5, help="the first N conversations")
+    parser.add_argument("--embedding", choices=("local", "hash"), default="local")
+    parser.add_argument("--forget-items", type=int, default=1000, help="dataset size for forget; 0 skips it")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=RESULTS / "locomo.json")
+    args = parser.parse_args(argv)
+    everything = load(args.data, None)
+    figures = run(everything[: args.conversations], args.embedding, args.forget_items, everything)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
