@@ -177,16 +177,24 @@ def _poll_workers(url: str, deadline_s: float) -> dict[str, object]:
 def test_maintenance_starts_runs_for_datasets_with_work_left(
     deployment: Deployment, one_worker: Workers
 ) -> None:
-    from kenning.workers.celery_app import app, configure_app
+    from celery import Celery
+
+    from kenning.workers.celery_app import queue_name
 
     # Given one dataset with new data and one already cognified
     with deployment.memory() as memory:
         memory.add_text("Barbara McClintock discovered transposons.", "fresh")
         memory.add_text("Lise Meitner explained fission.", "done")
         assert memory.cognify("done").status.value == "completed"
-    configure_app(app, deployment.settings)
-    # When the scheduled maintenance job runs
-    started = app.send_task("kenning.maintenance").get(timeout=CLI_TIMEOUT_S)["started"]
+    # When the scheduled maintenance job runs (sent by a client app of its own: the process-wide
+    # app may already serve another test's configuration)
+    settings = deployment.settings
+    client = Celery("beat-client", broker=settings.broker_url, backend=settings.result_backend)
+    try:
+        sent = client.send_task("kenning.maintenance", queue=queue_name(settings, "pipeline"))
+        started = sent.get(timeout=CLI_TIMEOUT_S)["started"]
+    finally:
+        client.close()
     # Then it starts a run for the dataset with work left, and only for it
     assert list(started) == ["fresh"]
     with deployment.memory() as memory:
