@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from kenning.pipeline.context import Job, Services
-from kenning.pipeline.models import ChunkStatus, DataItem, EntityType, ItemStatus, extraction_key
+from kenning.pipeline.models import ChunkStatus, DataItem, Entity, EntityType, ItemStatus, extraction_key
 
-# Type nodes are shared by nearly every item and hold no text of their own: reloading
-# every item that mentions a type would reload the whole dataset for nothing.
-_NOT_RELOADED = frozenset({EntityType.type_name()})
+# Entities and their types are shared by many items (a conversation's speakers by every
+# message), and no search shows text of theirs but their name: reloading every item that
+# mentions them would reload most of the dataset for nothing. Their vector payloads get the
+# remaining provenance instead; facts (edges) and chunk-bound nodes are loaded again.
+_NOT_RELOADED = frozenset({EntityType.type_name(), Entity.type_name()})
 REPLACEABLE_SOURCES = ("file:", "s3:", "id:")
 
 
@@ -81,6 +83,10 @@ def _mark_survivors(services: Services, job: Job, kept: dict[str, list[str]]) ->
         return 0
     nodes = services.graph.get_nodes(job.scope, list(kept))
     typed = {node.id for node in nodes if node.type in _NOT_RELOADED}
+    if typed:
+        patch = {node_id: {"data_ids": kept[node_id]} for node_id in typed}
+        for name in services.vectors.list_collections():
+            services.vectors.set_payload(job.scope, name, patch)
     supporters = sorted({data_id for key, ids in kept.items() if key not in typed for data_id in ids})
     chunks = services.chunks.chunks_of(job.dataset_id, supporters)
     loaded = [chunk.id for chunk in chunks if chunk.status == ChunkStatus.LOADED]
