@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.models import ChunkStatus, DataItem, Entity, EntityType, ItemStatus, extraction_key
 
@@ -87,7 +88,10 @@ def _mark_survivors(services: Services, job: Job, kept: dict[str, list[str]]) ->
         patch = {node_id: {"data_ids": kept[node_id]} for node_id in typed}
         for name in services.vectors.list_collections():
             services.vectors.set_payload(job.scope, name, patch)
-    supporters = sorted({data_id for key, ids in kept.items() if key not in typed for data_id in ids})
+    # Structural edges (a chunk in its document, an entity of its type) say nothing of their own.
+    edges = services.graph.get_edges(job.scope, sorted(typed)) if typed else []
+    bare = typed | {edge.id for edge in edges if edge.relationship in STRUCTURAL_RELATIONSHIPS}
+    supporters = sorted({data_id for key, ids in kept.items() if key not in bare for data_id in ids})
     chunks = services.chunks.chunks_of(job.dataset_id, supporters)
     loaded = [chunk.id for chunk in chunks if chunk.status == ChunkStatus.LOADED]
     services.chunks.set_chunk_status(loaded, ChunkStatus.EXTRACTED)
