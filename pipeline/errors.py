@@ -21,6 +21,10 @@ class TransientStoreError(StoreError):
     """A store failed in a way that a retry may fix (connection lost, timeout)."""
 
 
+class NoWorker(StoreError):
+    """No worker consumes a queue the work needs: sent anyway, it would wait there unseen."""
+
+
 class DimensionMismatch(StoreError):
     """A vector collection exists with another dimension than the embedder's."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,16 +14,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from kenning.pipeline.context import Job, Services
-from kenning.pipeline.errors import TransientStoreError
+from kenning.pipeline.errors import NoWorker, TransientStoreError
 from kenning.pipeline.models import ChunkStatus, PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import PLAN, fail_run, start_run
 from kenning.retrieval.contract import SearchResult
+from kenning.workers import keys
 from kenning.workers.celery_app import app, configure_app
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import Settings
 from kenning.workers.wiring import Wiring
 
 POLL_S = 0.5
+# How long the workers have to say which queues they consume; a busy worker still answers
+# at once, since its main thread (not its pool) replies.
+PING_TIMEOUT_S = 2.0
 FINISHED = frozenset(
     {RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED, RunStatus.INTERRUPTED}
 )
@@ -43,6 +47,26 @@ def run_chain(job: Job) -> Any:
             tasks.append(app.signature(f"kenning.{step.name}"))
     tasks.append(app.signature("kenning.finish"))
     return chain(*tasks).on_error(app.signature("kenning.fail", args=(ids,)))
+
+
+def require_workers(settings: Settings, kinds: Sequence[str]) -> None:
+    """Raise `NoWorker` unless, for each queue of `kinds`, some worker says it consumes it.
+
+    The workers are asked over the broker and have `PING_TIMEOUT_S` to answer.
+    """
+    configure_app(app, settings)
+    try:
+        replies = app.control.inspect(timeout=PING_TIMEOUT_S).active_queues() or {}
+    except OperationalError as exc:
+        raise TransientStoreError(f"the broker at {settings.broker_url} did not answer: {exc}") from exc
+    consumed = {queue["name"] for queues in replies.values() for queue in queues or ()}
+    missing = [kind for kind in kinds if keys.queue_name(settings.queue_prefix, kind) not in consumed]
+    if missing:
+        names = ", ".join(keys.queue_name(settings.queue_prefix, kind) for kind in missing)
+        raise NoWorker(
+            f"no worker consumes {names} (none answered within {PING_TIMEOUT_S:.0f} s); "
+            f"start one with `kenning worker --queues {','.join(missing)}`"
+        )
 
 
 def enqueue(services: Services, settings: Settings, scope: Scope) -> Job:
@@ -72,9 +96,11 @@ def cognify_distributed(
     """Cognify the dataset on the workers, drawing its progress, until the run completes or errors.
 
     A run that fails ends errored with the error's text. After `timeout_s` the run as it
-    stands (still started) is returned; the workers go on with it.
+    stands (still started) is returned; the workers go on with it. With no worker consuming a
+    queue the run needs, `NoWorker` is raised and no run is made.
     """
     memory.dataset(dataset)  # an unknown name is an error, not a new dataset
+    require_workers(memory.settings, ("pipeline", "extract", "load"))
     job = enqueue(memory.wiring, memory.settings, memory.scope(dataset))
     console.print(f"run {job.run_id[:8]} of dataset {job.dataset!r} sent to the workers")
     return follow(memory.wiring, job, console, timeout_s or memory.settings.cognify_timeout_s)
@@ -167,7 +193,7 @@ def search_remote(
     settings: Settings, query: str, search_type: str, datasets: list[str], top_k: int, only_context: bool
 ) -> SearchResult:
     """Run a search on a query worker (`kenning.search`) and wait for its result."""
-    configure_app(app, settings)
+    require_workers(settings, ("query",))
     request = {
         "query": query,
         "type": search_type,
