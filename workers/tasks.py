@@ -4,12 +4,13 @@ A run is one chain, built from `pipeline.plan.PLAN` by `workers.canvas`:
 
     kenning.begin -> kenning.<step> ... -> kenning.fan_out -> ... -> kenning.finish
 
-`begin` takes the dataset lock for the run and every later message carries its fencing
-token; each task holds the lock while it works (see `holding` for the rule) and aborts
-the run with `LockLost` when another run has it. A fan-out step's task replaces itself
-with a flat chord: one `kenning.<step>` task per batch of item ids, then `kenning.gather`,
-which records the merged counters and lets the chain go on. `kenning.fail`, linked as the
-error callback of every task, marks the run errored and releases the lock.
+`begin` takes the dataset lock for the run and every later message carries the fencing
+token it was last held under (carried, not compared: see `holding`); each task holds the
+lock while it works and aborts the run with `LockLost` when another run has it. A fan-out
+step's task replaces itself with a flat chord: one `kenning.<step>` task per batch of item
+ids, then `kenning.gather`, which records the merged counters and lets the chain go on.
+`kenning.fail`, linked as the error callback of every task, marks the run errored and
+releases the lock.
 
 Tasks are acknowledged when done, so the task of a worker that died is delivered again;
 redeliveries are counted, and a task redelivered more than `max_redeliveries` times (a
@@ -182,9 +183,18 @@ def holding(resources: Resources, message: Message) -> Iterator[int]:
     of a run hold it together). When the lock is free, because every task that extended it died
     (a killed worker) and it expired, a task of a run that has not ended takes it again for its
     run, with a new, larger fencing token, and goes on: a redelivered task continues its run.
-    When another run holds it, the task raises `LockLost` and its run ends errored. Two runs
-    never interleave: a run only ever takes a free lock, never one that another run holds, and
-    a run that has ended never takes it again.
+    When another run holds it, the task raises `LockLost` and its run ends errored. A run only
+    ever takes a free lock, never one that another run holds, and a run that has ended never
+    takes it again.
+
+    What this does not guarantee: the lock is checked when a task starts and by the heartbeat,
+    not before each store write, and the token is not compared by the stores. A task whose
+    process stops past the ttl (SIGSTOP, a long pause, a partitioned host) while another run
+    takes the expired lock still makes the writes of the step it was in when it resumes; its
+    heartbeat then finds the lock lost, and its next task raises `LockLost`. The writes are
+    upserts under deterministic ids, so that window can repeat data the other run also writes,
+    or write back what it deleted; a ttl (`KENNING_LOCK_TTL_S`) well above the longest pause
+    keeps it closed.
     """
     token = hold(resources, message)
     stop = threading.Event()
