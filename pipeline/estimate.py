@@ -6,6 +6,8 @@ extraction is already cached (or already extracted) are not counted.
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel
 
 from kenning.pipeline.chunking import chunk_text
@@ -14,11 +16,16 @@ from kenning.pipeline.errors import InputError
 from kenning.pipeline.loaders import detect_kind, extract_text
 from kenning.pipeline.models import ChunkStatus, ItemStatus, Scope, content_hash, extraction_key
 
-# Measured on the offline extractor's output for 2Wiki paragraphs: the JSON answer is
-# about as long as the chunk, plus the schema's fixed part.
-PROMPT_OVERHEAD_TOKENS = 700
-COMPLETION_PER_CHUNK_TOKEN = 1.0
-COMPLETION_OVERHEAD_TOKENS = 120
+# Measured against the LLM simulator (which bills four characters a token and answers with
+# the offline extractor's graph) on SciFact abstracts, 2Wiki and HotpotQA paragraphs.
+# The prompt is the chunk plus the system prompt and the chunk's wrapper; a provider that
+# also bills the response schema adds about 400 tokens a call. The answer grows with the
+# names a chunk mentions (each becomes a node with a description) far more than with its
+# length; text whose headers and markup are capitalized (reStructuredText) is overestimated.
+PROMPT_OVERHEAD_TOKENS = 300
+COMPLETION_PER_CHUNK_TOKEN = 0.4
+COMPLETION_PER_NAME_TOKENS = 50
+_NAME = re.compile(r"\b[A-Z][\w'-]*")
 
 
 class Estimate(BaseModel):
@@ -64,9 +71,10 @@ def estimate(services: Services, scope: Scope) -> Estimate:
     result.llm_calls = len(fresh)
     chunk_tokens = sum(len(text) // 4 for text in fresh)
     result.prompt_tokens = chunk_tokens + PROMPT_OVERHEAD_TOKENS * len(fresh)
-    result.completion_tokens = int(
-        chunk_tokens * COMPLETION_PER_CHUNK_TOKEN
-    ) + COMPLETION_OVERHEAD_TOKENS * len(fresh)
+    names = sum(len(_NAME.findall(text)) for text in fresh)
+    result.completion_tokens = (
+        int(chunk_tokens * COMPLETION_PER_CHUNK_TOKEN) + COMPLETION_PER_NAME_TOKENS * names
+    )
     return result
 
 
