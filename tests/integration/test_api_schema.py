@@ -77,7 +77,11 @@ def examine(operation: Any, mode: GenerationMode) -> None:
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=6, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def call(case: Any) -> None:
-        case.call_and_validate(checks=CHECKS)
+        checks = CHECKS
+        if case.media_type == "multipart/form-data":
+            # A form carries every field as text: a number or boolean sent there is a valid string.
+            checks = [check for check in CHECKS if check is not negative_data_rejection]
+        case.call_and_validate(checks=checks)
 
     try:
         call()
