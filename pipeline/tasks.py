@@ -32,6 +32,7 @@ from kenning.pipeline.models import (
 )
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import chunked
+from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,13 @@ def classify(services: Services, job: Job) -> dict[str, int]:
     """Data items -> typed documents; unreadable items are marked failed with the reason."""
     items = services.metadata.list_items(job.dataset_id, ItemStatus.PENDING)
     documents: list[DocumentRecord] = []
-    for item in items:
+    report("classify", 0, len(items))
+    for done, item in enumerate(items, 1):
         try:
             documents.append(_classify_item(services, job, item))
         except InputError as error:
             services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
+        report("classify", done, len(items))
     services.chunks.save_documents(documents)
     for document in documents:
         services.metadata.set_item_status(document.data_id, ItemStatus.CLASSIFIED)
@@ -76,15 +79,18 @@ def _classify_item(services: Services, job: Job, item: DataItem) -> DocumentReco
 def chunk(services: Services, job: Job) -> list[str]:
     """Documents -> chunks; returns the ids of every chunk still waiting for extraction."""
     items = {item.id: item for item in services.metadata.list_items(job.dataset_id, ItemStatus.CLASSIFIED)}
-    for document in services.chunks.list_documents(job.dataset_id, list(items)):
+    documents = services.chunks.list_documents(job.dataset_id, list(items))
+    report("chunk", 0, len(documents))
+    for done, document in enumerate(documents, 1):
         item = items[document.data_id]
         try:
             records = _chunk_document(services, job, item, document)
         except InputError as error:
             services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
-            continue
-        services.chunks.save_chunks(records)
-        services.metadata.set_item_status(item.id, ItemStatus.CHUNKED)
+        else:
+            services.chunks.save_chunks(records)
+            services.metadata.set_item_status(item.id, ItemStatus.CHUNKED)
+        report("chunk", done, len(documents))
     pending = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.PENDING)
     return pending + services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.FAILED)
 
@@ -171,7 +177,7 @@ def load(services: Services, job: Job) -> dict[str, int]:
 
     Batches are pipelined: while one thread writes batch k to the stores, the caller's
     thread assembles and embeds batch k+1. Writes stay in batch order, and a batch's
-    chunks are marked loaded only once it is written.
+    chunks are marked loaded only once it is written. Progress counts the chunks written.
     """
     forgotten = forget_superseded(services, job)
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
@@ -179,16 +185,22 @@ def load(services: Services, job: Job) -> dict[str, int]:
     if chunk_ids:
         for name in collection.INDEXED:
             services.vectors.ensure_collection(name, services.embedder.dimension)
+    written = 0
+    report("load", written, len(chunk_ids))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-writer") as writer:
-        pending: Future[Counter[str]] | None = None
+        pending: tuple[Future[Counter[str]], int] | None = None
         for batch in chunked(chunk_ids, services.config.load_batch):
             assembly = _assemble_batch(services, job, batch)
             vectors = _embed(services, assembly)
             if pending is not None:
-                totals.update(pending.result())
-            pending = writer.submit(_write_batch, services, job, batch, assembly, vectors)
+                totals.update(pending[0].result())
+                written += pending[1]
+                report("load", written, len(chunk_ids))
+            pending = writer.submit(_write_batch, services, job, batch, assembly, vectors), len(batch)
         if pending is not None:
-            totals.update(pending.result())
+            totals.update(pending[0].result())
+            written += pending[1]
+            report("load", written, len(chunk_ids))
     _mark_items_done(services, job)
     return dict(totals)
 

@@ -129,9 +129,9 @@ def watch(
 ) -> dict[str, PipelineRun]:
     """Draw the runs `find` names (asked again at each poll) until every one of them is finished.
 
-    Each run has two bars: its steps, and its chunks extracted or loaded out of all its
-    chunks, `labelled` with the run's dataset and id. Returns the runs seen, by id, as they
-    last stood: after `timeout_s`, finished or not.
+    Each run has three bars: its steps, its chunks extracted (or already loaded) and its chunks
+    written to the stores, each out of all its chunks, `labelled` with the run's dataset and id.
+    Returns the runs seen, by id, as they last stood: after `timeout_s`, finished or not.
     """
     deadline = time.monotonic() + timeout_s
     columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -153,10 +153,11 @@ def watch(
 
 @dataclass(frozen=True)
 class Bars:
-    """The two bars of one run, and the label in front of their descriptions."""
+    """The bars of one run, and the label in front of their descriptions."""
 
     steps: TaskID
     chunks: TaskID
+    loaded: TaskID
     label: str = ""
 
 
@@ -164,7 +165,8 @@ def add_bars(bars: Progress, job: Job, labelled: bool) -> Bars:
     label = f"{job.dataset} {job.run_id[:8]} " if labelled else ""
     steps = bars.add_task(f"{label}starting", total=len(PLAN))
     chunks = bars.add_task(f"{label}chunks extracted", total=None)
-    return Bars(steps, chunks, label)
+    loaded = bars.add_task(f"{label}chunks loaded", total=None)
+    return Bars(steps, chunks, loaded, label)
 
 
 def current_run(services: Services, job: Job) -> PipelineRun:
@@ -187,6 +189,8 @@ def draw(bars: Progress, run_bars: Bars, run: PipelineRun, counts: dict[ChunkSta
     total = sum(counts.values())
     extracted = counts[ChunkStatus.EXTRACTED] + counts[ChunkStatus.LOADED]
     bars.update(run_bars.chunks, completed=extracted, total=total or None)
+    # The load task marks each batch's chunks loaded once written: this bar moves during it.
+    bars.update(run_bars.loaded, completed=counts[ChunkStatus.LOADED], total=total or None)
 
 
 def search_remote(

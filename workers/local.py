@@ -21,6 +21,7 @@ from kenning.pipeline.plan import (
     start_run,
 )
 from kenning.pipeline.ports import Lock, MetadataStore, chunked
+from kenning.pipeline.progress import reporting
 
 EMBEDDED_PID = "embedded_pid"
 
@@ -101,9 +102,11 @@ class LocalRunner:
                 # Each batch is recorded as it ends, so a killed run keeps what it spent.
                 self._fan_out(step, job, items)
                 continue
-            result = step.run(self._services, job, items)
+            with reporting(self._progress) as reported:
+                result = step.run(self._services, job, items)
             record_step(self._services, job, step.name, result.counts)
-            self._progress(step.name, 1, 1)
+            if not reported.count:  # a step with no units of its own: one, done
+                self._progress(step.name, 1, 1)
             items = result.items
 
     def _fan_out(self, step: Step, job: Job, items: list[str]) -> StepResult:
