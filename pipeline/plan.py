@@ -28,6 +28,9 @@ class Step:
     name: str
     function: StepFunction
     fan_out: bool = False
+    # Also run, pass after pass, over what the fan-out step before it has finished so far, while
+    # it goes on: so writes overlap the LLM calls. Its final run after the fan-out does the rest.
+    streams: bool = False
 
     def batch_size(self, config: PipelineConfig) -> int:
         return config.extract_batch if self.fan_out else 1
@@ -69,7 +72,7 @@ PLAN: tuple[Step, ...] = (
     Step("classify", _classify),
     Step("chunk", _chunk),
     Step("extract", _extract, fan_out=True),
-    Step("load", _load),
+    Step("load", _load, streams=True),
     Step("fk_edges", _fk_edges),
 )
 STEPS = {step.name: step for step in PLAN}

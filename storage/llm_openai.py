@@ -133,6 +133,10 @@ class OpenAIExtractor:
     def breaker_state(self) -> str:
         return self._chat.breaker.state
 
+    def answered(self) -> tuple[int, float]:
+        """Requests answered so far and the seconds they took, from admission to answer (a `Metered`)."""
+        return self._chat.answered()
+
     def extract(self, text: str) -> Extraction:
         """The chunk's extraction, with `usage`: the tokens of every attempt it took."""
         user = "Extract the knowledge graph and the summary of this chunk.\n\n" + wrap_chunk(text)
@@ -236,6 +240,7 @@ class _ChatCaller:
             max_retries=0,
         )
         self._usage = LLMUsage()
+        self._answered: tuple[int, float] = (0, 0.0)
         self._lock = threading.Lock()
         self._random = random.Random()
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s)
@@ -244,6 +249,10 @@ class _ChatCaller:
     def usage(self) -> LLMUsage:
         with self._lock:
             return self._usage
+
+    def answered(self) -> tuple[int, float]:
+        with self._lock:
+            return self._answered
 
     def ask(
         self, system: str, user: str, parse: Callable[[str], T], response_format: ResponseFormat | None
@@ -285,6 +294,7 @@ class _ChatCaller:
             self._limiter.acquire(self._limit_key, tokens, self.config.rate_limit_wait_s)
         self._count(calls=1)
         timeout = max(0.1, min(self.config.timeout_s, left_s))
+        sent = time.monotonic()
         try:
             response = self._client.chat.completions.create(
                 model=self.config.model,
@@ -304,6 +314,9 @@ class _ChatCaller:
             self.breaker.failed(f"connection failed: {exc}")
             raise _Retry(f"connection failed: {exc}", transient=True) from exc
         self.breaker.succeeded()
+        with self._lock:
+            calls, seconds = self._answered
+            self._answered = (calls + 1, seconds + time.monotonic() - sent)
         if response.usage is not None:
             self._count(
                 prompt_tokens=response.usage.prompt_tokens, completion_tokens=response.usage.completion_tokens

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.models import PipelineRun, RunStatus, Scope, utcnow
+from kenning.pipeline.pacing import Metered, Pacer
 from kenning.pipeline.plan import (
     PLAN,
     Step,
@@ -16,7 +18,6 @@ from kenning.pipeline.plan import (
     fail_run,
     finish_run,
     interrupt_others,
-    merge_counts,
     record_step,
     start_run,
 )
@@ -24,6 +25,9 @@ from kenning.pipeline.ports import Lock, MetadataStore, chunked
 from kenning.pipeline.progress import reporting
 
 EMBEDDED_PID = "embedded_pid"
+# A fan-out step's batches are cut small enough that each thread of the pool gets this many:
+# the calls in flight then stay even to the end instead of trailing off with a few long batches.
+BATCHES_PER_THREAD = 4
 
 # (step name, done, total): called as work advances, from the runner's thread.
 ProgressCallback = Callable[[str, int, int], None]
@@ -60,14 +64,23 @@ def _alive(pid: int) -> bool:
 
 
 class LocalRunner:
-    """Runs the pipeline plan for one dataset at a time, under the dataset lock."""
+    """Runs the pipeline plan for one dataset at a time, under the dataset lock.
+
+    A fan-out step keeps at most `concurrency` batches in flight; with `rpm` (the LLM's
+    requests a minute, 0: no limit), as many as keep that limit busy at the latency its
+    calls are observed to take (`pacing`), within `concurrency`. A step that `streams`
+    runs pass after pass, on one writer thread, over what the fan-out before it has
+    finished (whenever the writer is free and a quarter of `load_batch` more items are
+    ready), and once more after it: the writes overlap the LLM calls.
+    """
 
     def __init__(
         self,
         services: Services,
         lock: Lock,
         *,
-        concurrency: int = 4,
+        concurrency: int = 32,
+        rpm: int = 0,
         lock_ttl_s: float = 600.0,
         plan: Sequence[Step] = PLAN,
         progress: ProgressCallback = no_progress,
@@ -75,6 +88,7 @@ class LocalRunner:
         self._services = services
         self._lock = lock
         self._concurrency = concurrency
+        self._rpm = rpm
         self._lock_ttl_s = lock_ttl_s
         self._plan = plan
         self._progress = progress
@@ -97,10 +111,12 @@ class LocalRunner:
 
     def _run_steps(self, job: Job) -> None:
         items: list[str] = []
-        for step in self._plan:
+        for index, step in enumerate(self._plan):
             if step.fan_out:
+                following = self._plan[index + 1] if index + 1 < len(self._plan) else None
+                streamed = following if following is not None and following.streams else None
                 # Each batch is recorded as it ends, so a killed run keeps what it spent.
-                self._fan_out(step, job, items)
+                self._fan_out(step, job, items, streamed)
                 continue
             with reporting(self._progress) as reported:
                 result = step.run(self._services, job, items)
@@ -109,17 +125,86 @@ class LocalRunner:
                 self._progress(step.name, 1, 1)
             items = result.items
 
-    def _fan_out(self, step: Step, job: Job, items: list[str]) -> StepResult:
-        batches = list(chunked(items, step.batch_size(self._services.config)))
-        results: list[StepResult] = []
+    def _fan_out(self, step: Step, job: Job, items: list[str], streamed: Step | None) -> None:
+        config = self._services.config
+        size = min(step.batch_size(config), max(1, len(items) // (BATCHES_PER_THREAD * self._concurrency)))
+        batches = deque(chunked(items, size))
+        pacer = Pacer(self._rpm, self._concurrency)
+        client = self._metered() if batches else None
+        if client is not None:
+            pacer.follow(client)
+
+        def record(counts: dict[str, int]) -> None:
+            record_step(self._services, job, step.name, counts)
+
         self._progress(step.name, 0, len(items))
-        with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix=step.name) as pool:
-            done = 0
-            for batch, result in zip(
-                batches, pool.map(lambda b: step.run(self._services, job, b), batches), strict=True
-            ):
-                results.append(result)
-                record_step(self._services, job, step.name, result.counts)
-                done += len(batch)
-                self._progress(step.name, done, len(items))
-        return StepResult(counts=merge_counts(results))
+        done = 0
+        with (
+            ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix=step.name) as pool,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream") as writer,
+        ):
+            stream = _Stream(self._services, job, streamed, writer, max(1, config.load_batch // 4), record)
+            running: dict[Future[StepResult], int] = {}
+            while batches or running:
+                while batches and len(running) < pacer.limit:
+                    batch = batches.popleft()
+                    running[pool.submit(step.run, self._services, job, batch)] = len(batch)
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    count = running.pop(future)
+                    record(future.result().counts)
+                    done += count
+                    self._progress(step.name, done, len(items))
+                    if client is not None:
+                        pacer.follow(client)
+                    stream.advance(count)
+            stream.finish()
+
+    def _metered(self) -> Metered | None:
+        if not self._rpm:
+            return None
+        extractor = self._services.extractor
+        return extractor if isinstance(extractor, Metered) else None
+
+
+class _Stream:
+    """Runs a step pass after pass on one writer thread, one pass at a time, each time `every`
+    more items are ready; `record` gets each pass's counters, on the caller's thread. A small
+    `every` leaves little for the pass after the fan-out, which nothing overlaps."""
+
+    def __init__(
+        self,
+        services: Services,
+        job: Job,
+        step: Step | None,
+        writer: ThreadPoolExecutor,
+        every: int,
+        record: Callable[[dict[str, int]], None],
+    ) -> None:
+        self._services = services
+        self._job = job
+        self._step = step
+        self._writer = writer
+        self._every = every
+        self._record = record
+        self._ready = 0
+        self._pass: Future[StepResult] | None = None
+
+    def advance(self, ready: int) -> None:
+        """`ready` more items are ready: start a pass if enough are and none is running."""
+        if self._step is None:
+            return
+        self._ready += ready
+        if self._pass is not None:
+            if not self._pass.done():
+                return
+            self.finish()
+        if self._ready >= self._every:
+            self._ready = 0
+            self._pass = self._writer.submit(self._step.run, self._services, self._job, [])
+
+    def finish(self) -> None:
+        """Wait for the running pass, if any, and record it."""
+        if self._pass is not None:
+            running, self._pass = self._pass, None
+            self._record(running.result().counts)

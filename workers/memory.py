@@ -127,6 +127,7 @@ class Kenning:
             self.wiring,
             self.wiring.lock,
             concurrency=self.settings.concurrency,
+            rpm=self.settings.llm_rpm if self.settings.llm_url else 0,
             lock_ttl_s=self.settings.lock_ttl_s,
             progress=progress,
         )

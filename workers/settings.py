@@ -100,7 +100,12 @@ class Settings(BaseSettings):
         default=5000, ge=1, le=120_000, description="The graph server stops a Cypher query after this"
     )
     cypher_max_rows: int = Field(default=200, ge=1, description="Rows a Cypher query returns at most")
-    concurrency: int = Field(default=4, ge=1, le=256, description="Extractions in flight, embedded")
+    concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=256,
+        description="Extractions in flight at most, embedded; with KENNING_LLM_RPM, as many as reach it",
+    )
     user: str = Field(default="local", min_length=1, description="The user sessions belong to")
     session_backend: Literal["file", "redis", "none"] = Field(
         default="file", description="Session memory: files under home, Redis (shared), or none"

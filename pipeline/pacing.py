@@ -1,0 +1,72 @@
+"""How many LLM calls to keep in flight: enough to reach the rate limit, no more.
+
+By Little's law a provider admitting `rpm / 60` requests a second, each taking
+`latency` seconds to answer, is kept busy by `rpm / 60 * latency` calls in flight.
+Fewer leave part of the limit unused; more only queue at the rate limiter. The latency
+is observed as calls are answered, so the number follows it as it changes.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Protocol, runtime_checkable
+
+# Calls in flight beyond Little's law: latency varies from call to call, and the limiter's
+# own pauses would otherwise leave the provider idle.
+HEADROOM = 1.2
+# The weight of the newest observation in the moving average of latency.
+SMOOTHING = 0.3
+# What a call is assumed to take before any has been answered.
+INITIAL_LATENCY_S = 1.0
+
+
+def in_flight(rpm: int, latency_s: float, cap: int) -> int:
+    """Calls to keep in flight under `rpm` requests a minute (0: no limit) when a call takes
+    `latency_s` seconds: ceil(rpm / 60 * latency * HEADROOM), between 1 and `cap`."""
+    if rpm <= 0:
+        return cap
+    return max(1, min(cap, math.ceil(rpm / 60 * latency_s * HEADROOM)))
+
+
+@runtime_checkable
+class Metered(Protocol):
+    """A client that tells how long its answered requests took."""
+
+    def answered(self) -> tuple[int, float]:
+        """Requests answered so far, and the seconds they took in all (waits for admission excluded)."""
+        ...
+
+
+class Pacer:
+    """The calls to keep in flight, following an exponential moving average of observed latency."""
+
+    def __init__(self, rpm: int, cap: int, latency_s: float = INITIAL_LATENCY_S) -> None:
+        self._rpm = rpm
+        self._cap = cap
+        self._latency_s = latency_s
+        self._seen: tuple[int, float] | None = None
+        self._mutex = threading.Lock()
+
+    @property
+    def latency_s(self) -> float:
+        return self._latency_s
+
+    @property
+    def limit(self) -> int:
+        return in_flight(self._rpm, self._latency_s, self._cap)
+
+    def observe(self, calls: int, seconds: float) -> None:
+        """`calls` more requests were answered, taking `seconds` in all."""
+        if calls <= 0:
+            return
+        with self._mutex:
+            self._latency_s += SMOOTHING * (seconds / calls - self._latency_s)
+
+    def follow(self, client: Metered) -> None:
+        """Observe what `client` answered since the previous call (the first only takes note)."""
+        calls, seconds = client.answered()
+        with self._mutex:
+            seen, self._seen = self._seen, (calls, seconds)
+        if seen is not None:
+            self.observe(calls - seen[0], seconds - seen[1])

@@ -1,0 +1,136 @@
+"""Calls in flight sized from the rate limit and the observed latency; load streaming behind extraction."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from kenning.pipeline.ingest import Source, add
+from kenning.pipeline.models import Extraction, GraphNode, Scope
+from kenning.pipeline.offline import OfflineExtractor
+from kenning.pipeline.pacing import Metered, Pacer, in_flight
+from kenning.storage.memory_graph import MemoryGraphStore
+from kenning.workers.local import LocalRunner
+from tests.twins import CountingExtractor, TwinServices
+
+SCOPE = Scope(tenant="t1", dataset="stream")
+TEXTS = [f"Person{n} Alpha met Person{n} Beta in City{n} during the year {1900 + n}." for n in range(8)]
+
+
+def test_in_flight_follows_littles_law_within_the_cap() -> None:
+    # 600 requests a minute at 500 ms a call: 10/s x 0.5 s = 5 calls, 6 with the headroom
+    assert in_flight(600, 0.5, 32) == 6
+    assert in_flight(600, 10.0, 32) == 32  # never past the cap
+    assert in_flight(60, 0.01, 32) == 1  # never below one
+    assert in_flight(0, 0.5, 32) == 32  # no limit: the cap
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.calls, self.seconds = 0, 0.0
+
+    def answered(self) -> tuple[int, float]:
+        return self.calls, self.seconds
+
+
+def test_pacer_moves_with_the_observed_latency() -> None:
+    # Given a pacer at 600 requests a minute, before any call was answered
+    pacer = Pacer(600, 32)
+    client = FakeClient()
+    assert isinstance(client, Metered)
+    pacer.follow(client)  # the first look only takes note
+    first = pacer.limit
+    # When calls are seen to take 500 ms, again and again
+    for _ in range(30):
+        client.calls, client.seconds = client.calls + 10, client.seconds + 5.0
+        pacer.follow(client)
+    # Then the calls in flight come down to what 500 ms needs
+    assert first == in_flight(600, 1.0, 32) == 12
+    assert pacer.latency_s == pytest.approx(0.5, rel=1e-3) and pacer.limit in (6, 7)
+    # And when calls slow down to 2 s, they go up again
+    for _ in range(30):
+        client.calls, client.seconds = client.calls + 10, client.seconds + 20.0
+        pacer.follow(client)
+    assert pacer.latency_s == pytest.approx(2.0, rel=1e-3) and pacer.limit in (24, 25)
+
+
+class Recorder:
+    """The order in which extractions end and graph writes happen."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.written = threading.Event()
+        self.mutex = threading.Lock()
+
+    def note(self, event: str) -> None:
+        with self.mutex:
+            self.events.append(event)
+
+
+class RecordingGraph(MemoryGraphStore):
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
+        super().upsert_nodes(scope, nodes)
+        self.recorder.note("written")
+        self.recorder.written.set()
+
+
+class SlowExtractor(CountingExtractor):
+    """Answers the first `quick` calls at once; every later one only once something was written
+    (or after a bound, so that a runner that does not stream fails the test instead of hanging)."""
+
+    def __init__(self, recorder: Recorder, quick: int) -> None:
+        super().__init__()
+        self.recorder, self.quick = recorder, quick
+        self._slow_inner = OfflineExtractor()
+        self._slow_mutex = threading.Lock()
+
+    def extract(self, text: str) -> Extraction:
+        with self._slow_mutex:
+            self.calls += 1
+            late = self.calls > self.quick
+        if late:
+            self.recorder.written.wait(timeout=10)
+        extraction = self._slow_inner.extract(text)
+        self.recorder.note("extracted")
+        return extraction
+
+
+def ingest(services: TwinServices) -> None:
+    add(
+        services.metadata,
+        services.blobs,
+        SCOPE,
+        [Source(name=f"{i}.txt", uri=f"t:{i}", data=t.encode()) for i, t in enumerate(TEXTS)],
+    )
+
+
+def test_load_writes_while_extraction_goes_on() -> None:
+    # Given chunks loaded two at a time, and an extractor whose later calls end only after a write
+    recorder = Recorder()
+    services = TwinServices(graph=RecordingGraph(recorder), extractor=SlowExtractor(recorder, quick=2))
+    services.config.load_batch = 2
+    ingest(services)
+    # When the dataset is cognified
+    run = LocalRunner(services, services.lock, concurrency=2).run(SCOPE)
+    # Then the first write came before the last extraction ended
+    events = recorder.events
+    last_extraction = len(events) - 1 - events[::-1].index("extracted")
+    assert run.status.value == "completed", run.error
+    assert events.index("written") < last_extraction
+    # And the graph is the one a single load after the extraction builds
+    plain = TwinServices()
+    plain.config.load_batch = 1000
+    ingest(plain)
+    LocalRunner(plain, plain.lock, concurrency=2).run(SCOPE)
+    nodes, edges = services.graph.export(SCOPE)
+    plain_nodes, plain_edges = plain.graph.export(SCOPE)
+    assert {n.id for n in nodes} == {n.id for n in plain_nodes}
+    assert {e.id for e in edges} == {e.id for e in plain_edges}
+    for name in plain.vectors.list_collections():
+        assert services.vectors.count(SCOPE, name) == plain.vectors.count(SCOPE, name)
