@@ -89,7 +89,9 @@ def _mark_survivors(services: Services, job: Job, kept: dict[str, list[str]]) ->
         for name in services.vectors.list_collections():
             services.vectors.set_payload(job.scope, name, patch)
     # Structural edges (a chunk in its document, an entity of its type) say nothing of their own.
-    edges = services.graph.get_edges(job.scope, sorted(typed)) if typed else []
+    # From the entities only: a type node touches every entity of its type.
+    entities = sorted(node.id for node in nodes if node.type == Entity.type_name())
+    edges = services.graph.get_edges(job.scope, entities) if entities else []
     bare = typed | {edge.id for edge in edges if edge.relationship in STRUCTURAL_RELATIONSHIPS}
     supporters = sorted({data_id for key, ids in kept.items() if key not in bare for data_id in ids})
     chunks = services.chunks.chunks_of(job.dataset_id, supporters)

@@ -55,6 +55,8 @@ provenance_table = sa.Table(
     sa.Column("kind", sa.String(8), primary_key=True),
     sa.Column("item_id", sa.String, primary_key=True),
     sa.Column("data_id", sa.String, primary_key=True),
+    # What a data item supports, for forget and records: without it each lookup scans the scope.
+    sa.Index("ix_graph_provenance_data", "tenant", "dataset", "data_id"),
 )
 
 
