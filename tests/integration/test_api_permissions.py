@@ -383,8 +383,9 @@ def check_run(
     other: Who,
 ) -> None:
     tenant, name = world.owner[item]
-    answer = client.get(f"/v1/runs/{world.runs[(tenant, name)]}", headers=auth)
-    sees = tenant == who.tenant and (who.may(READ, name) or who.may(WRITE, name))
+    run_id = world.runs.get((tenant, name))  # none for a dataset an allowed add created
+    answer = client.get(f"/v1/runs/{run_id or 'no-such-run'}", headers=auth)
+    sees = run_id is not None and tenant == who.tenant and (who.may(READ, name) or who.may(WRITE, name))
     assert answer.status_code == (200 if sees else 404), answer.text
 
 
