@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import Scope
@@ -33,3 +34,25 @@ def held(lock: Lock, name: str, ttl_s: float, wait_s: float = 3600.0, poll_s: fl
         yield token
     finally:
         lock.release(name, token)
+
+
+# The check a step's writes pass, set by the task that runs the step (see `fenced`).
+_fence: ContextVar[Callable[[], None] | None] = ContextVar("kenning_fence", default=None)
+
+
+@contextmanager
+def fenced(check: Callable[[], None]) -> Iterator[None]:
+    """Make `check` the fence of the steps run in this block (and this context): each of their
+    store write batches calls it first, and does not happen when it raises (`LockLost`)."""
+    token = _fence.set(check)
+    try:
+        yield
+    finally:
+        _fence.reset(token)
+
+
+def check_fence() -> None:
+    """Called right before a write batch: raises when the caller no longer holds its dataset lock."""
+    check = _fence.get()
+    if check is not None:
+        check()

@@ -10,6 +10,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import copy_context
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
@@ -18,6 +19,7 @@ from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import InputError, LLMError
 from kenning.pipeline.forget import forget_superseded
 from kenning.pipeline.loaders import detect_kind, extract_rows, extract_text
+from kenning.pipeline.locking import check_fence
 from kenning.pipeline.models import (
     Chunk,
     ChunkRecord,
@@ -49,8 +51,10 @@ def classify(services: Services, job: Job) -> dict[str, int]:
         try:
             documents.append(_classify_item(services, job, item))
         except InputError as error:
+            check_fence()
             services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
         report("classify", done, len(items))
+    check_fence()
     services.chunks.save_documents(documents)
     for document in documents:
         services.metadata.set_item_status(document.data_id, ItemStatus.CLASSIFIED)
@@ -86,8 +90,10 @@ def chunk(services: Services, job: Job) -> list[str]:
         try:
             records = _chunk_document(services, job, item, document)
         except InputError as error:
+            check_fence()
             services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
         else:
+            check_fence()
             services.chunks.save_chunks(records)
             services.metadata.set_item_status(item.id, ItemStatus.CHUNKED)
         report("chunk", done, len(documents))
@@ -138,6 +144,7 @@ def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str,
     keys = {c.id: extraction_key(extractor.model, extractor.prompt_version, c.text_hash) for c in chunks}
     cached = services.cache.get_extractions(list(set(keys.values())))
     hits = [c.id for c in chunks if keys[c.id] in cached]
+    check_fence()
     services.chunks.set_chunk_status(hits, ChunkStatus.EXTRACTED)
     done: set[str] = set(cached)
     calls = failed = prompt_tokens = completion_tokens = 0
@@ -149,14 +156,17 @@ def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str,
                 extraction = extractor.extract(record.text)
             except LLMError as error:
                 failed += 1
+                check_fence()
                 services.chunks.set_chunk_status([record.id], ChunkStatus.FAILED, str(error))
                 continue
             if extraction.usage is not None:
                 prompt_tokens += extraction.usage.prompt_tokens
                 completion_tokens += extraction.usage.completion_tokens
             # Kept at once: a worker killed later in the batch never pays for this call again.
+            # Not fenced: the answer is the chunk's whoever asked, and a later run reuses it.
             services.cache.put_extractions({key: extraction.model_copy(update={"usage": None})})
             done.add(key)
+        check_fence()
         services.chunks.set_chunk_status([record.id], ChunkStatus.EXTRACTED)
     return {
         # The offline extractor is no LLM: its extractions are not LLM calls, and cost nothing.
@@ -179,6 +189,7 @@ def load(services: Services, job: Job) -> dict[str, int]:
     thread assembles and embeds batch k+1. Writes stay in batch order, and a batch's
     chunks are marked loaded only once it is written. Progress counts the chunks written.
     """
+    check_fence()
     forgotten = forget_superseded(services, job)
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
     totals: Counter[str] = Counter(superseded_items=len(forgotten.items))
@@ -196,7 +207,9 @@ def load(services: Services, job: Job) -> dict[str, int]:
                 totals.update(pending[0].result())
                 written += pending[1]
                 report("load", written, len(chunk_ids))
-            pending = writer.submit(_write_batch, services, job, batch, assembly, vectors), len(batch)
+            # In this context: the writer thread reports and checks the fence as this one would.
+            write = writer.submit(copy_context().run, _write_batch, services, job, batch, assembly, vectors)
+            pending = write, len(batch)
         if pending is not None:
             totals.update(pending[0].result())
             written += pending[1]
@@ -234,6 +247,7 @@ def _embed(services: Services, assembly: Assembly) -> dict[str, list[float]]:
 def _write_batch(
     services: Services, job: Job, chunk_ids: list[str], assembly: Assembly, vectors: dict[str, list[float]]
 ) -> Counter[str]:
+    check_fence()
     counts = _write(services, job, assembly, vectors)
     services.chunks.set_chunk_status(chunk_ids, ChunkStatus.LOADED)
     return counts
@@ -266,6 +280,7 @@ def _mark_items_done(services: Services, job: Job) -> None:
     for status in (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED):
         open_ids += services.chunks.list_chunk_ids(job.dataset_id, status)
     unfinished = {record.data_id for record in services.chunks.get_chunks(open_ids)}
+    check_fence()
     for item in chunked_items:
         if item.id not in unfinished:
             services.metadata.set_item_status(item.id, ItemStatus.DONE)
@@ -294,6 +309,7 @@ def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
         assembly.add_node(record, "")
     for edge in edges:
         assembly.add_edge(edge, "")
+    check_fence()
     return dict(_write(services, job, assembly, _embed(services, assembly)))
 
 

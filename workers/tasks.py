@@ -5,8 +5,9 @@ A run is one chain, built from `pipeline.plan.PLAN` by `workers.canvas`:
     kenning.begin -> kenning.<step> ... -> kenning.fan_out -> ... -> kenning.finish
 
 `begin` takes the dataset lock for the run and every later message carries the fencing
-token it was last held under (carried, not compared: see `holding`); each task holds the
-lock while it works and aborts the run with `LockLost` when another run has it. A fan-out
+token it was last held under; each task holds the lock while it works, checks it under
+its token before each store write batch (see `holding`), and aborts the run with
+`LockLost` when another run has it. A fan-out
 step's task replaces itself with a flat chord: one `kenning.<step>` task per batch of item
 ids, then `kenning.gather`, which records the merged counters and lets the chain go on.
 `kenning.fail`, linked as the error callback of every task, marks the run errored and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from kenning.pipeline.context import Job
 from kenning.pipeline.errors import KenningError, LockLost, TransientLLMError, TransientStoreError
-from kenning.pipeline.locking import LockBusy, lock_name
+from kenning.pipeline.locking import LockBusy, fenced, lock_name
 from kenning.pipeline.models import RunStatus
 from kenning.pipeline.plan import (
     PLAN,
@@ -59,6 +61,8 @@ RETRY: dict[str, Any] = {
     "max_retries": 5,
 }
 LOCK_POLL_S = 1.0
+# How long a fenced write waits for the lock's Redis to answer before its task fails (and retries).
+FENCE_WAIT_S = 60.0
 ENDED = frozenset(
     {RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED, RunStatus.INTERRUPTED}
 )
@@ -187,24 +191,46 @@ def holding(resources: Resources, message: Message) -> Iterator[int]:
     ever takes a free lock, never one that another run holds, and a run that has ended never
     takes it again.
 
-    What this does not guarantee: the lock is checked when a task starts and by the heartbeat,
-    not before each store write, and the token is not compared by the stores. A task whose
-    process stops past the ttl (SIGSTOP, a long pause, a partitioned host) while another run
-    takes the expired lock still makes the writes of the step it was in when it resumes; its
-    heartbeat then finds the lock lost, and its next task raises `LockLost`. The writes are
-    upserts under deterministic ids, so that window can repeat data the other run also writes,
-    or write back what it deleted; a ttl (`KENNING_LOCK_TTL_S`) well above the longest pause
-    keeps it closed.
+    Each store write batch of the step is fenced: right before it, the lock must still be held
+    under the task's token (the one it took, or the one its heartbeat last kept or took for
+    its run), else the batch is not written and the task raises `LockLost`. So a task whose
+    process stopped past the ttl (SIGSTOP, a long pause, a partitioned host) while another
+    run took the expired lock writes nothing more when it resumes. The window that remains:
+    a pause between the check and the write it guards (one Redis round trip apart), and the
+    extraction cache, which is written unfenced since an answer serves any run.
     """
-    token = hold(resources, message)
+    held_under = [hold(resources, message)]
+    name = lock_name(message.job.scope)
+
+    def check() -> None:
+        holder = _holder(resources, name)
+        if holder != held_under[0]:
+            raise LockLost(
+                f"{name} is no longer held under token {held_under[0]} (now {holder}): "
+                f"run {message.job.run_id} stops before writing"
+            )
+
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(resources, message, stop), daemon=True)
+    beat = threading.Thread(target=_heartbeat, args=(resources, message, stop, held_under), daemon=True)
     beat.start()
     try:
-        yield token
+        with fenced(check):
+            yield held_under[0]
     finally:
         stop.set()
         beat.join(timeout=5.0)
+
+
+def _holder(resources: Resources, name: str) -> int | None:
+    """The lock's token, waiting out a Redis that went away: a write goes on only once confirmed."""
+    deadline = time.monotonic() + FENCE_WAIT_S
+    while True:
+        try:
+            return resources.lock.holder(name)
+        except TransientStoreError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(LOCK_POLL_S)
 
 
 def hold(resources: Resources, message: Message) -> int:
@@ -224,10 +250,10 @@ def hold(resources: Resources, message: Message) -> int:
     return token
 
 
-def _heartbeat(resources: Resources, message: Message, stop: threading.Event) -> None:
+def _heartbeat(resources: Resources, message: Message, stop: threading.Event, held_under: list[int]) -> None:
     while not stop.wait(resources.settings.lock_ttl_s / 3):
         try:
-            hold(resources, message)
+            held_under[0] = hold(resources, message)
         except TransientStoreError:
             continue
         except LockLost:

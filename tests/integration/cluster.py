@@ -87,6 +87,13 @@ class Workers:
             pass
         process.wait(timeout=STOP_TIMEOUT_S)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP the worker and its pool processes: a stalled host, which keeps its tasks."""
+        os.killpg(self._processes[name].pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        os.killpg(self._processes[name].pid, signal.SIGCONT)
+
     def replace(self, name: str) -> None:
         """Start a new worker in place of `name` (logging to a new file) and wait until it is ready."""
         self._spawn(name)
