@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
@@ -150,7 +151,11 @@ class Wiring:
 
     @property
     def embedder(self) -> Embedder:
-        return self._once("embedder", lambda: CachingEmbedder(open_embedder(self.settings)))
+        return self._once("embedder", self._open_embedder)
+
+    def _open_embedder(self) -> Embedder:
+        limiter = self.limiter if embeddings_share_llm_limit(self.settings) else None
+        return CachingEmbedder(open_embedder(self.settings, limiter))
 
     @property
     def extractor(self) -> Extractor:
@@ -268,13 +273,16 @@ def _open_graph_store(settings: Settings, engine: sa.Engine) -> GraphStore:
     return SqlGraphStore(engine if same_database else open_engine(settings.graph_dsn))
 
 
-def open_embedder(settings: Settings) -> Embedder:
+def open_embedder(settings: Settings, limiter: RateLimiter | None = None) -> Embedder:
+    """The configured embedder; an endpoint's requests wait for `limiter` under the LLM's key."""
     if settings.embedding_provider == "openai":
         return OpenAIEmbedder(
             settings.embedding_url,
             settings.embedding_api_key or "unused",
             settings.embedding_model,
             settings.embedding_dimension,
+            limiter=limiter,
+            limit_key=llm_limit_key(settings) if limiter is not None else "",
         )
     if settings.embedding_provider == "hash":
         return HashEmbedder(settings.embedding_dimension)
@@ -298,6 +306,14 @@ def open_completer(settings: Settings, limiter: RateLimiter | None = None) -> Co
     from kenning.storage.llm_openai import OpenAICompleter
 
     return OpenAICompleter(llm_config(settings), limiter, llm_limit_key(settings))
+
+
+def embeddings_share_llm_limit(settings: Settings) -> bool:
+    """Embedding requests to the LLM's own endpoint (same host) count toward its rpm/tpm, as a
+    provider counting every request of the endpoint does: chat calls alone would use it all."""
+    if settings.embedding_provider != "openai" or not settings.llm_url:
+        return False
+    return urlsplit(str(settings.embedding_url)).netloc == urlsplit(str(settings.llm_url)).netloc
 
 
 def llm_limit_key(settings: Settings) -> str:

@@ -1,9 +1,11 @@
-"""Calls in flight sized from the rate limit and the observed latency; load streaming behind extraction."""
+"""Calls in flight sized from the rate limit and the observed latency; load streaming behind extraction;
+embedding requests sharing the LLM's limit."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.pacing import Metered, Pacer, in_flight
 from kenning.storage.memory_graph import MemoryGraphStore
 from kenning.workers.local import LocalRunner
+from kenning.workers.settings import Settings, load_settings
+from kenning.workers.wiring import embeddings_share_llm_limit
 from tests.twins import CountingExtractor, TwinServices
 
 SCOPE = Scope(tenant="t1", dataset="stream")
@@ -134,3 +138,18 @@ def test_load_writes_while_extraction_goes_on() -> None:
     assert {e.id for e in edges} == {e.id for e in plain_edges}
     for name in plain.vectors.list_collections():
         assert services.vectors.count(SCOPE, name) == plain.vectors.count(SCOPE, name)
+
+
+def test_embedding_requests_to_the_llm_host_count_toward_its_limit(tmp_path: Path) -> None:
+    def settings(embedding_url: str) -> Settings:
+        return load_settings(
+            home=tmp_path,
+            llm_url="http://llm.example:8000/v1",
+            llm_rpm=600,
+            embedding_provider="openai",
+            embedding_url=embedding_url,
+        )
+
+    assert embeddings_share_llm_limit(settings("http://llm.example:8000/v1"))
+    assert not embeddings_share_llm_limit(settings("http://embed.example:8000/v1"))
+    assert not embeddings_share_llm_limit(load_settings(home=tmp_path, embedding_provider="hash"))
