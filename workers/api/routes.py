@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -49,6 +49,7 @@ from kenning.workers.api.schemas import (
     RunView,
     SearchIn,
 )
+from kenning.workers.graph_view import MAX_NODES, graph_html
 from kenning.workers.lifecycle import Recalled, Recollection, Remembered
 from kenning.workers.memory import session_recollection, worth_recalling
 from kenning.workers.records import PAGE_LIMIT, MemoryRecord, Page
@@ -381,6 +382,22 @@ def list_datasets(access: Caller) -> Datasets:
         if caller.permissions(name)
     ]
     return Datasets(datasets=views)
+
+
+@router.get(
+    "/datasets/{dataset}/graph",
+    tags=["datasets"],
+    response_class=Response,
+    responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "A page"}},
+)
+def graph(
+    dataset: DatasetPath,
+    access: Caller,
+    max_nodes: Annotated[int, Query(ge=1, le=MAX_NODES * 10)] = MAX_NODES,
+) -> HTMLResponse:
+    """The dataset's entities and relations as the graph view (`kenning visualize`): one HTML page
+    with its script, style and data inline; needs read."""
+    return HTMLResponse(graph_html(access.memory, dataset, max_nodes))
 
 
 @router.get("/datasets/{dataset}/permissions", tags=["datasets"], response_model=Grants)
