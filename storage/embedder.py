@@ -12,6 +12,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,10 @@ class LocalEmbedder:
         return self._model
 
 
+# Requests in flight at most for one `embed` call.
+_PARALLEL = 4
+
+
 class OpenAIEmbedder:
     """Embeddings from an OpenAI-compatible `/v1/embeddings` endpoint (OpenAI, vLLM, Ollama...).
 
@@ -135,10 +140,14 @@ class OpenAIEmbedder:
         return self._model
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        vectors: list[list[float]] = []
-        for start in range(0, len(texts), self._batch_size):
-            vectors.extend(self._embed_batch(list(texts[start : start + self._batch_size])))
-        return vectors
+        batches = [
+            list(texts[start : start + self._batch_size]) for start in range(0, len(texts), self._batch_size)
+        ]
+        if len(batches) <= 1:
+            return [vector for batch in batches for vector in self._embed_batch(batch)]
+        # A request takes its latency whatever its size: the batches of one call go together.
+        with ThreadPoolExecutor(max_workers=min(len(batches), _PARALLEL), thread_name_prefix="embed") as pool:
+            return [vector for vectors in pool.map(self._embed_batch, batches) for vector in vectors]
 
     def close(self) -> None:
         self._client.close()
