@@ -52,6 +52,7 @@ from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.ports import RunLock
 from kenning.storage.run_lock import Deliveries, RedisRunLock
 from kenning.workers import keys
+from kenning.workers.metrics import serve_worker_metrics
 from kenning.workers.schedule import beat_schedule
 from kenning.workers.settings import Settings, load_settings
 from kenning.workers.wiring import Wiring
@@ -254,6 +255,8 @@ def run_worker(queues: str | None, concurrency: int, loglevel: str) -> None:
     if queue_name(settings, "load") in names and not settings.qdrant_url:
         # Vectors on this machine: one process whose threads share each open collection.
         argv.append("--pool=threads")
+        if settings.metrics_port:
+            serve_worker_metrics(settings.metrics_port)  # no pool process starts: serve from here
     app.worker_main(argv)
 
 
@@ -264,6 +267,8 @@ def _node_name(queues: list[str]) -> str:
 
 def _on_process_start(**_: object) -> None:
     app.forget_resources()
+    if app.settings.metrics_port:
+        serve_worker_metrics(app.settings.metrics_port)
 
 
 def _on_process_exit(**_: object) -> None:

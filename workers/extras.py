@@ -20,6 +20,7 @@ EXTRA_OF = {
     "starlette": "api",
     "uvicorn": "api",
     "multipart": "api",
+    "prometheus_client": "api",
     "python_multipart": "api",
     "boto3": "s3",
     "botocore": "s3",

@@ -41,6 +41,7 @@ from kenning.workers.lifecycle import (
     session_items,
 )
 from kenning.workers.local import LocalRunner, ProgressCallback, close_dead_runs, no_progress
+from kenning.workers.metrics import StepClock, timed_search
 from kenning.workers.records import Records
 from kenning.workers.settings import Settings, load_settings
 from kenning.workers.wiring import Wiring
@@ -129,9 +130,9 @@ class Kenning:
             concurrency=self.settings.concurrency,
             rpm=self.settings.llm_rpm if self.settings.llm_url else 0,
             lock_ttl_s=self.settings.lock_ttl_s,
-            progress=progress,
+            progress=(clock := StepClock(progress)),
         )
-        return runner.run(self.scope(dataset))
+        return clock.ended(runner.run(self.scope(dataset)))
 
     # Memory for agents
 
@@ -321,7 +322,8 @@ class Kenning:
             principal=self.principal(),
             history=self._history(session_id) if session_id and not only_context else [],
         )
-        result = self._faded(search(self.wiring, request), scopes)
+        with timed_search(request.type.value):
+            result = self._faded(search(self.wiring, request), scopes)
         if session_id is not None:
             self._remember_answer(session_id, result, scopes[0].dataset)
         return result

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     api_max_upload_bytes: int = Field(
         default=64 * 2**20, ge=1, description="The HTTP API's limit on one request body (uploads)"
     )
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="Where a Celery worker answers Prometheus scrapes; 0: off"
+    )
     temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
     fk_references: dict[str, str] = Field(
         default_factory=dict,

@@ -6,45 +6,63 @@ take `Depends(authorized)` (kenning.workers.api.access) get the caller and its p
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kenning import __version__
 from kenning.pipeline.errors import KenningError
+from kenning.pipeline.models import Scope as DataScope
 from kenning.workers.api.access import ApiState
-from kenning.workers.api.errors import ErrorBody, error_response, install_error_handlers
+from kenning.workers.api.errors import error_response, install_error_handlers
 from kenning.workers.api.routes import router
 from kenning.workers.api.runs import RunTracker
-from kenning.workers.api.schemas import Status
+from kenning.workers.api.schemas import Readiness, Status
 from kenning.workers.memory import Kenning
+from kenning.workers.metrics import CONTENT_TYPE, LLMCounters, metrics
 
+MCP_PATH = "/mcp"
 DESCRIPTION = (
     "Long-term memory for AI agents. Every /v1 route needs an API key (`kenning key create`): "
     "`Authorization: Bearer <key>`. A caller sees the datasets it was granted, and nothing else."
 )
 
 
-def create_app(memory: Kenning, *, distributed: bool = False) -> FastAPI:
+def create_app(memory: Kenning, *, distributed: bool = False, host: str = "127.0.0.1") -> FastAPI:
     """The app; `memory` stays the caller's to close. With `distributed`, cognify is enqueued
-    on the Celery workers instead of running in a thread of this process."""
+    on the Celery workers instead of running in a thread of this process. With the `mcp` extra,
+    MCP over streamable HTTP answers at `/mcp` behind the same API keys (`host` is where the
+    app listens: on a loopback one, MCP accepts only loopback Host and Origin headers)."""
     runs = RunTracker(distributed=distributed)
+    mcp = _mcp_app(memory, host)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with AsyncExitStack() as stack:
+            if mcp is not None:
+                # A mounted app's own lifespan never runs: start its session manager here.
+                await stack.enter_async_context(mcp.router.lifespan_context(mcp))
+            yield
         await run_in_threadpool(runs.close)
 
     app = FastAPI(title="kenning", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.kenning = ApiState(memory=memory, runs=runs, distributed=distributed)
     install_error_handlers(app)
+    metrics().watch_llm(lambda: _llm(memory)[0])
     app.add_middleware(BodyLimit, limit=memory.settings.api_max_upload_bytes)
+    app.add_middleware(Timed)
     app.include_router(router)
+    if mcp is not None:
+        # A plain route to the MCP app (its own path is MCP_PATH): no redirect to `/mcp/`.
+        app.router.routes.append(Route(MCP_PATH, endpoint=mcp))
 
     @app.get("/health", response_model=Status, tags=["operations"])
     def health() -> Status:
@@ -53,19 +71,95 @@ def create_app(memory: Kenning, *, distributed: bool = False) -> FastAPI:
 
     @app.get(
         "/ready",
-        response_model=Status,
+        response_model=Readiness,
         tags=["operations"],
-        responses={503: {"model": ErrorBody, "description": "The metadata store is unreachable"}},
+        responses={503: {"model": Readiness, "description": "A store does not answer"}},
     )
-    def ready() -> Status | JSONResponse:
-        """Readiness: the metadata store answers a query."""
-        try:
-            memory.wiring.permissions.list_tenants()
-        except KenningError as error:
-            return error_response(503, "not_ready", f"the metadata store is unreachable: {error}")
-        return Status(status="ready")
+    def ready() -> Readiness | JSONResponse:
+        """Readiness: the metadata, graph and vector stores each answer a query; with the state
+        of the LLM circuit breaker (an open one is reported, not a reason to be unready)."""
+        stores = {name: _probe(check) for name, check in _store_checks(memory).items()}
+        ok = all(answer == "ok" for answer in stores.values())
+        body = Readiness(status="ready" if ok else "not_ready", stores=stores, llm_breaker=_llm(memory)[1])
+        return body if ok else JSONResponse(body.model_dump(), status_code=503)
+
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=Response,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Metrics"}
+        },
+    )
+    def prometheus() -> Response:
+        """Prometheus metrics of this process: HTTP latency per route, search latency per type,
+        runs and their steps, LLM calls, tokens and retries (empty without prometheus_client)."""
+        return Response(metrics().exposition(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def _mcp_app(memory: Kenning, host: str) -> Starlette | None:
+    """The MCP app over the memory's API keys, or None without the `mcp` extra."""
+    try:
+        from kenning.workers.mcp_server import http_app
+    except ModuleNotFoundError:
+        return None
+    return http_app(memory, host=host, path=MCP_PATH)
+
+
+def _store_checks(memory: Kenning) -> dict[str, Callable[[], object]]:
+    probe = DataScope(tenant="kenning-ready", dataset="kenning-ready")
+    return {
+        "metadata": memory.wiring.permissions.list_tenants,
+        "graph": lambda: memory.wiring.graph.counts(probe),
+        "vectors": memory.wiring.vectors.list_collections,
+    }
+
+
+def _probe(check: Callable[[], object]) -> str:
+    try:
+        check()
+    except KenningError as error:
+        return f"unreachable: {error}"
+    return "ok"
+
+
+def _llm(memory: Kenning) -> tuple[tuple[LLMCounters, str] | None, str | None]:
+    """The LLM client's counters and breaker state; none without an LLM endpoint."""
+    if not memory.settings.llm_url:
+        return None, None
+    extractor = memory.wiring.extractor
+    usage, state = getattr(extractor, "usage", None), getattr(extractor, "breaker_state", None)
+    if usage is None or not isinstance(state, str):
+        return None, None
+    return (usage, state), state
+
+
+class Timed:
+    """Record each HTTP request's latency by method, route template and status."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def sent(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            metrics().requested(scope["method"], route, status, time.perf_counter() - started)
 
 
 class BodyTooLarge(HTTPException):
@@ -109,4 +203,5 @@ def serve(memory: Kenning, host: str, port: int, *, distributed: bool = False) -
     """Answer HTTP on host:port until interrupted (uvicorn, one process); `memory` stays the caller's."""
     import uvicorn
 
-    uvicorn.run(create_app(memory, distributed=distributed), host=host, port=port, log_level="info")
+    app = create_app(memory, distributed=distributed, host=host)
+    uvicorn.run(app, host=host, port=port, log_level="info")

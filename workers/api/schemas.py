@@ -194,3 +194,11 @@ class Me(BaseModel):
 
 class Status(BaseModel):
     status: str
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="`ready`, or `not_ready` (503) when a store does not answer")
+    stores: dict[str, str] = Field(description="metadata, graph, vectors: `ok` or why not")
+    llm_breaker: str | None = Field(
+        default=None, description="The LLM circuit breaker: closed, open or half-open; null: no LLM endpoint"
+    )
