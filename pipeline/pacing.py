@@ -12,9 +12,10 @@ import math
 import threading
 from typing import Protocol, runtime_checkable
 
-# Calls in flight beyond Little's law: latency varies from call to call, and the limiter's
-# own pauses would otherwise leave the provider idle.
-HEADROOM = 1.2
+# Calls in flight beyond Little's law: a slot's cycle is more than the latency observed (the
+# pipeline's own work between calls, the limiter's wake-ups, latency varying from call to call).
+# Calls beyond the limit's need only wait at the limiter, which admits no more than the limit.
+HEADROOM = 1.5
 # The weight of the newest observation in the moving average of latency.
 SMOOTHING = 0.3
 # What a call is assumed to take before any has been answered.
