@@ -21,6 +21,7 @@ EXTRA_OF = {
     "uvicorn": "api",
     "multipart": "api",
     "prometheus_client": "api",
+    "opentelemetry": "otel",
     "python_multipart": "api",
     "boto3": "s3",
     "botocore": "s3",

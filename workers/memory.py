@@ -44,6 +44,7 @@ from kenning.workers.local import LocalRunner, ProgressCallback, close_dead_runs
 from kenning.workers.metrics import StepClock, timed_search
 from kenning.workers.records import Records
 from kenning.workers.settings import Settings, load_settings
+from kenning.workers.tracing import traced
 from kenning.workers.wiring import Wiring
 
 
@@ -130,7 +131,7 @@ class Kenning:
             concurrency=self.settings.concurrency,
             rpm=self.settings.llm_rpm if self.settings.llm_url else 0,
             lock_ttl_s=self.settings.lock_ttl_s,
-            progress=(clock := StepClock(progress)),
+            progress=(clock := StepClock(progress, self.settings.otel_endpoint)),
         )
         return clock.ended(runner.run(self.scope(dataset)))
 
@@ -322,7 +323,10 @@ class Kenning:
             principal=self.principal(),
             history=self._history(session_id) if session_id and not only_context else [],
         )
-        with timed_search(request.type.value):
+        with (
+            timed_search(request.type.value),
+            traced(self.settings.otel_endpoint, "kenning.search", type=request.type.value),
+        ):
             result = self._faded(search(self.wiring, request), scopes)
         if session_id is not None:
             self._remember_answer(session_id, result, scopes[0].dataset)

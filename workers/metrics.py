@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kenning.pipeline.models import PipelineRun
 from kenning.pipeline.progress import ProgressCallback
+from kenning.workers.tracing import tracing
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -195,15 +196,17 @@ def timed_search(search_type: str) -> Iterator[None]:
 
 class StepClock:
     """A progress callback that times each step, from its first report to its last, and passes
-    every report on. Steps overlap (loading streams behind extraction), so each has its own span."""
+    every report on. Steps overlap (loading streams behind extraction), so each has its own span.
+    With an OpenTelemetry endpoint, the run and its steps become spans too."""
 
-    def __init__(self, progress: ProgressCallback) -> None:
+    def __init__(self, progress: ProgressCallback, otel_endpoint: str = "") -> None:
         self.progress = progress
+        self.otel_endpoint = otel_endpoint
         self.spans: dict[str, tuple[float, float]] = {}
         self._mutex = threading.Lock()
 
     def __call__(self, step: str, done: int, total: int) -> None:
-        now = time.perf_counter()
+        now = time.time()  # epoch seconds: span times
         with self._mutex:
             first, _ = self.spans.get(step, (now, now))
             self.spans[step] = (first, now)
@@ -212,8 +215,11 @@ class StepClock:
     def ended(self, run: PipelineRun) -> PipelineRun:
         """Record the run and its steps; the run, unchanged."""
         with self._mutex:
-            steps = {step: last - first for step, (first, last) in self.spans.items()}
-        metrics().ran(run, steps)
+            spans = dict(self.spans)
+        metrics().ran(run, {step: last - first for step, (first, last) in spans.items()})
+        traces = tracing(self.otel_endpoint)
+        if traces is not None:
+            traces.run("kenning.cognify", spans, run_id=run.id, status=run.status.value)
         return run
 
 

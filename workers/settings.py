@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Where a Celery worker answers Prometheus scrapes; 0: off"
     )
+    otel_endpoint: HttpUrl = Field(
+        default="", description="An OTLP/HTTP traces URL: spans of searches and runs; empty: tracing off"
+    )
     temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
     fk_references: dict[str, str] = Field(
         default_factory=dict,
