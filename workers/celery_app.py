@@ -50,9 +50,10 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 
 from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.ports import RunLock
+from kenning.storage.queue_depth import queue_depths
 from kenning.storage.run_lock import Deliveries, RedisRunLock
 from kenning.workers import keys
-from kenning.workers.metrics import serve_worker_metrics
+from kenning.workers.metrics import metrics, serve_worker_metrics
 from kenning.workers.schedule import beat_schedule
 from kenning.workers.settings import Settings, load_settings
 from kenning.workers.wiring import Wiring
@@ -256,7 +257,7 @@ def run_worker(queues: str | None, concurrency: int, loglevel: str) -> None:
         # Vectors on this machine: one process whose threads share each open collection.
         argv.append("--pool=threads")
         if settings.metrics_port:
-            serve_worker_metrics(settings.metrics_port)  # no pool process starts: serve from here
+            _serve_metrics(settings)  # no pool process starts: serve from here
     app.worker_main(argv)
 
 
@@ -268,7 +269,15 @@ def _node_name(queues: list[str]) -> str:
 def _on_process_start(**_: object) -> None:
     app.forget_resources()
     if app.settings.metrics_port:
-        serve_worker_metrics(app.settings.metrics_port)
+        _serve_metrics(app.settings)
+
+
+def _serve_metrics(settings: Settings) -> None:
+    if serve_worker_metrics(settings.metrics_port) is None or not settings.broker_url.startswith("redis"):
+        return
+    client = redis.Redis.from_url(settings.broker_url)
+    queues = [queue_name(settings, kind) for kind in keys.QUEUE_KINDS]
+    metrics().watch_queues(lambda: queue_depths(client, queues))
 
 
 def _on_process_exit(**_: object) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import PipelineRun
 from kenning.pipeline.progress import ProgressCallback
 from kenning.workers.tracing import tracing
@@ -61,6 +62,10 @@ class NoMetrics:
         """Report the LLM counters and breaker state that `read` gives, at each scrape (instead
         of those of an earlier `read`)."""
 
+    def watch_queues(self, read: Callable[[], Mapping[str, int]]) -> None:
+        """Report the queue depths that `read` gives, at each scrape (none while it fails;
+        instead of those of an earlier `read`)."""
+
     def exposition(self) -> bytes:
         """The text format for a scrape."""
         return b""
@@ -77,6 +82,7 @@ class Metrics(NoMetrics):
 
         self.registry = CollectorRegistry()
         self._llm: LLMCollector | None = None
+        self._queues: QueueCollector | None = None
         self._mutex = threading.Lock()
         ProcessCollector(registry=self.registry)
         registry = self.registry
@@ -134,6 +140,14 @@ class Metrics(NoMetrics):
             self._llm = LLMCollector(read)
             self.registry.register(self._llm)
 
+    def watch_queues(self, read: Callable[[], Mapping[str, int]]) -> None:
+        # One broker per process: a later reader replaces an earlier one.
+        with self._mutex:
+            if self._queues is not None:
+                self.registry.unregister(self._queues)
+            self._queues = QueueCollector(read)
+            self.registry.register(self._queues)
+
     def exposition(self) -> bytes:
         from prometheus_client import generate_latest
 
@@ -173,6 +187,28 @@ class LLMCollector:
         for name in ("closed", "open", "half-open"):
             state.add_metric([name], 1.0 if breaker == name else 0.0)
         yield state
+
+
+class QueueCollector:
+    """Tasks waiting per queue, read at scrape time; nothing while the broker does not answer."""
+
+    def __init__(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self.read = read
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # unchecked: a registration must not reach the broker
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import GaugeMetricFamily
+
+        try:
+            depths = self.read()
+        except KenningError:
+            return
+        gauge = GaugeMetricFamily("kenning_queue_depth", "Tasks waiting in a queue", labels=["queue"])
+        for queue, depth in sorted(depths.items()):
+            gauge.add_metric([queue], depth)
+        yield gauge
 
 
 @functools.cache

@@ -1,21 +1,27 @@
 """Operations over HTTP: `/ready` probes each store and reports the LLM breaker, `/metrics` counts
-requests per route, searches per type and runs per step; a worker's metrics port."""
+requests per route, searches per type and runs per step; a worker's metrics port and the depths
+of the Celery queues on Redis."""
 
 from __future__ import annotations
 
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
+from kenning.pipeline.errors import TransientStoreError
 from kenning.pipeline.permission import User, issue_key
+from kenning.storage.queue_depth import queue_depths
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
-from kenning.workers.metrics import serve_worker_metrics
+from kenning.workers.metrics import metrics, serve_worker_metrics
 from kenning.workers.settings import load_settings
+from tests.services import REDIS_URL, free_port
 
 
 @pytest.fixture
@@ -115,3 +121,28 @@ def test_a_worker_serves_metrics_on_the_first_free_port() -> None:
     # Then it answers scrapes on a port after it
     assert served is not None and port < served < port + 20
     assert "kenning_task_seconds" in httpx.get(f"http://127.0.0.1:{served}/metrics").text
+
+
+def test_queue_depths_count_every_priority_and_reach_the_scrape() -> None:
+    # Given two queues on Redis, one with tasks at two priorities, the other empty
+    client = redis.Redis.from_url(REDIS_URL)
+    prefix = f"kenning-test-{uuid.uuid4().hex[:8]}"
+    busy, idle = f"{prefix}.extract", f"{prefix}.load"
+    client.rpush(busy, "a", "b")
+    client.rpush(busy + "\x06\x166", "c")
+    try:
+        # When their depths are read, and scraped through a worker's metrics
+        assert queue_depths(client, [busy, idle]) == {busy: 3, idle: 0}
+        metrics().watch_queues(lambda: queue_depths(client, [busy, idle]))
+        scraped = metrics().exposition().decode()
+    finally:
+        client.delete(busy, busy + "\x06\x166")
+    # Then the scrape has both
+    assert sample(scraped, "kenning_queue_depth", queue=busy) == 3
+    assert f'kenning_queue_depth{{queue="{idle}"}} 0.0' in scraped
+
+
+def test_queue_depths_translate_a_broker_that_is_down() -> None:
+    client = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(TransientStoreError):
+        queue_depths(client, ["kenning.extract"])
