@@ -88,12 +88,14 @@ class LLMConfig(BaseModel):
 
 @dataclass(frozen=True)
 class LLMUsage:
-    """What the endpoint was asked and answered: requests sent, tokens billed, retries."""
+    """What the endpoint was asked and answered: requests sent, tokens billed, retries, and the
+    requests it refused for rate (429)."""
 
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retries: int = 0
+    rate_limited: int = 0
 
 
 def wrap_chunk(text: str) -> str:
@@ -305,6 +307,7 @@ class _ChatCaller:
             )
         except openai.APIStatusError as exc:
             self.breaker.succeeded()  # it answered: the endpoint is there
+            self._count(rate_limited=int(exc.status_code == 429))
             self._note_rate_limit(exc)
             raise _status_failure(exc) from exc
         except openai.APITimeoutError as exc:
@@ -329,7 +332,12 @@ class _ChatCaller:
             self._limiter.penalize(self._limit_key, _DEFAULT_PENALTY_S if wait is None else wait)
 
     def _count(
-        self, calls: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0, retries: int = 0
+        self,
+        calls: int = 0,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        retries: int = 0,
+        rate_limited: int = 0,
     ) -> None:
         with self._lock:
             now = self._usage
@@ -339,6 +347,7 @@ class _ChatCaller:
                 prompt_tokens=now.prompt_tokens + prompt_tokens,
                 completion_tokens=now.completion_tokens + completion_tokens,
                 retries=now.retries + retries,
+                rate_limited=now.rate_limited + rate_limited,
             )
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:

@@ -41,6 +41,8 @@ class LLMCounters(Protocol):
     def completion_tokens(self) -> int: ...
     @property
     def retries(self) -> int: ...
+    @property
+    def rate_limited(self) -> int: ...
 
 
 class NoMetrics:
@@ -177,6 +179,9 @@ class LLMCollector:
         usage, breaker = found
         yield CounterMetricFamily("kenning_llm_calls", "LLM requests sent", value=usage.calls)
         yield CounterMetricFamily("kenning_llm_retries", "LLM requests retried", value=usage.retries)
+        yield CounterMetricFamily(
+            "kenning_llm_rate_limited", "LLM requests refused (429)", value=usage.rate_limited
+        )
         tokens = CounterMetricFamily("kenning_llm_tokens", "LLM tokens billed", labels=["kind"])
         tokens.add_metric(["prompt"], usage.prompt_tokens)
         tokens.add_metric(["completion"], usage.completion_tokens)

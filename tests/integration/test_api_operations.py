@@ -76,12 +76,16 @@ def test_ready_is_503_when_a_store_is_down_and_names_it(tmp_path: Path) -> None:
     with Kenning(settings) as memory, TestClient(create_app(memory)) as client:
         # When readiness is asked
         answer = client.get("/ready")
+        scraped = client.get("/metrics").text
     # Then it is 503, the graph is named as down, the others answer, and the breaker is closed
     assert answer.status_code == 503
     body = answer.json()
     assert body["status"] == "not_ready" and body["llm_breaker"] == "closed"
     assert body["stores"]["metadata"] == body["stores"]["vectors"] == "ok"
     assert body["stores"]["graph"].startswith("unreachable")
+    # And the scrape has the LLM client's counters, none spent yet, and the breaker's state
+    assert "kenning_llm_calls_total 0.0" in scraped and "kenning_llm_rate_limited_total 0.0" in scraped
+    assert sample(scraped, "kenning_llm_breaker", state="closed") == 1
 
 
 def test_metrics_count_requests_searches_and_runs(memory: Kenning) -> None:

@@ -267,6 +267,17 @@ def test_token_limit_answers_429_with_retry_after(start_simulator: StartSimulato
     assert read_stats(simulator)["rate_limited"] == 1
 
 
+def test_an_extractor_counts_the_429s_it_gets(start_simulator: StartSimulator) -> None:
+    # Given an endpoint whose token limit no chunk fits in, when a chunk is extracted
+    simulator = start_simulator(tpm=10, rpm_scope="chat")
+    with closing(OpenAIExtractor(config_for(simulator, max_retries=0))) as extractor:
+        with pytest.raises(LLMError):
+            extractor.extract(TEXT)
+        usage = extractor.usage
+    # Then the refusal is counted as such
+    assert usage.calls == 1 and usage.rate_limited == 1
+
+
 def test_embeddings_are_normalized_and_deterministic(start_simulator: StartSimulator) -> None:
     simulator = start_simulator()
     client = openai.OpenAI(base_url=simulator.base_url, api_key="unused", max_retries=0)
