@@ -7,11 +7,13 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
+from celery.signals import task_failure, task_postrun, task_prerun
 from fastapi.testclient import TestClient
 
 from kenning.pipeline.errors import TransientStoreError
@@ -114,6 +116,13 @@ def test_metrics_count_requests_searches_and_runs(memory: Kenning) -> None:
     assert grew("kenning_run_counts_total", counter="embedded_pid") == 0
 
 
+@dataclass(frozen=True)
+class Task:
+    """What the metrics read of a Celery task: its name."""
+
+    name: str
+
+
 def test_a_worker_serves_metrics_on_the_first_free_port() -> None:
     # Given the worker's port taken (another pool process of the same worker)
     with socket.socket() as taken:
@@ -125,6 +134,17 @@ def test_a_worker_serves_metrics_on_the_first_free_port() -> None:
     # Then it answers scrapes on a port after it
     assert served is not None and port < served < port + 20
     assert "kenning_task_seconds" in httpx.get(f"http://127.0.0.1:{served}/metrics").text
+
+    # And when a task runs and succeeds, and another fails, each is timed with its outcome
+    task = Task(name="kenning.extract")
+    for task_id, fails in (("t1", False), ("t2", True)):
+        task_prerun.send(sender=task, task_id=task_id, task=task)
+        if fails:
+            task_failure.send(sender=task, task_id=task_id, exception=RuntimeError("x"))
+        task_postrun.send(sender=task, task_id=task_id, task=task)
+    scraped = httpx.get(f"http://127.0.0.1:{served}/metrics").text
+    for outcome in ("succeeded", "failed"):
+        assert sample(scraped, "kenning_task_seconds_count", outcome=outcome, task="kenning.extract") >= 1
 
 
 def test_queue_depths_count_every_priority_and_reach_the_scrape() -> None:
