@@ -71,3 +71,18 @@ def test_mcp_and_v1_share_one_port_and_one_set_of_keys(memory: Kenning) -> None:
         # And the API's own routes still answer as before
         assert httpx2.get(f"{base}/health").json() == {"status": "ok"}
         assert httpx2.get(f"{base}/v1/me").status_code == 401
+
+
+def test_mcp_answers_each_time_the_app_is_started(memory: Kenning) -> None:
+    # Given one API app, started, stopped and started again (as test clients and reloads do)
+    token = key_for(memory, "ada", {"notes": [Permission.READ]})
+    app = create_app(memory)
+
+    async def tools(url: str) -> set[str]:
+        async with connected(url, token) as session:
+            return {tool.name for tool in (await session.list_tools()).tools}
+
+    for _ in range(2):
+        with served(app) as url:
+            # Then each start has its own MCP session manager, and MCP answers
+            assert anyio.run(tools, url) == TOOLS

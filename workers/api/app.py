@@ -42,14 +42,13 @@ def create_app(memory: Kenning, *, distributed: bool = False, host: str = "127.0
     MCP over streamable HTTP answers at `/mcp` behind the same API keys (`host` is where the
     app listens: on a loopback one, MCP accepts only loopback Host and Origin headers)."""
     runs = RunTracker(distributed=distributed)
-    mcp = _mcp_app(memory, host)
+    mcp = _mcp_endpoint(memory, host)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             if mcp is not None:
-                # A mounted app's own lifespan never runs: start its session manager here.
-                await stack.enter_async_context(mcp.router.lifespan_context(mcp))
+                await stack.enter_async_context(mcp.running())
             yield
         await run_in_threadpool(runs.close)
 
@@ -99,13 +98,40 @@ def create_app(memory: Kenning, *, distributed: bool = False, host: str = "127.0
     return app
 
 
-def _mcp_app(memory: Kenning, host: str) -> Starlette | None:
-    """The MCP app over the memory's API keys, or None without the `mcp` extra."""
+def _mcp_endpoint(memory: Kenning, host: str) -> McpEndpoint | None:
+    """MCP over the memory's API keys, or None without the `mcp` extra."""
     try:
         from kenning.workers.mcp_server import http_app
     except ModuleNotFoundError:
         return None
-    return http_app(memory, host=host, path=MCP_PATH)
+    return McpEndpoint(lambda: http_app(memory, host=host, path=MCP_PATH))
+
+
+class McpEndpoint:
+    """The MCP app of the API app's current lifespan. A mounted app's own lifespan never runs, so
+    its session manager runs in the API app's; and that manager runs once per instance, so each
+    lifespan (an app may be started more than once) makes a fresh app."""
+
+    def __init__(self, make: Callable[[], Starlette]) -> None:
+        self.make = make
+        self.app: Starlette | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        app = self.make()
+        async with app.router.lifespan_context(app):
+            self.app = app
+            try:
+                yield
+            finally:
+                self.app = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.app is None:
+            response = error_response(503, "not_ready", "the app is not started (its lifespan did not run)")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _store_checks(memory: Kenning) -> dict[str, Callable[[], object]]:
