@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 from pydantic import ValidationError
 
-from kenning.pipeline.errors import StoreError
+from kenning.pipeline.errors import InputError, StoreError
 from kenning.pipeline.session import DEFAULT_TTL_S, FeedbackEditing, SessionEntry, SessionKey
 
 # Layout: <root>/<tenant>/<user>/<session id>.jsonl, each part encoded by `_part`, and one
@@ -170,7 +170,8 @@ def _part(value: str) -> str:
         char if char in _KEPT else "".join(f"%{byte:02X}" for byte in char.encode()) for char in value
     )
     if len(name) > _MAX_NAME:
-        raise ValueError(f"session key part too long for a file name: {value[:40]}...")
+        limit = f"at most {_MAX_NAME} encoded characters"
+        raise InputError(f"session key part too long ({limit}): {value[:40]}...")
     return name
 
 

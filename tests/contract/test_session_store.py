@@ -401,3 +401,12 @@ def test_an_unreachable_redis_is_a_transient_store_error(key: SessionKey) -> Non
         store.get_session(key)
     with pytest.raises(TransientStoreError):
         store.list_sessions(key.tenant)
+
+
+def test_a_session_id_too_long_for_a_file_name_is_an_input_error(tmp_path: Path) -> None:
+    from kenning.pipeline.errors import InputError
+    from kenning.storage.session_file import FileSessionStore
+
+    store = FileSessionStore(tmp_path)
+    with pytest.raises(InputError, match="too long"):
+        store.append(SessionKey(tenant="t", user="u", session_id="x" * 1000), SessionEntry(question="q"))
