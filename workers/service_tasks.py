@@ -1,5 +1,10 @@
 """Tasks that other services send by name, with only `celery` installed.
 
+Trust: whoever can publish to these queues is an operator of the deployment (no per-message
+authentication; secure the broker). A request may name the tenant it acts as, but reads only
+what this worker's `KENNING_READ_SCOPES` allow. Callers that are not fully trusted go through
+the HTTP API or MCP, where an API key maps to a user and that user's grants.
+
 Every task takes one JSON object and returns one JSON object (queues are
 `<prefix>.<kind>`, prefix `KENNING_QUEUE_PREFIX`, default `kenning`):
 
