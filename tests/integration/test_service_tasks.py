@@ -230,3 +230,30 @@ def test_beat_schedule_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("KENNING_SCHEDULE", json.dumps({"bad": {"task": "kenning.maintenance"}}))
     with pytest.raises(Exception, match="every_s or cron"):
         load_settings()
+
+
+def test_improve_runs_on_a_worker_and_a_second_run_changes_nothing(
+    deployment: Deployment, one_worker: Workers
+) -> None:
+    from celery import Celery
+
+    from kenning.workers.celery_app import queue_name
+
+    # Given a cognified dataset whose graph names one city two ways
+    with deployment.memory() as memory:
+        memory.add_text("Maria Lopez moved to the Big Apple, New York City, in 2019.", "city")
+        memory.add_text("Maria Lopez loves NYC.", "city")
+        memory.cognify("city")
+    settings = deployment.settings
+    client = Celery("beat-client", broker=settings.broker_url, backend=settings.result_backend)
+    try:
+        # When the scheduled improve job runs twice on the worker
+        first = client.send_task("kenning.improve", queue=queue_name(settings, "load"))
+        first_done = first.get(timeout=CLI_TIMEOUT_S)
+        second = client.send_task("kenning.improve", queue=queue_name(settings, "load"))
+        second_done = second.get(timeout=CLI_TIMEOUT_S)
+    finally:
+        client.close()
+    # Then the first reports its work for the dataset, and the second changes nothing
+    assert set(first_done) == {"city"} and set(first_done["city"]) >= {"merged_entities", "weighted"}
+    assert second_done["city"]["merged_entities"] == second_done["city"]["weighted"] == 0
