@@ -54,23 +54,25 @@ def fade(
     now = utcnow()
     data_ids = sorted({hit.data_id for hit in result.results if hit.data_id})
     added = {item.id: item.created_at for item in metadata.get_items(data_ids)}
+    seen = _accesses(result.results, datasets, log)
     hits = []
     for hit in result.results:
-        dataset = datasets.get(hit.dataset)
-        last, count = _seen(hit, dataset, log, added)
+        last, count = seen.get((hit.dataset, hit.chunk_id or "")) or (added.get(hit.data_id or ""), 0)
         factor = decay_factor(last, count, now, config.half_life_days) if last else 1.0
         hits.append(hit.model_copy(update={"score": decayed(hit.score, factor, config.weight)}))
     return result.model_copy(update={"results": sorted(hits, key=lambda hit: hit.score)})
 
 
-def _seen(
-    hit: Hit, dataset: Dataset | None, log: AccessLog, added: dict[str, datetime]
-) -> tuple[datetime | None, int]:
-    if dataset is not None and hit.chunk_id:
-        access = log.accesses(dataset.id, [hit.chunk_id]).get(hit.chunk_id)
-        if access:
-            return access
-    return added.get(hit.data_id or ""), 0
+def _accesses(
+    hits: list[Hit], datasets: dict[str, Dataset], log: AccessLog
+) -> dict[tuple[str, str], tuple[datetime, int]]:
+    """(last access, count) of the hits' chunks, by (dataset name, chunk id): one read per dataset."""
+    found: dict[tuple[str, str], tuple[datetime, int]] = {}
+    for name, dataset in datasets.items():
+        chunk_ids = sorted({hit.chunk_id for hit in hits if hit.dataset == name and hit.chunk_id})
+        if chunk_ids:
+            found.update(((name, key), seen) for key, seen in log.accesses(dataset.id, chunk_ids).items())
+    return found
 
 
 def stale_items(

@@ -309,8 +309,10 @@ class Kenning:
         wanted = [self.scope(name) for name in (datasets or [self.settings.dataset])]
         # A dataset the caller may not read is left out, silently: no error tells it exists.
         scopes = [scope for scope in wanted if self.may_read(scope)]
-        for scope in scopes:
+        readable = [
             find_dataset(self.wiring.metadata, scope.tenant, scope.dataset, lambda d: self.may_read(d.scope))
+            for scope in scopes
+        ]
         if not scopes:
             return SearchResult(query=query, type=SearchType(type), results=[], context="")
         request = SearchRequest(
@@ -327,7 +329,7 @@ class Kenning:
             timed_search(request.type.value),
             traced(self.settings.otel_endpoint, "kenning.search", type=request.type.value),
         ):
-            result = self._faded(search(self.wiring, request), scopes)
+            result = self._faded(search(self.wiring, request), readable)
         if session_id is not None:
             self._remember_answer(session_id, result, scopes[0].dataset)
         return result
@@ -351,11 +353,10 @@ class Kenning:
         except (ConfigError, StoreError) as error:
             result.notice = "; ".join(filter(None, (result.notice, f"session memory unavailable: {error}")))
 
-    def _faded(self, result: SearchResult, scopes: Sequence[Scope]) -> SearchResult:
+    def _faded(self, result: SearchResult, searched: Sequence[Dataset]) -> SearchResult:
         """Decay applied to the hits, and their retrieval noted (in batches) for decay and prune."""
-        metadata = self.wiring.metadata
-        datasets = {d.name: d for d in metadata.list_datasets(self.settings.tenant) if d.scope in scopes}
-        faded = fade(result, datasets, self.wiring.access, metadata, self.settings.decay)
+        datasets = {dataset.name: dataset for dataset in searched}
+        faded = fade(result, datasets, self.wiring.access, self.wiring.metadata, self.settings.decay)
         for name, dataset in datasets.items():
             used = [hit.chunk_id for hit in faded.results if hit.dataset == name and hit.chunk_id]
             if used:
