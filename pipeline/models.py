@@ -310,6 +310,12 @@ class RunStatus(enum.StrEnum):
     INTERRUPTED = "interrupted"
 
 
+RUNNING = frozenset({RunStatus.INITIATED, RunStatus.STARTED})
+"""A run in these states may still be working."""
+ENDED = frozenset(set(RunStatus) - RUNNING)
+"""A run in these states is over, one way or another."""
+
+
 class PipelineRun(BaseModel):
     id: str
     dataset_id: str

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from kenning.pipeline import tasks
 from kenning.pipeline.context import Job, PipelineConfig, Services
-from kenning.pipeline.models import Dataset, PipelineRun, RunStatus, Scope, stable_id, utcnow
+from kenning.pipeline.models import RUNNING, Dataset, PipelineRun, RunStatus, Scope, stable_id, utcnow
 
 
 class StepResult(BaseModel):
@@ -93,7 +93,7 @@ def interrupt_others(services: Services, job: Job, why: str) -> list[str]:
     dead = [
         run
         for run in services.metadata.list_runs(job.dataset_id)
-        if run.id != job.run_id and run.status in (RunStatus.INITIATED, RunStatus.STARTED)
+        if run.id != job.run_id and run.status in RUNNING
     ]
     for run in dead:
         run.status, run.error, run.finished_at = RunStatus.INTERRUPTED, why, utcnow()

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import NoWorker, TransientStoreError
-from kenning.pipeline.models import ChunkStatus, PipelineRun, RunStatus, Scope
+from kenning.pipeline.models import ENDED, ChunkStatus, PipelineRun, Scope
 from kenning.pipeline.plan import PLAN, fail_run, start_run
 from kenning.retrieval.contract import SearchResult
 from kenning.workers import keys
@@ -28,10 +28,6 @@ POLL_S = 0.5
 # How long the workers have to say which queues they consume; a busy worker still answers
 # at once, since its main thread (not its pool) replies.
 PING_TIMEOUT_S = 2.0
-FINISHED = frozenset(
-    {RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED, RunStatus.INTERRUPTED}
-)
-
 
 def run_chain(job: Job) -> Any:
     """The run as one Celery chain: begin, one task per plan step (fan-out steps as a chord), finish.
@@ -110,7 +106,7 @@ def follow(services: Services, job: Job, console: Console, timeout_s: float) -> 
     """Poll the run and its chunks until the run is finished, or `timeout_s` has passed."""
     runs = watch(services, lambda: [job], console, timeout_s, POLL_S, labelled=False)
     run = runs[job.run_id]
-    if run.status not in FINISHED:
+    if run.status not in ENDED:
         console.print(
             f"run {job.run_id[:8]} is still {run.status.value} after {timeout_s:.0f} s; "
             "the workers go on with it (`kenning status` follows it)"
@@ -146,7 +142,7 @@ def watch(
                     bars_of[run_id] = add_bars(bars, job, labelled)
                 runs[run_id] = current_run(services, job)
                 draw(bars, bars_of[run_id], runs[run_id], chunk_counts(services, job))
-            if all(run.status in FINISHED for run in runs.values()) or time.monotonic() >= deadline:
+            if all(run.status in ENDED for run in runs.values()) or time.monotonic() >= deadline:
                 return runs
             time.sleep(poll_s)
 
@@ -184,7 +180,7 @@ def draw(bars: Progress, run_bars: Bars, run: PipelineRun, counts: dict[ChunkSta
     names = [step.name for step in PLAN]
     done = names.index(run.step) + 1 if run.step in names else 0
     upcoming = names[done] if done < len(names) else "finish"
-    label = run.status.value if run.status in FINISHED else (upcoming if run.step else "starting")
+    label = run.status.value if run.status in ENDED else (upcoming if run.step else "starting")
     bars.update(run_bars.steps, completed=done, description=run_bars.label + label)
     total = sum(counts.values())
     extracted = counts[ChunkStatus.EXTRACTED] + counts[ChunkStatus.LOADED]

@@ -24,7 +24,7 @@ from kenning.pipeline.memify import (
     ratings,
     session_sources,
 )
-from kenning.pipeline.models import Dataset, RunStatus
+from kenning.pipeline.models import RUNNING, Dataset
 from kenning.pipeline.ports import MetadataStore
 from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
@@ -78,8 +78,7 @@ def session_items(wiring: Wiring, dataset: Dataset) -> list[Source]:
 
 
 def _active_runs(metadata: MetadataStore, dataset: Dataset) -> bool:
-    running = (RunStatus.INITIATED, RunStatus.STARTED)
-    return any(run.status in running for run in metadata.list_runs(dataset.id))
+    return any(run.status in RUNNING for run in metadata.list_runs(dataset.id))
 
 
 def session_entries(wiring: Wiring, dataset: Dataset) -> list[tuple[str, SessionEntry]]:

@@ -44,7 +44,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from kenning.pipeline.ingest import text_source
 from kenning.pipeline.locking import LockBusy, lock_name
-from kenning.pipeline.models import ChunkStatus, Dataset, ItemStatus, RunStatus
+from kenning.pipeline.models import RUNNING, ChunkStatus, Dataset, ItemStatus
 from kenning.retrieval.contract import SearchType
 from kenning.workers.celery_app import app
 from kenning.workers.lifecycle import Message, find_dataset, forget_held, improve_held, session_items
@@ -242,7 +242,7 @@ def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
         if datasets and dataset.name not in datasets:
             continue
         busy = any(
-            run.status in (RunStatus.INITIATED, RunStatus.STARTED) for run in metadata.list_runs(dataset.id)
+            run.status in RUNNING for run in metadata.list_runs(dataset.id)
         )
         waiting = any(
             metadata.list_items(dataset.id, status) for status in OPEN_ITEMS

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from kenning.pipeline.context import Job
 from kenning.pipeline.errors import KenningError, LockLost, TransientLLMError, TransientStoreError
 from kenning.pipeline.locking import LockBusy, fenced, lock_name
-from kenning.pipeline.models import RunStatus
+from kenning.pipeline.models import ENDED
 from kenning.pipeline.plan import (
     PLAN,
     STEPS,
@@ -63,10 +63,6 @@ RETRY: dict[str, Any] = {
 LOCK_POLL_S = 1.0
 # How long a fenced write waits for the lock's Redis to answer before its task fails (and retries).
 FENCE_WAIT_S = 60.0
-ENDED = frozenset(
-    {RunStatus.COMPLETED, RunStatus.COMPLETED_WITH_ERRORS, RunStatus.ERRORED, RunStatus.INTERRUPTED}
-)
-
 
 class Redelivered(KenningError):
     """A task was delivered more often than `max_redeliveries` allows: a poison message, given up."""
