@@ -154,6 +154,26 @@ class GraphStore(Protocol):
         """Every edge with at least one endpoint among `node_ids` (both, when `among`)."""
         ...
 
+    def neighbourhood(
+        self,
+        scope: Scope,
+        node_ids: Sequence[str],
+        hops: int = 1,
+        limit: int = 1000,
+        max_degree: int = 200,
+        skip: Sequence[str] = (),
+    ) -> list[GraphEdge]:
+        """The edges around `node_ids`, breadth first: a bounded subgraph to compute on.
+
+        Hop by hop, the frontier (first the given nodes, then the nodes the previous hop
+        reached) is expanded, the nodes with fewest edges first: each brings all its edges.
+        A node with more than `max_degree` edges is not expanded (its edges to expanded nodes
+        still come with theirs). Edges whose relationship is in `skip` are neither counted,
+        returned nor followed. It stops before passing `limit` edges: a node's edges come
+        whole or not at all. Degrees count distinct edges; a loop counts once.
+        """
+        ...
+
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]: ...
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         """Take these data items' support away: each node and edge loses them from its `data_ids`;

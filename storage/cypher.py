@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
-from kenning.storage.memory_graph import removal, take_support, union, unique_edges, unique_nodes
+from kenning.storage.memory_graph import expand, removal, take_support, union, unique_edges, unique_nodes
 
 BATCH_SIZE = 1000
 NODE_LABEL = "Node"
@@ -73,6 +73,15 @@ _EDGES_FROM = "UNWIND $ids AS id MATCH (a:Node " + _SCOPED_NODE % "id" + ")-[r]-
 _EDGES_TO = "UNWIND $ids AS id MATCH (a:Node)-[r]->(b:Node " + _SCOPED_NODE % "id" + ") "
 _GET_EDGES = f"{_EDGES_FROM}{_EDGE_IN_SCOPE}{_EDGE_COLUMNS} UNION {_EDGES_TO}{_EDGE_IN_SCOPE}{_EDGE_COLUMNS}"
 _EDGES_AMONG = f"{_EDGES_FROM}{_EDGE_IN_SCOPE}AND b.id IN $all {_EDGE_COLUMNS}"
+_FOLLOWED = "AND NOT r.relationship IN $skip "
+_EDGES_FOLLOWED = (
+    f"{_EDGES_FROM}{_EDGE_IN_SCOPE}{_FOLLOWED}{_EDGE_COLUMNS} UNION "
+    f"{_EDGES_TO}{_EDGE_IN_SCOPE}{_FOLLOWED}{_EDGE_COLUMNS}"
+)
+_DEGREES = (
+    "UNWIND $ids AS id MATCH (n:Node " + _SCOPED_NODE % "id" + ")-[r]-(:Node) "
+    + _EDGE_IN_SCOPE + _FOLLOWED + "RETURN id, count(DISTINCT r.id)"
+)
 _SCOPE_NODES = "MATCH (n:Node {tenant: $tenant, dataset: $dataset}) "
 _SCOPE_EDGES = "MATCH (a:Node {tenant: $tenant, dataset: $dataset})-[r]->(b:Node) " + _EDGE_IN_SCOPE
 _EXPORT_NODES = _SCOPE_NODES + "RETURN properties(n)"
@@ -285,6 +294,34 @@ class CypherGraphStore:
                 edge = edge_from_row(row)
                 found[edge.id] = edge
         return list(found.values())
+
+    def neighbourhood(
+        self,
+        scope: Scope,
+        node_ids: Sequence[str],
+        hops: int = 1,
+        limit: int = 1000,
+        max_degree: int = 200,
+        skip: Sequence[str] = (),
+    ) -> list[GraphEdge]:
+        skipped = sorted(set(skip))
+
+        def degrees(ids: list[str]) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for batch in _batches(ids, self._batch_size):
+                statement = Statement(_DEGREES, _scoped(scope, ids=batch, skip=skipped))
+                counts.update((str(row[0]), int(row[1])) for row in self._runner.read(scope, statement))
+            return counts
+
+        def touching(ids: list[str]) -> list[GraphEdge]:
+            found: dict[str, GraphEdge] = {}
+            for batch in _batches(ids, self._batch_size):
+                statement = Statement(_EDGES_FOLLOWED, _scoped(scope, ids=batch, skip=skipped))
+                rows = self._runner.read(scope, statement)
+                found.update((edge.id, edge) for edge in map(edge_from_row, rows))
+            return list(found.values())
+
+        return expand(degrees, touching, node_ids, hops, limit, max_degree)
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         nodes_statement, edges_statement = export_statements(scope)

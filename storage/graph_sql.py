@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import chunked
-from kenning.storage.memory_graph import removal, take_support, unique_edges, unique_nodes
+from kenning.storage.memory_graph import expand, removal, take_support, unique_edges, unique_nodes
 from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
@@ -114,6 +114,45 @@ class SqlGraphStore:
                 found.update((row.id, row) for row in conn.execute(query))
             data_ids = _provenance(conn, scope, EDGE, list(found))
         return [_edge(row, data_ids) for row in found.values()]
+
+    def neighbourhood(
+        self,
+        scope: Scope,
+        node_ids: Sequence[str],
+        hops: int = 1,
+        limit: int = 1000,
+        max_degree: int = 200,
+        skip: Sequence[str] = (),
+    ) -> list[GraphEdge]:
+        table = edges_table
+        followed = sa.and_(_in_scope(table, scope), table.c.relationship.not_in(list(skip)))
+        with _translated(), self._engine.connect() as conn:
+
+            def degrees(ids: list[str]) -> dict[str, int]:
+                counts: dict[str, int] = {}
+                for batch in chunked(ids, BATCH_SIZE):
+                    ends = sa.union(
+                        sa.select(table.c.source_id.label("node"), table.c.id).where(
+                            followed, table.c.source_id.in_(batch)
+                        ),
+                        sa.select(table.c.target_id.label("node"), table.c.id).where(
+                            followed, table.c.target_id.in_(batch)
+                        ),
+                    ).subquery()
+                    query = sa.select(ends.c.node, sa.func.count()).group_by(ends.c.node)
+                    counts.update((str(node), int(count)) for node, count in conn.execute(query))
+                return counts
+
+            def touching(ids: list[str]) -> list[GraphEdge]:
+                found: dict[str, sa.Row[Any]] = {}
+                for batch in chunked(ids, BATCH_SIZE):
+                    ends = sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
+                    rows = conn.execute(sa.select(table).where(followed, ends))
+                    found.update((row.id, row) for row in rows)
+                data_ids = _provenance(conn, scope, EDGE, list(found))
+                return [_edge(row, data_ids) for row in found.values()]
+
+            return expand(degrees, touching, node_ids, hops, limit, max_degree)
 
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         gone = set(data_ids)

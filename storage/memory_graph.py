@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,55 @@ def removal(
     return Removal(deleted_nodes=nodes[0], deleted_edges=deleted_edges, kept=kept)
 
 
+def expand(
+    degrees: Callable[[list[str]], dict[str, int]],
+    edges_of: Callable[[list[str]], list[GraphEdge]],
+    node_ids: Sequence[str],
+    hops: int,
+    limit: int,
+    max_degree: int,
+) -> list[GraphEdge]:
+    """The breadth-first neighbourhood every graph adapter returns (see GraphStore.neighbourhood).
+
+    `degrees(ids)` counts each node's edges and `edges_of(ids)` returns the edges touching any
+    of them, both leaving out the skipped relationships: the adapter pushes those into its store.
+    """
+    found: dict[str, GraphEdge] = {}
+    seen = set(node_ids)
+    frontier = sorted(seen)
+    for _ in range(max(hops, 0)):
+        counts = degrees(frontier) if frontier else {}
+        opened = sorted(
+            (node for node in frontier if 0 < counts.get(node, 0) <= max_degree),
+            key=lambda node: (counts[node], node),
+        )
+        if not opened:
+            break
+        owned = _edges_by_node(edges_of(opened), opened)
+        reached: set[str] = set()
+        for node in opened:
+            new = [edge for edge in owned.get(node, []) if edge.id not in found]
+            if len(found) + len(new) > limit:
+                return list(found.values())
+            for edge in new:
+                found[edge.id] = edge
+                reached.update((edge.source_id, edge.target_id))
+        frontier = sorted(reached - seen)
+        seen.update(frontier)
+    return list(found.values())
+
+
+def _edges_by_node(edges: Iterable[GraphEdge], nodes: Sequence[str]) -> dict[str, list[GraphEdge]]:
+    """Each edge under the first of its endpoints among `nodes`, edges in id order."""
+    order = {node: index for index, node in enumerate(nodes)}
+    owned: dict[str, list[GraphEdge]] = {}
+    for edge in sorted(edges, key=lambda edge: edge.id):
+        ends = [end for end in (edge.source_id, edge.target_id) if end in order]
+        if ends:
+            owned.setdefault(min(ends, key=order.__getitem__), []).append(edge)
+    return owned
+
+
 @dataclass
 class _Graph:
     nodes: dict[str, GraphNode] = field(default_factory=dict)
@@ -131,6 +180,36 @@ class MemoryGraphStore:
                 if (edge.source_id in wanted and edge.target_id in wanted)
                 or (not among and (edge.source_id in wanted or edge.target_id in wanted))
             ]
+
+    def neighbourhood(
+        self,
+        scope: Scope,
+        node_ids: Sequence[str],
+        hops: int = 1,
+        limit: int = 1000,
+        max_degree: int = 200,
+        skip: Sequence[str] = (),
+    ) -> list[GraphEdge]:
+        skipped = set(skip)
+
+        def touching(ids: list[str]) -> list[GraphEdge]:
+            wanted = set(ids)
+            with self._lock:
+                edges = self._graph(scope).edges.values()
+                return [
+                    edge.model_copy(deep=True)
+                    for edge in edges
+                    if edge.relationship not in skipped and {edge.source_id, edge.target_id} & wanted
+                ]
+
+        def degrees(ids: list[str]) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for edge in touching(ids):
+                for end in {edge.source_id, edge.target_id}:
+                    counts[end] = counts.get(end, 0) + 1
+            return counts
+
+        return expand(degrees, touching, node_ids, hops, limit, max_degree)
 
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         gone = set(data_ids)

@@ -577,3 +577,50 @@ def test_supported_by_lists_what_the_data_items_produced(store: GraphStore, new_
 
     assert store.supported_by(scope, ["d1"]) == (["a", "b"], ["a-knows-b"])
     assert store.supported_by(scope, ["d9"]) == ([], [])
+
+
+def test_neighbourhood_expands_breadth_first_within_the_hops(store: GraphStore, new_scope: NewScope) -> None:
+    # Given a chain a -> b -> c -> d -> e, a loop on c, and a side edge b -> x of a skipped kind
+    scope = new_scope()
+    store.upsert_nodes(scope, [node(i) for i in "abcdex"])
+    chain = [edge("a", "b"), edge("b", "c"), edge("c", "d"), edge("d", "e"), edge("c", "c", "self")]
+    store.upsert_edges(scope, [*chain, edge("b", "x", "is_a")])
+
+    def around(ids: str, hops: int, **bounds: Any) -> list[str]:
+        found = store.neighbourhood(scope, ids.split(), hops=hops, skip=["is_a"], **bounds)
+        return sorted(e.id for e in found)
+
+    # Then each hop adds the edges of the nodes the previous one reached, never a skipped one
+    assert around("a", 0) == []
+    assert around("a", 1) == ["a-knows-b"]
+    assert around("a", 2) == ["a-knows-b", "b-knows-c"]
+    assert around("a", 3) == ["a-knows-b", "b-knows-c", "c-knows-d", "c-self-c"]
+    assert around("a e", 1) == ["a-knows-b", "d-knows-e"]
+    assert around("a", 9) == sorted(e.id for e in chain)
+    assert around("nowhere", 2) == []
+    assert by_id(store.neighbourhood(scope, ["d"]))["c-knows-d"] == chain[2]
+    # And without a skip list the skipped kind is an edge like any other
+    assert "b-is_a-x" in {e.id for e in store.neighbourhood(scope, ["x"])}
+
+
+def test_neighbourhood_leaves_hubs_unexpanded_and_stops_at_the_limit(
+    store: GraphStore, new_scope: NewScope
+) -> None:
+    # Given a hub h linked to ten leaves, one of which (l0) also links to a node z
+    scope = new_scope()
+    leaves = [f"l{i}" for i in range(10)]
+    store.upsert_nodes(scope, [node(i) for i in ["h", "z", *leaves]])
+    store.upsert_edges(scope, [edge("h", leaf) for leaf in leaves] + [edge("l0", "z")])
+
+    def around(ids: list[str], hops: int, **bounds: Any) -> list[str]:
+        return sorted(e.id for e in store.neighbourhood(scope, ids, hops=hops, **bounds))
+
+    # Then a hub above max_degree brings no edges of its own, but its edges to expanded nodes come
+    assert around(["h"], 2, max_degree=5) == []
+    assert around(["z"], 2, max_degree=5) == ["h-knows-l0", "l0-knows-z"]
+    assert around(["z"], 3, max_degree=5) == ["h-knows-l0", "l0-knows-z"]
+    assert len(around(["z"], 3, max_degree=10)) == 11
+    # And the limit keeps the nodes with fewest edges first, each with all its edges or none
+    assert around(["z", "h"], 1, limit=1) == ["l0-knows-z"]
+    assert around(["z", "h"], 1, limit=10) == ["l0-knows-z"]
+    assert len(around(["z", "h"], 1, limit=11)) == 11
