@@ -50,22 +50,57 @@ class Assembly:
     def add_node(self, node: DataPoint, chunk_id: str) -> str:
         existing = self.nodes.setdefault(node.id, node)
         if existing is not node:
+            if _source_of(node) < _source_of(existing):
+                self.nodes[node.id], node, existing = node, existing, node
             _merge_sources(existing.data_ids, node.data_ids)
             _merge_sources(existing.node_sets, node.node_sets)
-        self.chunk_of.setdefault(node.id, chunk_id)
+        self._seen_in(node.id, chunk_id)
         return node.id
 
     def add_edge(self, edge: Edge, chunk_id: str) -> None:
         existing = self.edges.setdefault(edge.id, edge)
         if existing is not edge:
             _merge_sources(existing.data_ids, edge.data_ids)
-        self.chunk_of.setdefault(edge.id, chunk_id)
+        self._seen_in(edge.id, chunk_id)
+
+    def _seen_in(self, element_id: str, chunk_id: str) -> None:
+        # The smallest chunk id, whatever the order the chunks come in (see `edge_prevails`).
+        self.chunk_of[element_id] = min(self.chunk_of.get(element_id, chunk_id), chunk_id)
+
+
+def _source_of(node: DataPoint) -> tuple[str, str]:
+    return (node.source.data_id, node.source.chunk_id) if node.source else ("", "")
+
+
+# An element made from several data items or chunks keeps the properties written from the
+# smallest (data item id, chunk id), whichever was loaded first: a run resumed after a fault, or
+# with its batches in another order, ends with the same properties. A write from the same source
+# (or one without a source: an update, such as a feedback weight) replaces them.
+SOURCE_OF_NODE = ("source_data_id", "source_chunk")
+SOURCE_OF_EDGE = ("chunk_id",)
+
+
+def node_prevails(new: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether a node's new properties replace its stored ones."""
+    return _prevails(new, stored, SOURCE_OF_NODE)
+
+
+def edge_prevails(new: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether an edge's new properties replace its stored ones."""
+    return _prevails(new, stored, SOURCE_OF_EDGE)
+
+
+def _prevails(new: dict[str, Any], stored: dict[str, Any], keys: tuple[str, ...]) -> bool:
+    new_source = tuple(str(new.get(key) or "") for key in keys)
+    stored_source = tuple(str(stored.get(key) or "") for key in keys)
+    if not (new_source[0] and stored_source[0]):
+        return True
+    return new_source <= stored_source
 
 
 def _merge_sources(target: list[str], extra: Iterable[str]) -> None:
-    for data_id in extra:
-        if data_id not in target:
-            target.append(data_id)
+    # Sorted: the same list whatever the order its parts were seen in.
+    target[:] = sorted({*target, *extra})
 
 
 def assemble(
@@ -87,6 +122,7 @@ def assemble(
             content_hash=content_hashes.get(record.data_id, ""),
             run_id=run_id,
             task="load",
+            chunk_id=record.id,
         )
         sets = (node_sets or {}).get(record.data_id, [])
         _add_chunk(assembly, scope, source, record, document, extraction, sets)

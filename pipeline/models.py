@@ -59,6 +59,8 @@ class Provenance(BaseModel):
     content_hash: str = ""
     run_id: str = ""
     task: str = ""
+    # The chunk it was read from, when it was: of several, the smallest id is kept (see assembly).
+    chunk_id: str = ""
 
 
 class DataPoint(BaseModel):
@@ -113,6 +115,8 @@ class DataPoint(BaseModel):
                 source_run=self.source.run_id,
                 source_task=self.source.task,
             )
+            if self.source.chunk_id:
+                values["source_chunk"] = self.source.chunk_id
         return values
 
 

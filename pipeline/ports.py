@@ -7,6 +7,7 @@ adapters and pass the same contract suites.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -140,6 +141,14 @@ class ObjectSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Neighbourhood:
+    """A bounded subgraph: its edges, and the degree in the whole graph of every node they touch."""
+
+    edges: list[GraphEdge]
+    degrees: dict[str, int]
+
+
 class GraphStore(Protocol):
     """Nodes and edges of one or more scoped graphs.
 
@@ -162,7 +171,7 @@ class GraphStore(Protocol):
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
-    ) -> list[GraphEdge]:
+    ) -> Neighbourhood:
         """The edges around `node_ids`, breadth first: a bounded subgraph to compute on.
 
         Hop by hop, the frontier (first the given nodes, then the nodes the previous hop
@@ -170,7 +179,9 @@ class GraphStore(Protocol):
         A node with more than `max_degree` edges is not expanded (its edges to expanded nodes
         still come with theirs). Edges whose relationship is in `skip` are neither counted,
         returned nor followed. It stops before passing `limit` edges: a node's edges come
-        whole or not at all. Degrees count distinct edges; a loop counts once.
+        whole or not at all. Degrees count distinct edges, skipped kinds left out; a loop
+        counts once. Every node the edges touch has its degree, and so does every given node
+        that has edges.
         """
         ...
 

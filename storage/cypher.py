@@ -30,7 +30,16 @@ from typing import Any, NamedTuple, Protocol
 
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
-from kenning.storage.memory_graph import expand, removal, take_support, union, unique_edges, unique_nodes
+from kenning.storage.memory_graph import (
+    expand,
+    over_stored_edges,
+    over_stored_nodes,
+    removal,
+    take_support,
+    union,
+    unique_edges,
+    unique_nodes,
+)
 
 BATCH_SIZE = 1000
 NODE_LABEL = "Node"
@@ -270,7 +279,9 @@ class CypherGraphStore:
         self._indexed: set[str] = set()
 
     def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
-        statements = upsert_node_statements(scope, nodes, self._batch_size)
+        unique = unique_nodes(nodes)
+        unique = over_stored_nodes(unique, self.get_nodes(scope, [node.id for node in unique]))
+        statements = upsert_node_statements(scope, unique, self._batch_size)
         self._ensure_indexes(scope)
         for statement, label in statements:
             rows = self._runner.write(scope, statement)
@@ -278,7 +289,10 @@ class CypherGraphStore:
                 self._runner.write(scope, remove_label_statement(scope, node_ids, old_label))
 
     def upsert_edges(self, scope: Scope, edges: Sequence[GraphEdge]) -> None:
-        statements = upsert_edge_statements(scope, edges, self._batch_size)
+        unique = unique_edges(edges)
+        ends = {node_id for edge in unique for node_id in (edge.source_id, edge.target_id)}
+        unique = over_stored_edges(unique, self.get_edges(scope, sorted(ends), among=True))
+        statements = upsert_edge_statements(scope, unique, self._batch_size)
         self._ensure_indexes(scope)
         for statement in statements:
             self._runner.write(scope, statement)

@@ -12,8 +12,16 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
-from kenning.pipeline.ports import chunked
-from kenning.storage.memory_graph import expand, removal, take_support, unique_edges, unique_nodes
+from kenning.pipeline.ports import Neighbourhood, chunked
+from kenning.storage.memory_graph import (
+    expand,
+    over_stored_edges,
+    over_stored_nodes,
+    removal,
+    take_support,
+    unique_edges,
+    unique_nodes,
+)
 from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
@@ -71,9 +79,10 @@ class SqlGraphStore:
             create_tables(engine, metadata)
 
     def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
-        unique = unique_nodes(nodes)
-        rows = [_node_row(scope, node) for node in unique]
         with _translated(), self._engine.begin() as conn:
+            unique = unique_nodes(nodes)
+            unique = over_stored_nodes(unique, _stored(conn, scope, nodes_table, [n.id for n in unique]))
+            rows = [_node_row(scope, node) for node in unique]
             self._upsert(conn, nodes_table, rows, update=("type", "properties"))
             self._add_provenance(conn, _provenance_rows(scope, NODE, unique))
 
@@ -83,6 +92,7 @@ class SqlGraphStore:
             endpoints = {node_id for edge in unique for node_id in (edge.source_id, edge.target_id)}
             present = _existing_node_ids(conn, scope, endpoints)
             kept = [edge for edge in unique if edge.source_id in present and edge.target_id in present]
+            kept = over_stored_edges(kept, _stored(conn, scope, edges_table, [e.id for e in kept]))
             rows = [_edge_row(scope, edge) for edge in kept]
             update = ("source_id", "target_id", "relationship", "properties")
             self._upsert(conn, edges_table, rows, update=update)
@@ -123,7 +133,7 @@ class SqlGraphStore:
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
-    ) -> list[GraphEdge]:
+    ) -> Neighbourhood:
         table = edges_table
         followed = sa.and_(_in_scope(table, scope), table.c.relationship.not_in(list(skip)))
         with _translated(), self._engine.connect() as conn:
@@ -229,6 +239,16 @@ def _batches(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
 
 def _in_scope(table: sa.Table, scope: Scope) -> sa.ColumnElement[bool]:
     return sa.and_(table.c.tenant == scope.tenant, table.c.dataset == scope.dataset)
+
+
+def _stored(conn: sa.Connection, scope: Scope, table: sa.Table, ids: list[str]) -> list[Any]:
+    """The stored nodes (or edges) of these ids, without their data ids: only their properties count."""
+    read = _node if table is nodes_table else _edge
+    found: list[Any] = []
+    for batch in chunked(ids, BATCH_SIZE):
+        query = sa.select(table).where(_in_scope(table, scope), table.c.id.in_(batch))
+        found.extend(read(row, {}) for row in conn.execute(query))
+    return found
 
 
 def _existing_node_ids(conn: sa.Connection, scope: Scope, node_ids: set[str]) -> set[str]:

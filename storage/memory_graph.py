@@ -10,10 +10,15 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from kenning.pipeline.assembly import edge_prevails, node_prevails
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
+from kenning.pipeline.ports import Neighbourhood
+
+NODE_SETS = "node_sets"
+Element = TypeVar("Element", GraphNode, GraphEdge)
 
 
 def union(*groups: Iterable[str]) -> list[str]:
@@ -22,23 +27,58 @@ def union(*groups: Iterable[str]) -> list[str]:
 
 
 def unique_nodes(nodes: Sequence[GraphNode]) -> list[GraphNode]:
-    """One node per id: the last one given wins, the data ids of all are unioned."""
+    """One node per id: the last one given wins unless an earlier one prevails
+    (`pipeline.assembly.node_prevails`); the data ids of all are unioned."""
     merged: dict[str, GraphNode] = {}
     for node in nodes:
         earlier = merged.get(node.id)
-        data_ids = union(earlier.data_ids if earlier else (), node.data_ids)
-        merged[node.id] = node.model_copy(update={"data_ids": data_ids})
+        merged[node.id] = over_node(node, earlier) if earlier else _sorted_ids(node)
     return list(merged.values())
 
 
 def unique_edges(edges: Sequence[GraphEdge]) -> list[GraphEdge]:
-    """One edge per id: the last one given wins, the data ids of all are unioned."""
+    """One edge per id: the last one given wins unless an earlier one prevails
+    (`pipeline.assembly.edge_prevails`); the data ids of all are unioned."""
     merged: dict[str, GraphEdge] = {}
     for edge in edges:
         earlier = merged.get(edge.id)
-        data_ids = union(earlier.data_ids if earlier else (), edge.data_ids)
-        merged[edge.id] = edge.model_copy(update={"data_ids": data_ids})
+        merged[edge.id] = over_edge(edge, earlier) if earlier else _sorted_ids(edge)
     return list(merged.values())
+
+
+def _sorted_ids(item: Element) -> Element:
+    return item.model_copy(update={"data_ids": union(item.data_ids)})
+
+
+def over_node(node: GraphNode, stored: GraphNode) -> GraphNode:
+    """The node to write over `stored`: its data ids unioned, its node sets too, and the type and
+    properties of whichever of the two prevails. So they do not depend on the order of writes."""
+    winner = node if node_prevails(node.properties, stored.properties) else stored
+    properties = dict(winner.properties)
+    sets = (node.properties.get(NODE_SETS), stored.properties.get(NODE_SETS))
+    if all(isinstance(value, list) for value in sets):
+        properties[NODE_SETS] = union(*(value for value in sets if isinstance(value, list)))
+    data_ids = union(stored.data_ids, node.data_ids)
+    return node.model_copy(update={"type": winner.type, "properties": properties, "data_ids": data_ids})
+
+
+def over_edge(edge: GraphEdge, stored: GraphEdge) -> GraphEdge:
+    """The edge to write over `stored`: its data ids unioned, the properties of the one that prevails."""
+    winner = edge if edge_prevails(edge.properties, stored.properties) else stored
+    data_ids = union(stored.data_ids, edge.data_ids)
+    return edge.model_copy(update={"properties": dict(winner.properties), "data_ids": data_ids})
+
+
+def over_stored_nodes(nodes: Sequence[GraphNode], stored: Iterable[GraphNode]) -> list[GraphNode]:
+    """Each node as `over_node` writes it over its stored self, if any."""
+    earlier = {node.id: node for node in stored}
+    return [over_node(node, earlier[node.id]) if node.id in earlier else node for node in nodes]
+
+
+def over_stored_edges(edges: Sequence[GraphEdge], stored: Iterable[GraphEdge]) -> list[GraphEdge]:
+    """Each edge as `over_edge` writes it over its stored self, if any."""
+    earlier = {edge.id: edge for edge in stored}
+    return [over_edge(edge, earlier[edge.id]) if edge.id in earlier else edge for edge in edges]
 
 
 def copy_properties(properties: dict[str, Any]) -> dict[str, Any]:
@@ -86,17 +126,18 @@ def expand(
     hops: int,
     limit: int,
     max_degree: int,
-) -> list[GraphEdge]:
+) -> Neighbourhood:
     """The breadth-first neighbourhood every graph adapter returns (see GraphStore.neighbourhood).
 
     `degrees(ids)` counts each node's edges and `edges_of(ids)` returns the edges touching any
     of them, both leaving out the skipped relationships: the adapter pushes those into its store.
     """
     found: dict[str, GraphEdge] = {}
+    counts: dict[str, int] = {}
     seen = set(node_ids)
     frontier = sorted(seen)
     for _ in range(max(hops, 0)):
-        counts = degrees(frontier) if frontier else {}
+        counts.update(degrees(frontier) if frontier else {})
         opened = sorted(
             (node for node in frontier if 0 < counts.get(node, 0) <= max_degree),
             key=lambda node: (counts[node], node),
@@ -108,13 +149,26 @@ def expand(
         for node in opened:
             new = [edge for edge in owned.get(node, []) if edge.id not in found]
             if len(found) + len(new) > limit:
-                return list(found.values())
+                return _with_degrees(found, counts, seen, degrees)
             for edge in new:
                 found[edge.id] = edge
                 reached.update((edge.source_id, edge.target_id))
         frontier = sorted(reached - seen)
         seen.update(frontier)
-    return list(found.values())
+    return _with_degrees(found, counts, seen, degrees)
+
+
+def _with_degrees(
+    found: dict[str, GraphEdge],
+    counts: dict[str, int],
+    seen: set[str],
+    degrees: Callable[[list[str]], dict[str, int]],
+) -> Neighbourhood:
+    ends = {end for edge in found.values() for end in (edge.source_id, edge.target_id)}
+    missing = sorted(ends - set(counts))
+    counts.update(degrees(missing) if missing else {})
+    known = {node: count for node, count in counts.items() if count and (node in ends or node in seen)}
+    return Neighbourhood(edges=list(found.values()), degrees=known)
 
 
 def _edges_by_node(edges: Iterable[GraphEdge], nodes: Sequence[str]) -> dict[str, list[GraphEdge]]:
@@ -148,9 +202,7 @@ class MemoryGraphStore:
             graph = self._graphs.setdefault(scope, _Graph())
             for node in stored:
                 earlier = graph.nodes.get(node.id)
-                if earlier:
-                    node.data_ids = union(earlier.data_ids, node.data_ids)
-                graph.nodes[node.id] = node
+                graph.nodes[node.id] = over_node(node, earlier) if earlier else node
 
     def upsert_edges(self, scope: Scope, edges: Sequence[GraphEdge]) -> None:
         stored = [_stored_edge(edge) for edge in unique_edges(edges)]
@@ -160,9 +212,7 @@ class MemoryGraphStore:
                 if edge.source_id not in graph.nodes or edge.target_id not in graph.nodes:
                     continue
                 earlier = graph.edges.get(edge.id)
-                if earlier:
-                    edge.data_ids = union(earlier.data_ids, edge.data_ids)
-                graph.edges[edge.id] = edge
+                graph.edges[edge.id] = over_edge(edge, earlier) if earlier else edge
 
     def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
         with self._lock:
@@ -189,7 +239,7 @@ class MemoryGraphStore:
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
-    ) -> list[GraphEdge]:
+    ) -> Neighbourhood:
         skipped = set(skip)
 
         def touching(ids: list[str]) -> list[GraphEdge]:
@@ -204,8 +254,9 @@ class MemoryGraphStore:
 
         def degrees(ids: list[str]) -> dict[str, int]:
             counts: dict[str, int] = {}
+            wanted = set(ids)
             for edge in touching(ids):
-                for end in {edge.source_id, edge.target_id}:
+                for end in {edge.source_id, edge.target_id} & wanted:
                     counts[end] = counts.get(end, 0) + 1
             return counts
 
