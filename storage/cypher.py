@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
+from kenning.pipeline.ports import Neighbourhood
 from kenning.storage.memory_graph import (
     expand,
     over_stored_edges,
@@ -317,7 +318,7 @@ class CypherGraphStore:
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
-    ) -> list[GraphEdge]:
+    ) -> Neighbourhood:
         skipped = sorted(set(skip))
 
         def degrees(ids: list[str]) -> dict[str, int]:

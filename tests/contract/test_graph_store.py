@@ -588,7 +588,7 @@ def test_neighbourhood_expands_breadth_first_within_the_hops(store: GraphStore, 
 
     def around(ids: str, hops: int, **bounds: Any) -> list[str]:
         found = store.neighbourhood(scope, ids.split(), hops=hops, skip=["is_a"], **bounds)
-        return sorted(e.id for e in found)
+        return sorted(e.id for e in found.edges)
 
     # Then each hop adds the edges of the nodes the previous one reached, never a skipped one
     assert around("a", 0) == []
@@ -598,9 +598,11 @@ def test_neighbourhood_expands_breadth_first_within_the_hops(store: GraphStore, 
     assert around("a e", 1) == ["a-knows-b", "d-knows-e"]
     assert around("a", 9) == sorted(e.id for e in chain)
     assert around("nowhere", 2) == []
-    assert by_id(store.neighbourhood(scope, ["d"]))["c-knows-d"] == chain[2]
+    assert by_id(store.neighbourhood(scope, ["d"]).edges)["c-knows-d"] == chain[2]
+    # And every node the edges touch comes with its degree, skipped kinds left out, a loop once
+    assert store.neighbourhood(scope, ["b"], skip=["is_a"]).degrees == {"a": 1, "b": 2, "c": 3}
     # And without a skip list the skipped kind is an edge like any other
-    assert "b-is_a-x" in {e.id for e in store.neighbourhood(scope, ["x"])}
+    assert "b-is_a-x" in {e.id for e in store.neighbourhood(scope, ["x"]).edges}
 
 
 def test_neighbourhood_leaves_hubs_unexpanded_and_stops_at_the_limit(
@@ -613,12 +615,13 @@ def test_neighbourhood_leaves_hubs_unexpanded_and_stops_at_the_limit(
     store.upsert_edges(scope, [edge("h", leaf) for leaf in leaves] + [edge("l0", "z")])
 
     def around(ids: list[str], hops: int, **bounds: Any) -> list[str]:
-        return sorted(e.id for e in store.neighbourhood(scope, ids, hops=hops, **bounds))
+        return sorted(e.id for e in store.neighbourhood(scope, ids, hops=hops, **bounds).edges)
 
     # Then a hub above max_degree brings no edges of its own, but its edges to expanded nodes come
     assert around(["h"], 2, max_degree=5) == []
     assert around(["z"], 2, max_degree=5) == ["h-knows-l0", "l0-knows-z"]
     assert around(["z"], 3, max_degree=5) == ["h-knows-l0", "l0-knows-z"]
+    assert store.neighbourhood(scope, ["z"], hops=3, max_degree=5).degrees == {"z": 1, "l0": 2, "h": 10}
     assert len(around(["z"], 3, max_degree=10)) == 11
     # And the limit keeps the nodes with fewest edges first, each with all its edges or none
     assert around(["z", "h"], 1, limit=1) == ["l0-knows-z"]
