@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 
 from kenning.pipeline.models import (
+    RUNNING,
     ChunkRecord,
     ChunkStatus,
     DataItem,
@@ -127,6 +128,15 @@ class MemoryMetadataStore:
         with self._lock:
             found = [run.model_copy(deep=True) for run in self._runs.values() if run.dataset_id == dataset_id]
         return sorted(found, key=lambda run: (run.started_at, run.id))
+
+    def list_running_runs(self) -> list[tuple[Dataset, PipelineRun]]:
+        with self._lock:
+            found = [
+                (self._datasets[run.dataset_id].model_copy(), run.model_copy(deep=True))
+                for run in self._runs.values()
+                if run.status in RUNNING and run.dataset_id in self._datasets
+            ]
+        return sorted(found, key=lambda pair: (pair[1].started_at, pair[1].id))
 
     # Documents and chunks
 

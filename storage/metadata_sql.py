@@ -22,6 +22,7 @@ from kenning.pipeline.models import (
     DocumentRecord,
     Extraction,
     ItemStatus,
+    RUNNING,
     PipelineRun,
     Scope,
     utcnow,
@@ -181,6 +182,25 @@ class SqlMetadataStore:
         )
         with self._begin() as conn:
             return [PipelineRun.model_validate(dict(row._mapping)) for row in conn.execute(query)]
+
+    def list_running_runs(self) -> list[tuple[Dataset, PipelineRun]]:
+        running = [status.value for status in RUNNING]
+        query = (
+            sa.select(datasets, pipeline_runs)
+            .join(datasets, datasets.c.id == pipeline_runs.c.dataset_id)
+            .where(pipeline_runs.c.status.in_(running))
+            .order_by(pipeline_runs.c.started_at, pipeline_runs.c.id)
+        )
+        with self._begin() as conn:
+            rows = conn.execute(query).all()
+        width = len(datasets.columns)
+        return [
+            (
+                Dataset.model_validate(dict(zip(datasets.columns.keys(), row[:width], strict=True))),
+                PipelineRun.model_validate(dict(zip(pipeline_runs.columns.keys(), row[width:], strict=True))),
+            )
+            for row in rows
+        ]
 
     # Documents and chunks
 

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import NoWorker, TransientStoreError
-from kenning.pipeline.models import ENDED, ChunkStatus, PipelineRun, Scope
+from kenning.pipeline.models import ENDED, ChunkStatus, PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import PLAN, fail_run, start_run
 from kenning.retrieval.contract import SearchResult
 from kenning.workers import keys
@@ -25,6 +25,8 @@ from kenning.workers.settings import Settings
 from kenning.workers.wiring import Wiring
 
 POLL_S = 0.5
+# How many runs in a row (each resuming the one before, interrupted) `follow` goes on to.
+MAX_RESUMES_FOLLOWED = 10
 # How long the workers have to say which queues they consume; a busy worker still answers
 # at once, since its main thread (not its pool) replies.
 PING_TIMEOUT_S = 2.0
@@ -99,19 +101,49 @@ def cognify_distributed(
     require_workers(memory.settings, ("pipeline", "extract", "load"))
     job = enqueue(memory.wiring, memory.settings, memory.scope(dataset))
     console.print(f"run {job.run_id[:8]} of dataset {job.dataset!r} sent to the workers")
-    return follow(memory.wiring, job, console, timeout_s or memory.settings.cognify_timeout_s)
+    settings = memory.settings
+    timeout_s = timeout_s or settings.cognify_timeout_s
+    return follow(memory.wiring, job, console, timeout_s, ride_out_s=settings.store_retry_s)
 
 
-def follow(services: Services, job: Job, console: Console, timeout_s: float) -> PipelineRun:
-    """Poll the run and its chunks until the run is finished, or `timeout_s` has passed."""
-    runs = watch(services, lambda: [job], console, timeout_s, POLL_S, labelled=False)
-    run = runs[job.run_id]
+def follow(
+    services: Services, job: Job, console: Console, timeout_s: float, *, ride_out_s: float = 60.0
+) -> PipelineRun:
+    """Poll the run and its chunks until the run is finished, or `timeout_s` has passed.
+
+    A run that the supervisor interrupted (its workers or messages were lost) is resumed by a
+    new run: that one is followed in its stead, and so on (`MAX_RESUMES_FOLLOWED` at most). A
+    metadata store that is away is waited for, up to `ride_out_s` at a time.
+    """
+    deadline = time.monotonic() + timeout_s
+    run: PipelineRun | None = None
+    for _ in range(MAX_RESUMES_FOLLOWED):
+        left = max(0.0, deadline - time.monotonic())
+        runs = watch(services, _only(job), console, left, POLL_S, labelled=False, ride_out_s=ride_out_s)
+        run = runs[job.run_id]
+        successor = _successor(services, run) if run.status == RunStatus.INTERRUPTED else None
+        if successor is None:
+            break
+        console.print(f"run {run.id[:8]} was {run.error}; following run {successor.id[:8]}")
+        job = job.model_copy(update={"run_id": successor.id})
+    assert run is not None
     if run.status not in ENDED:
         console.print(
             f"run {job.run_id[:8]} is still {run.status.value} after {timeout_s:.0f} s; "
             "the workers go on with it (`kenning status` follows it)"
         )
     return run
+
+
+def _only(job: Job) -> Callable[[], list[Job]]:
+    return lambda: [job]
+
+
+def _successor(services: Services, run: PipelineRun) -> PipelineRun | None:
+    # Imported here: the supervisor module registers tasks and worker hooks.
+    from kenning.workers.supervisor import successor_of
+
+    return successor_of(services.metadata.list_runs(run.dataset_id), run)
 
 
 def watch(
@@ -122,26 +154,40 @@ def watch(
     poll_s: float,
     *,
     labelled: bool = True,
+    ride_out_s: float = 0.0,
 ) -> dict[str, PipelineRun]:
     """Draw the runs `find` names (asked again at each poll) until every one of them is finished.
 
     Each run has three bars: its steps, its chunks extracted (or already loaded) and its chunks
     written to the stores, each out of all its chunks, `labelled` with the run's dataset and id.
-    Returns the runs seen, by id, as they last stood: after `timeout_s`, finished or not.
+    Returns the runs seen, by id, as they last stood: after `timeout_s`, finished or not. A
+    metadata store that is away is polled again until it has been away `ride_out_s` in a row.
     """
     deadline = time.monotonic() + timeout_s
     columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     jobs: dict[str, Job] = {}
     bars_of: dict[str, Bars] = {}
     runs: dict[str, PipelineRun] = {}
+    away_since: float | None = None
     with Progress(*columns, console=console, transient=False) as bars:
         while True:
-            jobs.update((job.run_id, job) for job in find())
-            for run_id, job in jobs.items():
-                if run_id not in bars_of:
-                    bars_of[run_id] = add_bars(bars, job, labelled)
-                runs[run_id] = current_run(services, job)
-                draw(bars, bars_of[run_id], runs[run_id], chunk_counts(services, job))
+            try:
+                jobs.update((job.run_id, job) for job in find())
+                for run_id, job in jobs.items():
+                    if run_id not in bars_of:
+                        bars_of[run_id] = add_bars(bars, job, labelled)
+                    runs[run_id] = current_run(services, job)
+                    draw(bars, bars_of[run_id], runs[run_id], chunk_counts(services, job))
+                away_since = None
+            except TransientStoreError as error:
+                now = time.monotonic()
+                if away_since is None:
+                    away_since = now
+                    console.print(f"waiting up to {ride_out_s:.0f} s for the store: {error}")
+                if now - away_since >= ride_out_s:
+                    raise
+                time.sleep(poll_s)
+                continue
             if all(run.status in ENDED for run in runs.values()) or time.monotonic() >= deadline:
                 return runs
             time.sleep(poll_s)

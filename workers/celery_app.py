@@ -50,6 +50,7 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 
 from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.ports import RunLock
+from kenning.storage.lease_redis import RedisLeases
 from kenning.storage.queue_depth import queue_depths
 from kenning.storage.run_lock import Deliveries, RedisRunLock
 from kenning.workers import keys
@@ -75,6 +76,7 @@ class Resources:
         self._client: redis.Redis | None = None
         self._lock: RunLock | None = None
         self._deliveries: Deliveries | None = None
+        self._leases: RedisLeases | None = None
         self._mutex = threading.Lock()
 
     @property
@@ -91,6 +93,14 @@ class Resources:
                 self._deliveries = open_deliveries(self._redis(), self.settings)
             return self._deliveries
 
+    @property
+    def leases(self) -> RedisLeases:
+        with self._mutex:
+            if self._leases is None:
+                prefix = keys.lease_prefix(self.settings.queue_prefix)
+                self._leases = RedisLeases(self._redis(), prefix)
+            return self._leases
+
     def _redis(self) -> redis.Redis:
         if self._client is None:
             self._client = redis.Redis.from_url(self.settings.redis_url)
@@ -101,7 +111,7 @@ class Resources:
         with self._mutex:
             if self._client is not None:
                 self._client.close()
-            self._client, self._lock, self._deliveries = None, None, None
+            self._client, self._lock, self._deliveries, self._leases = None, None, None, None
 
 
 def open_lock(client: redis.Redis, settings: Settings) -> RunLock:

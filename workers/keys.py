@@ -33,6 +33,11 @@ def deliveries_prefix(prefix: str) -> str:
     return f"{prefix}:deliveries:"
 
 
+def lease_prefix(prefix: str) -> str:
+    """Keys of the runs' leases and of the failures recorded while the metadata store was away."""
+    return f"{prefix}:lease:"
+
+
 def ratelimit_prefix(prefix: str) -> str:
     """Keys of the global LLM token buckets."""
     return f"{prefix}:ratelimit:"

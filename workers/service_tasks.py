@@ -234,8 +234,11 @@ def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
     provider outage, the next maintenance retries them with no manual clean-up.
     """
     from kenning.workers.canvas import enqueue
+    from kenning.workers.supervisor import supervise
 
     memory = _memory()
+    # Dead runs first: each is interrupted and resumed, so that its dataset counts as busy below.
+    supervised = supervise(app.resources())
     metadata, chunks = memory.wiring.metadata, memory.wiring.chunks
     started: dict[str, str] = {}
     for dataset in metadata.list_datasets(memory.settings.tenant):
@@ -249,7 +252,7 @@ def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
         ) or chunks.list_chunk_ids(dataset.id, ChunkStatus.FAILED)
         if waiting and not busy:
             started[dataset.name] = enqueue(memory.wiring, memory.settings, dataset.scope).run_id
-    return {"started": started}
+    return {"started": started, "supervised": supervised}
 
 
 OPEN_ITEMS = (ItemStatus.PENDING, ItemStatus.CLASSIFIED, ItemStatus.CHUNKED)

@@ -136,6 +136,15 @@ class Settings(BaseSettings):
         default=7200.0, gt=0, description="Unacknowledged tasks are redelivered after this; > longest task"
     )
     max_redeliveries: int = Field(default=5, ge=0, description="Deliveries of a task beyond the first")
+    lease_s: float = Field(
+        default=60.0, gt=0, description="Leases of a run's tasks last this; a run with none left is dead"
+    )
+    supervise_every_s: float = Field(
+        default=30.0, gt=0, description="How often each worker looks for dead runs to interrupt and resume"
+    )
+    store_retry_s: float = Field(
+        default=60.0, ge=0, description="How long a task rides out an unreachable store before it gives up"
+    )
     query_timeout_s: float = Field(default=120.0, gt=0, description="How long --remote waits for an answer")
     cognify_timeout_s: float = Field(default=6 * 3600.0, gt=0, description="How long --distributed follows")
     queue_prefix: str = "kenning"

@@ -11,7 +11,14 @@ its token before each store write batch (see `holding`), and aborts the run with
 step's task replaces itself with a flat chord: one `kenning.<step>` task per batch of item
 ids, then `kenning.gather`, which records the merged counters and lets the chain go on.
 `kenning.fail`, linked as the error callback of every task, marks the run errored and
-releases the lock.
+releases the lock; with the metadata store away, it records the failure beside the run's
+leases instead, and the supervisor ends the run once the store is back.
+
+Each task holds a lease on its unit of work while it runs (`pipeline.lease`), renewed with
+the lock by its heartbeat; a run whose leases have all expired is dead, and the supervisor
+(`workers.supervisor`) interrupts it and resumes its work, whatever became of its messages.
+A store that is away (the metadata store, the graph or vector store, Redis) is ridden out:
+the task's work is tried again with backoff for `store_retry_s` before the task gives up.
 
 Tasks are acknowledged when done, so the task of a worker that died is delivered again;
 redeliveries are counted, and a task redelivered more than `max_redeliveries` times (a
@@ -24,16 +31,16 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Task, chord
 from celery.exceptions import CPendingDeprecationWarning
 from pydantic import BaseModel, Field
 
 from kenning.pipeline.context import Job
-from kenning.pipeline.errors import KenningError, LockLost, TransientLLMError, TransientStoreError
+from kenning.pipeline.errors import KenningError, LockLost, StoreError, TransientLLMError, TransientStoreError
 from kenning.pipeline.locking import LockBusy, fenced, lock_name
 from kenning.pipeline.models import ENDED
 from kenning.pipeline.plan import (
@@ -49,12 +56,14 @@ from kenning.pipeline.plan import (
 from kenning.pipeline.ports import chunked
 from kenning.storage.run_lock import Deliveries
 from kenning.workers.celery_app import Resources, app
+from kenning.workers.supervisor import supervise_dataset
 
 log = logging.getLogger(__name__)
 
-# A transient store or LLM failure is retried a bounded number of times, with backoff.
+# A transient LLM failure is retried a bounded number of times, with backoff; a store that is
+# away is ridden out in the task itself (`riding_out`): retrying through the broker needs it up.
 RETRY: dict[str, Any] = {
-    "autoretry_for": (TransientStoreError, TransientLLMError),
+    "autoretry_for": (TransientLLMError,),
     "retry_backoff": 2,
     "retry_backoff_max": 60,
     "retry_jitter": True,
@@ -63,6 +72,14 @@ RETRY: dict[str, Any] = {
 LOCK_POLL_S = 1.0
 # How long a fenced write waits for the lock's Redis to answer before its task fails (and retries).
 FENCE_WAIT_S = 60.0
+# Backoff between tries of a task's work while a store is away: from the first to the last.
+RIDE_OUT_FIRST_S = 0.5
+RIDE_OUT_MAX_S = 8.0
+# A waiting begin looks for a dead holder of its lock every this many tries.
+LOOK_FOR_DEAD_EVERY = 5
+
+T = TypeVar("T")
+
 
 class Redelivered(KenningError):
     """A task was delivered more often than `max_redeliveries` allows: a poison message, given up."""
@@ -81,22 +98,44 @@ class Message(BaseModel):
 
 
 def begin(self: Any, job: dict[str, Any]) -> dict[str, Any]:
-    """Take the dataset lock for the run; while another run holds it, try again (bounded wait)."""
+    """Take the dataset lock for the run; while another run holds it, try again (bounded wait).
+
+    While it waits, the run's `begin` lease is renewed at each try; a holder whose run is dead
+    (its leases expired) is interrupted at once, so the new run never waits out its lock's ttl.
+    """
     parsed = Job.model_validate(job)
     resources = app.resources()
     name = lock_name(parsed.scope)
     retry = {"countdown": LOCK_POLL_S, "max_retries": int(resources.settings.lock_wait_s / LOCK_POLL_S)}
-    run = resources.wiring.metadata.get_run(parsed.run_id)
-    if run is None or run.status in ENDED:
-        # A begin delivered again after its run ended must not start the run over.
-        raise LockLost(f"{name}: run {parsed.run_id} has ended, its tasks stop")
-    try:
+
+    def take() -> int | None:
+        _renew(resources, parsed, "begin")
+        run = resources.wiring.metadata.get_run(parsed.run_id)
+        if run is None or run.status in ENDED:
+            # A begin delivered again after its run ended must not start the run over.
+            raise LockLost(f"{name}: run {parsed.run_id} has ended, its tasks stop")
         token = resources.lock.take(name, parsed.run_id, resources.settings.lock_ttl_s)
-    except TransientStoreError as error:
-        raise self.retry(exc=error, **retry) from error
+        if token is None and int(self.request.retries or 0) % LOOK_FOR_DEAD_EVERY == 0:
+            if _took_over_dead_runs(resources, parsed):
+                token = resources.lock.take(name, parsed.run_id, resources.settings.lock_ttl_s)
+        return token
+
+    token = riding_out(resources, f"begin of run {parsed.run_id}", take)
     if token is None:
         raise self.retry(exc=LockBusy(f"{name} is held by another run"), **retry)
     return Message(job=parsed, token=token).encode()
+
+
+def _took_over_dead_runs(resources: Resources, job: Job) -> bool:
+    """Interrupt the dataset's other runs that are dead (one may hold the lock); whether any was."""
+    try:
+        return bool(supervise_dataset(resources, job))
+    except TransientStoreError:
+        raise
+    except Exception:
+        # Taking over is a shortcut: the supervisor's own passes do it anyway.
+        log.exception("run %s: looking for dead runs of its dataset failed", job.run_id)
+        return False
 
 
 def register_step(step: Step) -> None:
@@ -105,19 +144,28 @@ def register_step(step: Step) -> None:
 
         def run_batch(self: Any, state: dict[str, Any], items: list[str]) -> dict[str, int]:
             message, resources = Message.model_validate(state), app.resources()
-            with holding(resources, message):
-                return step.run(resources.wiring, message.job, items).counts
+            unit = f"{step.name}:{items[0] if items else ''}"
+
+            def work() -> dict[str, int]:
+                with holding(resources, message, unit):
+                    return step.run(resources.wiring, message.job, items).counts
+
+            return riding_out(resources, unit, work)
 
         app.task(run_batch, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
         return
 
     def run_step(self: Any, state: dict[str, Any]) -> dict[str, Any]:
         message, resources = Message.model_validate(state), app.resources()
-        with holding(resources, message) as token:
-            result = step.run(resources.wiring, message.job, message.items)
-            record_step(resources.wiring, message.job, step.name, result.counts)
-        update = {"token": token, "items": result.items, "counts": result.counts}
-        return message.model_copy(update=update).encode()
+
+        def work() -> dict[str, Any]:
+            with holding(resources, message, step.name) as token:
+                result = step.run(resources.wiring, message.job, message.items)
+                record_step(resources.wiring, message.job, step.name, result.counts)
+            update = {"token": token, "items": result.items, "counts": result.counts}
+            return message.model_copy(update=update).encode()
+
+        return riding_out(resources, step.name, work)
 
     app.task(run_step, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
 
@@ -125,12 +173,16 @@ def register_step(step: Step) -> None:
 def fan_out(self: Any, state: dict[str, Any], step: str) -> Any:
     """Replace this task with a chord: the step's task over batches of the items, then `gather`."""
     message, resources = Message.model_validate(state), app.resources()
-    with holding(resources, message):
-        batches = list(chunked(message.items, STEPS[step].batch_size(resources.wiring.config)))
+
+    def cut() -> list[list[str]]:
+        with holding(resources, message, f"fan_out:{step}"):
+            return list(chunked(message.items, STEPS[step].batch_size(resources.wiring.config)))
+
+    batches = riding_out(resources, f"fan_out:{step}", cut)
     # A fan-out consumes its items: the messages after it carry none.
     carried = message.model_copy(update={"items": [], "counts": {}}).encode()
     if not batches:
-        record_step(resources.wiring, message.job, step, {})
+        riding_out(resources, step, lambda: record_step(resources.wiring, message.job, step, {}))
         return carried
     # Each batch task has the error callback itself: when one fails, the chord does not call
     # the callbacks of the rest of the chain, which it runs as its body.
@@ -148,36 +200,87 @@ def gather(self: Any, results: list[dict[str, int]], state: dict[str, Any], step
     """The chord's callback: record the merged counters of the batches as the step's."""
     message, resources = Message.model_validate(state), app.resources()
     counts = merge_counts([StepResult(counts=result) for result in results])
-    with holding(resources, message):
-        record_step(resources.wiring, message.job, step, counts)
+
+    def work() -> None:
+        with holding(resources, message, f"gather:{step}"):
+            record_step(resources.wiring, message.job, step, counts)
+
+    riding_out(resources, f"gather:{step}", work)
     return message.model_copy(update={"counts": counts}).encode()
 
 
 def finish(self: Any, state: dict[str, Any]) -> dict[str, int]:
     """Mark the run completed and release the dataset lock."""
     message, resources = Message.model_validate(state), app.resources()
-    with holding(resources, message):
-        run = finish_run(resources.wiring, message.job)
-    resources.lock.release_run(lock_name(message.job.scope), message.job.run_id)
-    return run.stats
+
+    def work() -> dict[str, int]:
+        with holding(resources, message, "finish"):
+            run = finish_run(resources.wiring, message.job)
+        resources.lock.release_run(lock_name(message.job.scope), message.job.run_id)
+        return run.stats
+
+    stats = riding_out(resources, "finish", work)
+    _forget_leases(resources, message.job)
+    return stats
 
 
 def fail(request: Any, exc: BaseException, _traceback: Any, job: dict[str, Any]) -> None:
     """Error callback of every task of a run: mark the run errored, release the lock if the run holds it.
 
-    Celery calls it in the failing worker with the failed task's request.
+    Celery calls it in the failing worker with the failed task's request. It depends on no one
+    store: when the metadata store cannot take the error (it may be the store that failed), the
+    error is kept beside the run's leases, and the supervisor marks the run errored with it once
+    the run's leases have expired and the store is back; when Redis is away, the lock is left
+    to the supervisor too.
     """
     parsed, resources = Job.model_validate(job), app.resources()
-    run = resources.wiring.metadata.get_run(parsed.run_id)
-    # Several batches of one fan-out may fail; the first error is the one to keep.
-    if run is not None and run.status not in ENDED:
-        fail_run(resources.wiring, parsed, f"{type(exc).__name__}: {exc}")
-    resources.lock.release_run(lock_name(parsed.scope), parsed.run_id)
+    error = f"{type(exc).__name__}: {exc}"
+    try:
+        run = resources.wiring.metadata.get_run(parsed.run_id)
+        # Several batches of one fan-out may fail; the first error is the one to keep.
+        if run is not None and run.status not in ENDED:
+            fail_run(resources.wiring, parsed, error)
+        recorded = True
+    except StoreError as store_error:
+        log.warning(
+            "run %s failed (%s) but the metadata store is away: %s", parsed.run_id, error, store_error
+        )
+        recorded = False
+        try:
+            resources.leases.note_failure(parsed.run_id, error)
+        except TransientStoreError as lease_error:
+            log.warning("run %s: its failure could not be recorded anywhere: %s", parsed.run_id, lease_error)
+    try:
+        resources.lock.release_run(lock_name(parsed.scope), parsed.run_id)
+    except TransientStoreError as lock_error:
+        log.warning("run %s: its lock is left to the supervisor: %s", parsed.run_id, lock_error)
+    if recorded:
+        _forget_leases(resources, parsed)
+
+
+def riding_out(resources: Resources, what: str, work: Callable[[], T]) -> T:
+    """`work()`, tried again with backoff while a store is away, for `store_retry_s` at most.
+
+    The work of a task is idempotent (ids are deterministic, writes are upserts, statuses say
+    what is done), so it is simply done again once the store is back.
+    """
+    deadline = time.monotonic() + resources.settings.store_retry_s
+    delay = RIDE_OUT_FIRST_S
+    while True:
+        try:
+            return work()
+        except TransientStoreError as error:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: a store is away, tried again in %.1f s: %s", what, delay, error)
+            time.sleep(delay)
+            delay = min(delay * 2, RIDE_OUT_MAX_S)
 
 
 @contextmanager
-def holding(resources: Resources, message: Message) -> Iterator[int]:
-    """Hold the run's dataset lock now, and every third of its ttl while the block runs; yields its token.
+def holding(resources: Resources, message: Message, unit: str) -> Iterator[int]:
+    """Hold the run's dataset lock and its lease on `unit` now, and renew both while the block
+    runs (every third of the lease, and of the lock's ttl); yields the lock's token.
 
     The rule: a task may work while the lock is held by its run, under any token (all the tasks
     of a run hold it together). When the lock is free, because every task that extended it died
@@ -194,7 +297,11 @@ def holding(resources: Resources, message: Message) -> Iterator[int]:
     run took the expired lock writes nothing more when it resumes. The window that remains:
     a pause between the check and the write it guards (one Redis round trip apart), and the
     extraction cache, which is written unfenced since an answer serves any run.
+
+    The lease is renewed once more as the block ends and left to expire: it covers the
+    hand-over to the run's next message, which renews a lease of its own when it starts.
     """
+    _renew(resources, message.job, unit)
     held_under = [hold(resources, message)]
     name = lock_name(message.job.scope)
 
@@ -207,7 +314,7 @@ def holding(resources: Resources, message: Message) -> Iterator[int]:
             )
 
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(resources, message, stop, held_under), daemon=True)
+    beat = threading.Thread(target=_heartbeat, args=(resources, message, unit, stop, held_under), daemon=True)
     beat.start()
     try:
         with fenced(check):
@@ -215,6 +322,21 @@ def holding(resources: Resources, message: Message) -> Iterator[int]:
     finally:
         stop.set()
         beat.join(timeout=5.0)
+        try:
+            _renew(resources, message.job, unit)
+        except TransientStoreError as error:
+            log.warning("lease %s of run %s not renewed at its end: %s", unit, message.job.run_id, error)
+
+
+def _renew(resources: Resources, job: Job, unit: str) -> None:
+    resources.leases.renew(job.run_id, unit, resources.settings.lease_s)
+
+
+def _forget_leases(resources: Resources, job: Job) -> None:
+    try:
+        resources.leases.forget(job.run_id)
+    except TransientStoreError as error:
+        log.warning("leases of ended run %s left to expire: %s", job.run_id, error)
 
 
 def _holder(resources: Resources, name: str) -> int | None:
@@ -246,11 +368,17 @@ def hold(resources: Resources, message: Message) -> int:
     return token
 
 
-def _heartbeat(resources: Resources, message: Message, stop: threading.Event, held_under: list[int]) -> None:
-    while not stop.wait(resources.settings.lock_ttl_s / 3):
+def _heartbeat(
+    resources: Resources, message: Message, unit: str, stop: threading.Event, held_under: list[int]
+) -> None:
+    settings = resources.settings
+    period = min(settings.lock_ttl_s, settings.lease_s) / 3
+    while not stop.wait(period):
         try:
+            # The lease first: it says the task is alive, even while the metadata store is away.
+            _renew(resources, message.job, unit)
             held_under[0] = hold(resources, message)
-        except TransientStoreError:
+        except StoreError:
             continue
         except LockLost:
             return
