@@ -1,8 +1,9 @@
-"""Token-aware chunking: sentences packed into chunks, paragraph boundaries preferred."""
+"""Token-aware chunking: sentences packed into chunks, paragraph boundaries preferred; chunks
+grouped into extraction units."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -12,6 +13,9 @@ from kenning.pipeline.text import count_tokens, paragraphs, sentences, split_wor
 class ChunkingConfig(BaseModel):
     size: int = Field(default=256, ge=16, description="Most tokens in one chunk")
     overlap: int = Field(default=24, ge=0, description="Tokens repeated from the previous chunk")
+    unit_tokens: int = Field(
+        default=1500, ge=0, description="Most chunk tokens one LLM extraction call reads; 0: one chunk a call"
+    )
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> ChunkingConfig:
@@ -80,3 +84,40 @@ def _tail(parts: list[tuple[str, int, bool]], overlap: int) -> list[tuple[str, i
         tail.insert(0, part)
         size += part[1]
     return tail
+
+
+def group_units(token_counts: Sequence[int], budget: int) -> list[range]:
+    """Consecutive chunks grouped into extraction units of at most `budget` tokens each.
+
+    As few units as the budget allows, as even as they can be: the smallest cap that
+    still needs no more units than `budget` does is the one used. A chunk over the
+    budget is a unit of its own; a `budget` of 0 makes every chunk its own unit.
+    """
+    if budget <= 0:
+        return [range(index, index + 1) for index in range(len(token_counts))]
+    fewest = len(_pack(token_counts, budget))
+    low, high = -(-sum(token_counts) // max(1, fewest)), budget
+    # Fewer units never come from a smaller cap: the counts fall as the cap grows.
+    for _ in range(budget.bit_length() + 1):
+        if low >= high:
+            break
+        middle = (low + high) // 2
+        if len(_pack(token_counts, middle)) <= fewest:
+            high = middle
+        else:
+            low = middle + 1
+    return _pack(token_counts, high)
+
+
+def _pack(token_counts: Sequence[int], cap: int) -> list[range]:
+    """Greedy packing: the fewest consecutive groups of at most `cap` tokens (or one chunk)."""
+    groups: list[range] = []
+    start, size = 0, 0
+    for index, tokens in enumerate(token_counts):
+        if index > start and size + tokens > cap:
+            groups.append(range(start, index))
+            start, size = index, 0
+        size += tokens
+    if start < len(token_counts):
+        groups.append(range(start, len(token_counts)))
+    return groups

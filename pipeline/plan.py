@@ -50,7 +50,9 @@ def _classify(services: Services, job: Job, _items: Sequence[str]) -> StepResult
 
 def _chunk(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
     pending = tasks.chunk(services, job)
-    return StepResult(counts={"chunks_to_extract": len(pending)}, items=pending)
+    # The fan-out's items are extraction units: batches never split one.
+    units = tasks.extraction_units(services, job, pending)
+    return StepResult(counts={"chunks_to_extract": len(pending)}, items=units)
 
 
 def _extract(services: Services, job: Job, items: Sequence[str]) -> StepResult:

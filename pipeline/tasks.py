@@ -14,7 +14,7 @@ from contextvars import copy_context
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
-from kenning.pipeline.chunking import chunk_text
+from kenning.pipeline.chunking import chunk_text, group_units
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import InputError, LLMError
 from kenning.pipeline.forget import forget_superseded
@@ -36,6 +36,7 @@ from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
+from kenning.pipeline.unit import attribute, chunk_ids_of, unit_item, unit_text
 
 log = logging.getLogger(__name__)
 
@@ -132,51 +133,98 @@ def _chunk_document(
     return records
 
 
-def extract(services: Services, job: Job, chunk_ids: Sequence[str]) -> dict[str, int]:
-    """Chunks -> knowledge graph + summary each, through the response cache.
+def extraction_units(services: Services, job: Job, chunk_ids: Sequence[str]) -> list[str]:
+    """The work items of the extract step: the extraction units that hold those chunks.
 
-    Only chunks not already extracted are sent to the extractor; a chunk whose
-    extraction fails is marked failed with the error and the others proceed. The
-    tokens counted are those of the extractor's calls; cached extractions cost none.
+    A document's units are cut from all of its chunks, whatever their status, so a run that
+    resumes cuts the same units as the run before it and finds their cached extractions. The
+    offline extractor, which calls no LLM, reads one chunk at a time.
     """
-    chunks = [c for c in services.chunks.get_chunks(chunk_ids) if c.status in _EXTRACTABLE]
+    budget = services.config.chunking.unit_tokens
+    if not budget or not chunk_ids or services.extractor.model == OfflineExtractor.model:
+        return list(chunk_ids)
+    wanted = set(chunk_ids)
+    data_ids = sorted({record.data_id for record in services.chunks.get_chunks(chunk_ids)})
+    documents: dict[str, list[ChunkRecord]] = {}
+    for record in services.chunks.chunks_of(job.dataset_id, data_ids):
+        documents.setdefault(record.document_id, []).append(record)
+    items: list[str] = []
+    for records in documents.values():
+        records.sort(key=lambda record: record.index)
+        for group in group_units([record.token_count for record in records], budget):
+            ids = [records[index].id for index in group]
+            if wanted.intersection(ids):
+                items.append(unit_item(ids))
+    return items
+
+
+def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int]:
+    """Extraction units -> knowledge graph + summary for each of their chunks, through the cache.
+
+    Each item is a unit (`unit.unit_item`; a plain chunk id is a unit of one chunk): its
+    chunks are read in one extractor call, whose answer is split over them (`unit.attribute`)
+    and cached under each chunk's key. A unit is sent only when one of its chunks not yet
+    extracted has nothing cached; when its call fails, those chunks are marked failed with the
+    error and the other units proceed. The tokens counted are those of the extractor's calls.
+    """
+    records = {record.id: record for record in services.chunks.get_chunks(chunk_ids_of(items))}
     extractor = services.extractor
-    keys = {c.id: extraction_key(extractor.model, extractor.prompt_version, c.text_hash) for c in chunks}
-    cached = services.cache.get_extractions(list(set(keys.values())))
-    hits = [c.id for c in chunks if keys[c.id] in cached]
+    keys = {
+        record.id: extraction_key(extractor.model, extractor.prompt_version, record.text_hash)
+        for record in records.values()
+    }
+    cached = set(services.cache.get_extractions(list(set(keys.values()))))
+    units = [[records[i] for i in chunk_ids_of([item]) if i in records] for item in items]
+    waiting = [[record for record in unit if record.status in _EXTRACTABLE] for unit in units]
+    hits = [r.id for chunks in waiting if all(keys[r.id] in cached for r in chunks) for r in chunks]
     check_fence()
     services.chunks.set_chunk_status(hits, ChunkStatus.EXTRACTED)
-    done: set[str] = set(cached)
-    calls = failed = prompt_tokens = completion_tokens = 0
-    for record in (c for c in chunks if keys[c.id] not in cached):
-        key = keys[record.id]
-        if key not in done:
-            calls += 1
+    spent: Counter[str] = Counter(cache_hits=sum(keys[r.id] in cached for chunks in waiting for r in chunks))
+    done = set(cached)
+    for unit, chunks in zip(units, waiting, strict=True):
+        if all(keys[record.id] in cached for record in chunks):
+            continue
+        if any(keys[record.id] not in done for record in chunks):
             try:
-                extraction = extractor.extract(record.text)
+                done |= _extract_unit(services, unit, keys, done, spent)
             except LLMError as error:
-                failed += 1
+                spent["failed_chunks"] += len(chunks)
                 check_fence()
-                services.chunks.set_chunk_status([record.id], ChunkStatus.FAILED, str(error))
+                services.chunks.set_chunk_status([r.id for r in chunks], ChunkStatus.FAILED, str(error))
                 continue
-            if extraction.usage is not None:
-                prompt_tokens += extraction.usage.prompt_tokens
-                completion_tokens += extraction.usage.completion_tokens
-            # Kept at once: a worker killed later in the batch never pays for this call again.
-            # Not fenced: the answer is the chunk's whoever asked, and a later run reuses it.
-            services.cache.put_extractions({key: extraction.model_copy(update={"usage": None})})
-            done.add(key)
         check_fence()
-        services.chunks.set_chunk_status([record.id], ChunkStatus.EXTRACTED)
+        services.chunks.set_chunk_status([record.id for record in chunks], ChunkStatus.EXTRACTED)
+    calls = spent["calls"]
     return {
         # The offline extractor is no LLM: its extractions are not LLM calls, and cost nothing.
         "extractions": calls,
         "llm_calls": 0 if extractor.model == OfflineExtractor.model else calls,
-        "cache_hits": len(hits),
-        "failed_chunks": failed,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
+        "cache_hits": spent["cache_hits"],
+        "failed_chunks": spent["failed_chunks"],
+        "prompt_tokens": spent["prompt_tokens"],
+        "completion_tokens": spent["completion_tokens"],
     }
+
+
+def _extract_unit(
+    services: Services, unit: list[ChunkRecord], keys: dict[str, str], done: set[str], spent: Counter[str]
+) -> set[str]:
+    """One extractor call for the unit; each chunk's share is cached. The keys it cached."""
+    texts = [record.text for record in unit]
+    spent["calls"] += 1
+    extraction = services.extractor.extract(texts[0] if len(texts) == 1 else unit_text(texts))
+    if extraction.usage is not None:
+        spent["prompt_tokens"] += extraction.usage.prompt_tokens
+        spent["completion_tokens"] += extraction.usage.completion_tokens
+    shares = {
+        keys[record.id]: share
+        for record, share in zip(unit, attribute(extraction, texts), strict=True)
+        if keys[record.id] not in done
+    }
+    # Kept at once: a worker killed later in the batch never pays for this call again.
+    # Not fenced: the answer is the chunks' whoever asked, and a later run reuses it.
+    services.cache.put_extractions(shares)
+    return set(shares)
 
 
 _EXTRACTABLE = frozenset({ChunkStatus.PENDING, ChunkStatus.FAILED})

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
 
     chunk_size: int = Field(default=256, ge=16)
     chunk_overlap: int = Field(default=24, ge=0)
+    extraction_unit_tokens: int = Field(
+        default=1500, ge=0, description="Most chunk tokens one LLM extraction call reads; 0: one chunk a call"
+    )
     extract_batch: int = Field(default=8, ge=1)
     load_batch: int = Field(default=32, ge=1)
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
@@ -211,7 +214,9 @@ class Settings(BaseSettings):
     @property
     def pipeline(self) -> PipelineConfig:
         return PipelineConfig(
-            chunking=ChunkingConfig(size=self.chunk_size, overlap=self.chunk_overlap),
+            chunking=ChunkingConfig(
+                size=self.chunk_size, overlap=self.chunk_overlap, unit_tokens=self.extraction_unit_tokens
+            ),
             extract_batch=self.extract_batch,
             load_batch=self.load_batch,
             max_document_bytes=self.max_document_bytes,
