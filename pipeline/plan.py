@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from kenning.pipeline import tasks
 from kenning.pipeline.context import Job, PipelineConfig, Services
 from kenning.pipeline.models import RUNNING, Dataset, PipelineRun, RunStatus, Scope, stable_id, utcnow
+from kenning.pipeline.spend import charged_to
 
 
 class StepResult(BaseModel):
@@ -38,7 +39,8 @@ class Step:
     def run(self, services: Services, job: Job, items: Sequence[str]) -> StepResult:
         """The step's result; its counters include `ms_<name>`, the milliseconds it ran here."""
         started = time.perf_counter()
-        result = self.function(services, job, items)
+        with charged_to(job.run_id, job.dataset_id):  # every LLM request is recorded as the run's spend
+            result = self.function(services, job, items)
         key = f"ms_{self.name}"
         result.counts[key] = result.counts.get(key, 0) + round((time.perf_counter() - started) * 1000)
         return result

@@ -21,10 +21,12 @@ for everyone sharing it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -34,9 +36,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kenning.pipeline.errors import LLMError, TransientLLMError
+from kenning.pipeline.errors import LLMError, StoreError, TransientLLMError
 from kenning.pipeline.models import Extraction, TokenUsage
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
+from kenning.pipeline.spend import SpendLedger, current_charge
+
+log = logging.getLogger(__name__)
 
 PROMPT_VERSION = "kg-1"
 
@@ -115,9 +120,16 @@ class OpenAIExtractor:
 
     prompt_version = PROMPT_VERSION
 
-    def __init__(self, config: LLMConfig, limiter: RateLimiter | None = None, limit_key: str = "") -> None:
-        """`limit_key` defaults to `host/model` of the config."""
-        self._chat = _ChatCaller(config, limiter, limit_key)
+    def __init__(
+        self,
+        config: LLMConfig,
+        limiter: RateLimiter | None = None,
+        limit_key: str = "",
+        ledger: SpendLedger | None = None,
+    ) -> None:
+        """`limit_key` defaults to `host/model` of the config; with a `ledger`, every request sent
+        within a run (`pipeline.spend.charged_to`) is recorded there as it happens."""
+        self._chat = _ChatCaller(config, limiter, limit_key, ledger)
         self._response_format: ResponseFormat = {
             "type": "json_schema",
             "json_schema": {"name": "extraction", "schema": Extraction.model_json_schema(), "strict": False},
@@ -231,9 +243,16 @@ class _Retry(Exception):
 class _ChatCaller:
     """The retry layer around single chat.completions requests, with usage counts."""
 
-    def __init__(self, config: LLMConfig, limiter: RateLimiter | None, limit_key: str) -> None:
+    def __init__(
+        self,
+        config: LLMConfig,
+        limiter: RateLimiter | None,
+        limit_key: str,
+        ledger: SpendLedger | None = None,
+    ) -> None:
         self.config = config
         self._limiter = limiter
+        self._ledger = ledger
         self._limit_key = limit_key or provider_key(config.base_url, config.model)
         self._client = openai.OpenAI(
             base_url=config.base_url,
@@ -295,6 +314,7 @@ class _ChatCaller:
         if self._limiter is not None:
             self._limiter.acquire(self._limit_key, tokens, self.config.rate_limit_wait_s)
         self._count(calls=1)
+        attempt = self._record_sent()
         timeout = max(0.1, min(self.config.timeout_s, left_s))
         sent = time.monotonic()
         try:
@@ -324,7 +344,31 @@ class _ChatCaller:
             self._count(
                 prompt_tokens=response.usage.prompt_tokens, completion_tokens=response.usage.completion_tokens
             )
+            self._record_answered(attempt, response.usage.prompt_tokens, response.usage.completion_tokens)
         return response
+
+    def _record_sent(self) -> str:
+        """Record the request about to be sent in the ledger, charged to the current run; its id,
+        or "" when it is not recorded (no ledger, no run, or the ledger's store away)."""
+        charge = current_charge()
+        if self._ledger is None or charge is None:
+            return ""
+        attempt = uuid.uuid4().hex
+        try:
+            self._ledger.sent(attempt, charge, self.config.model)
+        except StoreError as error:
+            # The call goes on: a request not counted is better than an extraction not made.
+            log.warning("LLM request of run %s not recorded in the spend ledger: %s", charge.run_id, error)
+            return ""
+        return attempt
+
+    def _record_answered(self, attempt: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if not attempt or self._ledger is None:
+            return
+        try:
+            self._ledger.answered(attempt, prompt_tokens, completion_tokens)
+        except StoreError as error:
+            log.warning("tokens of LLM request %s not recorded in the spend ledger: %s", attempt, error)
 
     def _note_rate_limit(self, exc: openai.APIStatusError) -> None:
         if self._limiter is not None and exc.status_code == 429:

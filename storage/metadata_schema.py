@@ -191,3 +191,18 @@ dataset_grants = sa.Table(
     sa.Column("tenant", sa.String(255), nullable=False),
     sa.Index("ix_dataset_grants_dataset", "tenant", "dataset"),
 )
+
+# Every LLM request a run's steps sent (pipeline/spend.py): recorded before it is sent, its
+# tokens added once answered, so that a run's spend counts retries and killed tasks' calls.
+llm_attempts = sa.Table(
+    "llm_attempts",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(255), nullable=False),
+    sa.Column("dataset_id", sa.String(64), nullable=False),
+    sa.Column("model", sa.String(255), nullable=False),
+    sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("sent_at", UtcDateTime(), nullable=False),
+    sa.Index("ix_llm_attempts_run", "run_id"),
+)

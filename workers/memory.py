@@ -47,6 +47,8 @@ from kenning.workers.settings import Settings, load_settings
 from kenning.workers.tracing import traced
 from kenning.workers.wiring import Wiring
 
+SPEND_COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens")
+
 
 class Kenning:
     """Long-term memory over one configuration: embedded by default, or on shared servers.
@@ -423,9 +425,10 @@ class Kenning:
         items = metadata.list_items(dataset_id)
         runs = sorted(metadata.list_runs(dataset_id), key=lambda r: r.started_at, reverse=True)
         nodes, edges = self.wiring.graph.counts(scope)
+        spent = self._spent(runs)
         total: Counter[str] = Counter()
         for run in runs:
-            total.update(run.stats)
+            total.update(spent[run.id])
         return {
             "dataset": scope.dataset,
             "tenant": scope.tenant,
@@ -435,8 +438,33 @@ class Kenning:
             "graph": {"nodes": nodes, "edges": edges},
             "llm_calls": total["llm_calls"],
             **self._spend(total),
-            "runs": [{**run.model_dump(mode="json"), **self._spend(run.stats)} for run in runs[:5]],
+            "runs": [
+                {
+                    **run.model_dump(mode="json"),
+                    **self._spend(spent[run.id]),
+                    "llm_calls": spent[run.id]["llm_calls"],
+                }
+                for run in runs[:5]
+            ],
         }
+
+    def _spent(self, runs: Sequence[PipelineRun]) -> dict[str, dict[str, int]]:
+        """Each run's LLM calls and tokens: every attempt recorded in the spend ledger (retries, and
+        calls of tasks that were killed, included); the run's own counters for runs made before it."""
+        ledger = self.wiring.spend.totals([run.id for run in runs])
+        spent: dict[str, dict[str, int]] = {}
+        for run in runs:
+            counted = ledger.get(run.id)
+            spent[run.id] = (
+                {
+                    "llm_calls": counted.calls,
+                    "prompt_tokens": counted.prompt_tokens,
+                    "completion_tokens": counted.completion_tokens,
+                }
+                if counted
+                else {name: run.stats.get(name, 0) for name in SPEND_COUNTERS}
+            )
+        return spent
 
     def _failed_chunks(self, dataset_id: str, names: dict[str, str]) -> list[dict[str, Any]]:
         """Each chunk whose extraction failed: its item, position and the reason."""

@@ -31,6 +31,7 @@ from kenning.pipeline.ports import (
 )
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
 from kenning.pipeline.session import SessionRecords, SessionStore
+from kenning.pipeline.spend import SpendLedger
 from kenning.storage.access import SqlAccessLog
 from kenning.storage.blob import FileBlobStore
 from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
@@ -41,6 +42,7 @@ from kenning.storage.permission_sql import SqlPermissionStore
 from kenning.storage.ratelimit_memory import MemoryRateLimiter
 from kenning.storage.session_file import FileSessionStore
 from kenning.storage.session_sql import SqlSessionRecords
+from kenning.storage.spend_sql import SqlSpendLedger
 from kenning.storage.sql_engine import open_engine
 from kenning.workers.extras import needs_extra
 from kenning.workers.keys import ratelimit_prefix, session_prefix
@@ -159,7 +161,7 @@ class Wiring:
 
     @property
     def extractor(self) -> Extractor:
-        return self._once("extractor", lambda: open_extractor(self.settings, self.limiter))
+        return self._once("extractor", lambda: open_extractor(self.settings, self.limiter, self.spend))
 
     @property
     def completer(self) -> Completer:
@@ -209,6 +211,11 @@ class Wiring:
     def session_records(self) -> SessionRecords:
         """One record per session in the metadata database: activity, usage, errors."""
         return self._once("session_records", lambda: SqlSessionRecords(self.engine))
+
+    @property
+    def spend(self) -> SpendLedger:
+        """Every LLM request of a run, recorded as it is sent (`pipeline.spend`)."""
+        return self._once("spend", lambda: SqlSpendLedger(self.engine))
 
     @property
     def access(self) -> AccessLog:
@@ -289,12 +296,14 @@ def open_embedder(settings: Settings, limiter: RateLimiter | None = None) -> Emb
     return LocalEmbedder(batch_size=settings.embedding_batch)
 
 
-def open_extractor(settings: Settings, limiter: RateLimiter | None = None) -> Extractor:
+def open_extractor(
+    settings: Settings, limiter: RateLimiter | None = None, ledger: SpendLedger | None = None
+) -> Extractor:
     if not settings.llm_url:
         return OfflineExtractor()
     from kenning.storage.llm_openai import OpenAIExtractor
 
-    return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings))
+    return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings), ledger)
 
 
 def open_completer(settings: Settings, limiter: RateLimiter | None = None) -> Completer:

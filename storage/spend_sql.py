@@ -1,0 +1,92 @@
+"""The LLM spend ledger: in the SQL metadata database, and its in-memory twin."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from kenning.pipeline.models import utcnow
+from kenning.pipeline.ports import chunked
+from kenning.pipeline.spend import Charge, Spend
+from kenning.storage.metadata_schema import llm_attempts
+from kenning.storage.sql_engine import translated_sql
+
+BATCH = 500
+
+
+class SqlSpendLedger:
+    """`pipeline.spend.SpendLedger` in the `llm_attempts` table (run `metadata_sql.migrate` first)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+
+    def sent(self, attempt_id: str, charge: Charge, model: str) -> None:
+        row = {
+            "id": attempt_id,
+            "run_id": charge.run_id,
+            "dataset_id": charge.dataset_id,
+            "model": model[:255],
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "sent_at": utcnow(),
+        }
+        with translated_sql("spend ledger"), self._engine.begin() as conn:
+            conn.execute(sa.insert(llm_attempts), [row])
+
+    def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:
+        table = llm_attempts
+        update = (
+            sa.update(table)
+            .where(table.c.id == attempt_id)
+            .values(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        )
+        with translated_sql("spend ledger"), self._engine.begin() as conn:
+            conn.execute(update)
+
+    def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
+        table = llm_attempts
+        found: dict[str, Spend] = {}
+        with translated_sql("spend ledger"), self._engine.connect() as conn:
+            for batch in chunked(list(dict.fromkeys(run_ids)), BATCH):
+                query = (
+                    sa.select(
+                        table.c.run_id,
+                        sa.func.count(),
+                        sa.func.sum(table.c.prompt_tokens),
+                        sa.func.sum(table.c.completion_tokens),
+                    )
+                    .where(table.c.run_id.in_(batch))
+                    .group_by(table.c.run_id)
+                )
+                for run_id, calls, prompt, completion in conn.execute(query):
+                    found[run_id] = Spend(int(calls), int(prompt or 0), int(completion or 0))
+        return found
+
+
+class MemorySpendLedger:
+    """The in-memory twin of `SqlSpendLedger`."""
+
+    def __init__(self) -> None:
+        self._attempts: dict[str, tuple[str, Spend]] = {}
+        self._lock = threading.Lock()
+
+    def sent(self, attempt_id: str, charge: Charge, model: str) -> None:
+        with self._lock:
+            self._attempts[attempt_id] = (charge.run_id, Spend(calls=1))
+
+    def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            if attempt_id in self._attempts:
+                run_id, _ = self._attempts[attempt_id]
+                self._attempts[attempt_id] = (run_id, Spend(1, prompt_tokens, completion_tokens))
+
+    def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
+        wanted = set(run_ids)
+        found: dict[str, Spend] = {}
+        with self._lock:
+            for run_id, spend in self._attempts.values():
+                if run_id in wanted:
+                    found[run_id] = found.get(run_id, Spend()) + spend
+        return found

@@ -1,0 +1,145 @@
+"""Every LLM attempt is counted as it happens: `status` shows what the provider (the simulator) saw.
+
+Retries are attempts of their own, and the calls of a task killed mid-call were recorded before
+it died: status totals match the simulator's count of chat requests within 1%.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kenning.pipeline.models import ChunkStatus, RunStatus
+from kenning.workers.simulator import Simulator
+from tests.integration.cluster import ROOT, Deployment, Workers
+from tests.integration.test_chaos import (
+    add_corpus,
+    chunk_counts,
+    cognifying,
+    dataset_id,
+    finished,
+    start_workers,  # noqa: F401  (a fixture)
+    write_corpus,
+)
+from tests.integration.test_distributed import runs_of
+
+SEED = 4242
+TOLERANCE = 0.01
+
+
+def status_of(env: dict[str, str], dataset: str) -> dict[str, Any]:
+    """`kenning status --json` of the dataset, as an operator runs it."""
+    done = subprocess.run(
+        [*STATUS, "--dataset", dataset, "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    entry: dict[str, Any] = json.loads(done.stdout)["datasets"][0]
+    return entry
+
+
+STATUS = [sys.executable, "-m", "kenning.workers.cli", "status"]
+
+
+def assert_matches(status: dict[str, Any], billed: dict[str, Any]) -> None:
+    calls = billed["calls"]["chat"]
+    assert abs(status["llm_calls"] - calls) <= TOLERANCE * calls, (status["llm_calls"], calls)
+    for name in ("prompt", "completion"):
+        seen = billed[f"{name}_tokens"]
+        assert abs(status["tokens"][name] - seen) <= TOLERANCE * seen, (name, status["tokens"][name], seen)
+
+
+def embedded_env(tmp_path: Path, simulator: Simulator) -> dict[str, str]:
+    return {
+        **os.environ,
+        "KENNING_HOME": str(tmp_path / "home"),
+        "KENNING_EMBEDDING_PROVIDER": "hash",
+        "KENNING_LLM_URL": simulator.base_url,
+        "KENNING_LLM_API_KEY": "test",
+        "KENNING_LLM_BACKOFF_BASE_S": "0.01",
+        "KENNING_CHUNK_SIZE": "48",
+        "KENNING_CHUNK_OVERLAP": "4",
+    }
+
+
+def test_retried_attempts_are_counted_as_the_provider_saw_them(tmp_path: Path) -> None:
+    # Given an LLM that fails a third of its requests with a 500 or a malformed answer
+    corpus = write_corpus(tmp_path / "corpus", documents=6, sentences=8)
+    with Simulator(error_rate=0.2, malformed_rate=0.1, seed=SEED) as simulator:
+        env = embedded_env(tmp_path, simulator)
+        cli = [sys.executable, "-m", "kenning.workers.cli"]
+        run = dict(cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert subprocess.run([*cli, "add", str(corpus), "--dataset", "faulty"], **run).returncode == 0  # type: ignore[call-overload]
+        # When a run extracts every chunk, retrying the failures
+        cognify = subprocess.run([*cli, "cognify", "--dataset", "faulty"], **run)  # type: ignore[call-overload]
+        billed = simulator.stats()
+    status = status_of(env, "faulty")
+    # Then there were retries, and status counts every attempt and every token billed
+    assert billed["server_errors"] + billed["malformed"] > 0, (billed, cognify.stderr)
+    assert_matches(status, billed)
+    [run] = status["runs"]
+    assert run["llm_calls"] == status["llm_calls"] > run["stats"]["llm_calls"], run
+
+
+LATENCY_MS = 300
+VISIBILITY_S = 20
+LOCK_TTL_S = 10
+RUN_TIMEOUT_S = 420.0
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_attempts_of_a_worker_killed_mid_call_are_counted(
+    deployment: Deployment,
+    start_workers: Callable[[Deployment], Workers],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # Given a slow LLM, workers redelivering a dead worker's tasks soon, and a corpus of many chunks
+    corpus = write_corpus(tmp_path / "corpus", documents=10, sentences=12)
+    with Simulator(latency_ms=LATENCY_MS, seed=SEED) as simulator:
+        chaos = deployment.configured(
+            llm_url=simulator.base_url,
+            llm_api_key="test",
+            chunk_size="48",
+            chunk_overlap="4",
+            broker_visibility_timeout_s=str(VISIBILITY_S),
+            lock_ttl_s=str(LOCK_TTL_S),
+            cognify_timeout_s=str(RUN_TIMEOUT_S),
+        )
+        add_corpus(chaos, corpus, "spend")
+        workers = start_workers(chaos)
+        # When a worker is killed while its LLM calls are in flight, and replaced
+        with cognifying(chaos, "spend", tmp_path) as run, chaos.memory() as memory:
+            killed_at = kill_mid_extraction(workers, memory, dataset_id(chaos, "spend"), run)
+            code = finished(run, workers)
+            [outcome] = runs_of(memory, "spend")
+        billed = simulator.stats()
+    assert code == 0 and outcome.status == RunStatus.COMPLETED, (outcome.error, workers.logs())
+    # Then status counts the killed worker's calls too, as the simulator saw them
+    status = status_of(chaos.env, "spend")
+    assert_matches(status, billed)
+    # And the run's own counters (what finished tasks reported) missed them
+    assert outcome.stats.get("llm_calls", 0) < billed["calls"]["chat"], (killed_at, outcome.stats, billed)
+
+
+def kill_mid_extraction(workers: Workers, memory: Any, dataset: str, run: subprocess.Popen[bytes]) -> int:
+    """Kill worker a (SIGKILL) once a third of the chunks are extracted; replace it. The count then."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline and run.poll() is None:
+        counts = chunk_counts(memory, dataset)
+        total, pending = sum(counts.values()), counts[ChunkStatus.PENDING]
+        if total and pending and total - pending > total / 3:
+            workers.kill("a")
+            workers.replace("a")
+            return total - pending
+        time.sleep(0.1)
+    pytest.fail("the run ended before a third of its chunks were extracted")
