@@ -12,9 +12,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import TypeGuard
 
-import docx
-from markdown_it import MarkdownIt
-from pypdf import PasswordType, PdfReader
 from selectolax.lexbor import LexborHTMLParser
 
 from kenning.pipeline.errors import InputError
@@ -301,6 +298,9 @@ def plain_text(data: bytes) -> str:
 
 
 def markdown_text(data: bytes) -> str:
+    # The parsers of rarer formats are imported on first use: together they take about a second.
+    from markdown_it import MarkdownIt
+
     html = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(plain_text(data))
     return html_to_text(html)
 
@@ -353,6 +353,8 @@ def clean_html_line(line: str) -> str:
 
 
 def pdf_text(data: bytes) -> str:
+    from pypdf import PasswordType, PdfReader
+
     # pypdf raises many exception types on damaged files; all of them mean the same to a caller.
     try:
         reader = PdfReader(io.BytesIO(data), strict=False)
@@ -366,6 +368,8 @@ def pdf_text(data: bytes) -> str:
 
 
 def docx_text(data: bytes) -> str:
+    import docx
+
     # python-docx surfaces zip, XML and package errors of several types on damaged files.
     try:
         document = docx.Document(io.BytesIO(data))

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import openai
 
 from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
 from kenning.pipeline.ports import Embedder
@@ -113,6 +112,8 @@ class OpenAIEmbedder:
     ) -> None:
         if not 1 <= batch_size <= 256:
             raise ConfigError(f"embedding batch_size must be within 1..256, got {batch_size}")
+        import openai  # here, not at module level: it takes a second to import, and few need it
+
         self._model = model
         self._dimension = dimension
         self._batch_size = batch_size
@@ -153,6 +154,8 @@ class OpenAIEmbedder:
         self._client.close()
 
     def _embed_batch(self, batch: list[str]) -> list[list[float]]:
+        import openai
+
         try:
             # base64 of little-endian float32, decoded by numpy: parsing every float of a JSON
             # answer into a Python object costs more than the request. A server that answers with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -9,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.dialects import postgresql, sqlite
 
 from kenning.pipeline.errors import ConfigError, StoreError, TransientStoreError
@@ -49,8 +48,23 @@ TRANSIENT = (sa.exc.OperationalError, sa.exc.TimeoutError, sa.exc.DisconnectionE
 SQLITE_TRANSIENT_CODES = frozenset({5, 6, 10, 15})
 
 
+# Alembic's version table for the metadata tables (storage/migrations/env.py names it).
+VERSION_TABLE = "metadata_alembic_version"
+REVISION = re.compile(r"^(down_)?revision\b[^=]*=\s*(None|[\"']([^\"']+)[\"'])", re.MULTILINE)
+
+
 def migrate(engine: sa.Engine) -> None:
-    """Bring the metadata tables to the newest revision; safe to call on every startup."""
+    """Bring the metadata tables to the newest revision; safe to call on every startup.
+
+    A database already at the newest revision costs one read: alembic (a second to import)
+    is loaded only when there is something to upgrade.
+    """
+    newest = newest_revision()
+    if newest is not None and stored_revision(engine) == newest:
+        return
+    from alembic import command
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
     with translated_errors(), engine.begin() as connection:
@@ -58,6 +72,31 @@ def migrate(engine: sa.Engine) -> None:
             connection.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK)))
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+def newest_revision() -> str | None:
+    """The one revision of storage/migrations no other revision follows; None if unclear."""
+    revisions: set[str] = set()
+    followed: set[str] = set()
+    for script in (MIGRATIONS / "versions").glob("*.py"):
+        found = {match[0]: match[2] for match in REVISION.findall(script.read_text())}
+        if not found.get(""):
+            return None
+        revisions.add(found[""])
+        followed.update(value for key, value in found.items() if key and value)
+    heads = revisions - followed
+    return heads.pop() if len(heads) == 1 else None
+
+
+def stored_revision(engine: sa.Engine) -> str | None:
+    """The revision the database is at; None if it has none (or it cannot be read)."""
+    table = sa.table(VERSION_TABLE, sa.column("version_num"))
+    try:
+        with engine.connect() as conn:
+            versions = conn.scalars(sa.select(table.c.version_num)).all()
+    except sa.exc.SQLAlchemyError:
+        return None
+    return str(versions[0]) if len(versions) == 1 else None
 
 
 @contextmanager
