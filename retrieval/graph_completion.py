@@ -8,12 +8,15 @@ best edges, rendered as triplets, are the context.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kenning.pipeline.collection import EDGES, NODES
-from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
+from kenning.pipeline.ports import GraphStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.reference import chunk_nodes
 
 HUB_TYPES = frozenset({"EntityType"})
 ENDPOINTS = ("source_id", "target_id")
@@ -21,6 +24,11 @@ WIDE_TOP_K = 100
 MISS_PENALTY = 6.5
 TOP_EDGES = 15
 NODE_TEXT_CHARS = 300
+TITLE_CHARS = 120
+_TITLE_WORDS = 16
+_TITLE_SEARCH_CHARS = 2000
+# A header field: `Title: ...` up to the next `Field:` (header lines are joined by the chunker).
+_TITLE_FIELD = re.compile(r"(?:^|\s)Title:[ \t]+(.+?)(?=\s+[A-Z][\w-]*:\s|\n|$)")
 
 
 @dataclass
@@ -106,10 +114,67 @@ class GraphCompletionRetriever:
         )
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
-        return "\n".join(hit.text for hit in objects)
+        """One triplet a line, each followed by its source: `[document: title, chunk n]`."""
+        labels = source_labels(self._ports.graph, request.scopes, objects)
+        return "\n".join(with_source(hit.text, labels.get(hit.chunk_id or "", "")) for hit in objects)
 
     def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
         return answer_from_context(self._ports.completer, request.query, context)
+
+
+def with_source(text: str, label: str) -> str:
+    return f"{text} [{label}]" if label else text
+
+
+def source_labels(graph: GraphStore, scopes: Sequence[Scope], hits: Sequence[Hit]) -> dict[str, str]:
+    """`document: title, chunk n` for each hit's chunk, by chunk id; two graph reads a scope.
+
+    The title is the one its document opens with (`document_title` of its first chunk).
+    """
+    labels: dict[str, str] = {}
+    for scope in scopes:
+        chunks = chunk_nodes(graph, scope, (hit.chunk_id for hit in hits if hit.dataset == scope.dataset))
+        documents = {str(node.properties.get("document_id") or "") for node in chunks.values()} - {""}
+        openings = {document_id: _first_chunk_id(scope, document_id) for document_id in documents}
+        found = {node.id: node for node in graph.get_nodes(scope, sorted(documents | {*openings.values()}))}
+        for chunk_id, chunk in chunks.items():
+            document_id = str(chunk.properties.get("document_id") or "")
+            opening = found.get(openings.get(document_id, ""))
+            labels[chunk_id] = _label(found.get(document_id), opening, chunk)
+    return labels
+
+
+def _first_chunk_id(scope: Scope, document_id: str) -> str:
+    first = Chunk(
+        text="", index=0, document_id=document_id, token_count=0, tenant=scope.tenant, dataset=scope.dataset
+    )
+    return first.id
+
+
+def _label(document: GraphNode | None, opening: GraphNode | None, chunk: GraphNode) -> str:
+    name = str(document.properties.get("name") or "") if document is not None else ""
+    title = document_title(str(opening.properties.get("text") or "")) if opening is not None else ""
+    source = f"{name}: {title}" if name and title and title != name else name or title
+    where = f"chunk {chunk.properties.get('index', '?')}"
+    return f"{source}, {where}" if source else where
+
+
+def document_title(text: str) -> str:
+    """The title a document's text opens with: a `Title:` header field (PEPs, RFCs, mail), or a
+    first paragraph of one short line that ends no sentence (`Lloyd (film)`, a heading); else ""."""
+    head = text[:_TITLE_SEARCH_CHARS]
+    field_match = _TITLE_FIELD.search(head)
+    if field_match:
+        return _clip(" ".join(field_match.group(1).split()))
+    first, _, rest = head.strip().partition("\n\n")
+    line = " ".join(first.split())
+    if not rest.strip() or len(line) > TITLE_CHARS or len(line.split()) > _TITLE_WORDS:
+        return ""
+    return "" if line.endswith((".", "!", "?", ":", ";", ",")) else line
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
 
 
 def _chunk_endpoint(fragment: Fragment, edge: GraphEdge) -> str:

@@ -20,6 +20,8 @@ from kenning.pipeline.models import (
 )
 from kenning.pipeline.plan import STEPS, start_run
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_text
+from kenning.retrieval.contract import SearchRequest, SearchType
+from kenning.retrieval.registry import search
 from kenning.workers.local import LocalRunner
 from tests.twins import CountingExtractor, TwinServices
 
@@ -279,3 +281,38 @@ def test_the_offline_extractor_reads_one_chunk_a_call() -> None:
     # Then each chunk is extracted alone, as before units
     assert services.extractor.calls == stats["chunks_to_extract"] == len(chunk_records(services))
     assert tasks.extraction_units(services, start_run(services, SCOPE), ["a", "b"]) == ["a", "b"]
+
+
+def test_graph_context_names_the_document_title_and_chunk_of_each_triplet() -> None:
+    # Given a long document with a header and a short titled paragraph, cognified a unit at a time
+    services = services_with(CountingLLM())
+    header = "PEP: 9999\nTitle: Lighthouse Keeping Guidelines\nAuthor: Keeper Ivo0\n\n"
+    lloyd = "Lloyd (film)\n\nLloyd is a 2001 film directed by Hector Barron in Mexico City."
+    add_texts(services, {"pep-9999.rst": header + long_text(), "lloyd.txt": lloyd})
+    cognify(services)
+    labels = {
+        "pep-9999.rst": "pep-9999.rst: Lighthouse Keeping Guidelines",
+        "lloyd.txt": "lloyd.txt: Lloyd (film)",
+    }
+    names = {
+        document.id: document.name
+        for document in services.chunks.list_documents(chunk_records(services)[0].dataset_id)
+    }
+    chunks = {record.id: record for record in chunk_records(services)}
+
+    # When the graph context of a question about a late paragraph of the long document is built
+    query = "Who did Keeper Ivo87 write to about Tower Elda87?"
+    request = SearchRequest(query=query, type=SearchType.GRAPH_COMPLETION, scopes=[SCOPE], only_context=True)
+    result = search(services, request)
+
+    # Then every triplet line ends with its document's name and title, and the chunk it came from
+    lines = result.context.splitlines()
+    assert len(lines) == len(result.results) > 0
+    sources = []
+    for line, hit in zip(lines, result.results, strict=True):
+        chunk = chunks[str(hit.chunk_id)]
+        assert line == f"{hit.text} [{labels[names[chunk.document_id]]}, chunk {chunk.index}]"
+        sources.append((names[chunk.document_id], chunk.index))
+    # And the best triplet comes from the late chunk that mentions the paragraph, titled by the first
+    assert sources[0][0] == "pep-9999.rst" and sources[0][1] > 10
+    assert "Ivo87" in chunks[str(result.results[0].chunk_id)].text
