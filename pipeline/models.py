@@ -312,6 +312,8 @@ class RunStatus(enum.StrEnum):
     ERRORED = "errored"
     # Its process ended before it did (killed, lost); the next cognify resumes its work.
     INTERRUPTED = "interrupted"
+    # An operator ended it (`kenning runs cancel`); `error` says why. A retry resumes its work.
+    CANCELLED = "cancelled"
 
 
 RUNNING = frozenset({RunStatus.INITIATED, RunStatus.STARTED})

@@ -25,6 +25,8 @@ from kenning.workers.agent_cli import COMMANDS as AGENT_COMMANDS
 from kenning.workers.extras import needs_extra
 from kenning.workers.lifecycle import Message, Remembered
 from kenning.workers.memory import Kenning
+from kenning.workers.run_control import mark_stalled
+from kenning.workers.runs_cli import COMMANDS as RUNS_COMMANDS
 from kenning.workers.settings import load_settings
 
 console = Console(stderr=True)
@@ -358,6 +360,7 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
 
             watch_runs(memory.wiring, lambda: memory.started_jobs(dataset), console, timeout_s, WATCH_POLL_S)
         status = memory.status(dataset)
+        mark_stalled(memory, status)
         home = str(memory.settings.home.resolve())
     if as_json:
         click.echo(json.dumps({"home": home, "datasets": status}, ensure_ascii=False))
@@ -368,6 +371,8 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
         items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
         last = entry["runs"][0] if entry["runs"] else None
         run = f"{last['status']} ({last['step']})" if last else "-"
+        if last and last["stalled"]:
+            run = f"stalled: {run}"
         tokens = entry["tokens"]
         table.add_row(
             entry["dataset"],
@@ -380,6 +385,9 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
         )
     Console().print(table)
     for entry in status:
+        for stalled in (run for run in entry["runs"] if run["stalled"]):
+            line = f" {entry['dataset']} run {stalled['id']}: {stalled['stalled']}"
+            console.print(Text.assemble(("stalled", "yellow"), line), soft_wrap=True)
         for name, error in entry["errors"].items():
             console.print(f"[red]failed[/red] {entry['dataset']}/{name}: {error}")
         for chunk in entry["failed_chunks"]:
@@ -432,6 +440,8 @@ def worker_command(queues: str | None, concurrency: int, loglevel: str) -> None:
 for command in ACCESS_COMMANDS:
     main.add_command(command)
 for command in AGENT_COMMANDS:
+    main.add_command(command)
+for command in RUNS_COMMANDS:
     main.add_command(command)
 
 

@@ -25,6 +25,13 @@ Every task takes one JSON object and returns one JSON object (queues are
   dataset's run lock, so it never interleaves with a cognify of that dataset (retried while busy)
 - `kenning.improve` (load queue; put it on the beat schedule): `datasets`? -> per dataset
   `{"weighted", "merged_entities", "repointed_edges", "session_items"}`
+- `kenning.runs_list` (pipeline queue): `{"dataset"?, "tenant"?, "limit"?}` -> `{"runs": [{"id",
+  "dataset", "status", "step", "error", "stalled", "stats", "started_at", "finished_at"}]}`, newest
+  first; `stalled` says why a run not ended makes no progress (empty when it may)
+- `kenning.runs_cancel` (pipeline queue): `{"run_id", "tenant"?, "reason"?}` -> the run, now
+  `cancelled`: its dataset lock released, its tasks in flight stop at their next write
+- `kenning.runs_retry` (pipeline queue): `{"run_id", "tenant"?}` -> `{"run_id"}` of a new run of
+  the ended run's dataset, enqueued, which redoes only what is not done
 - `kenning.search` (query queue): `{"query", "type"?, "datasets"?, "tenant"?, "top_k"?,
   "only_context"?}` -> `{"query", "type", "results", "context", "answer", "notice"}`
 
@@ -49,6 +56,7 @@ from kenning.retrieval.contract import SearchType
 from kenning.workers.celery_app import app
 from kenning.workers.lifecycle import Message, find_dataset, forget_held, improve_held, session_items
 from kenning.workers.memory import Kenning
+from kenning.workers.run_control import cancel_run, list_runs, retry_run
 
 MAX_TEXT_CHARS = 1_000_000
 
@@ -80,6 +88,18 @@ class RememberRequest(BaseModel):
 
 class RunRequest(BaseModel):
     run_id: str
+
+
+class RunsRequest(BaseModel):
+    dataset: str | None = None
+    tenant: str | None = None
+    limit: int = Field(default=20, ge=1, le=1000)
+
+
+class RunControlRequest(BaseModel):
+    run_id: str = Field(min_length=1)
+    tenant: str | None = None
+    reason: str = Field(default="", max_length=2000)
 
 
 class RemoteSearch(BaseModel):
@@ -170,6 +190,30 @@ def run_task(request: dict[str, Any]) -> dict[str, Any]:
     if run is None:
         raise ValueError(f"no pipeline run {parsed.run_id}")
     return run.model_dump(mode="json")
+
+
+def runs_list_task(request: dict[str, Any]) -> dict[str, Any]:
+    parsed = _parse(RunsRequest, request)
+    runs = list_runs(_memory(parsed.tenant), parsed.dataset, parsed.limit)
+    return {"runs": [run.model_dump(mode="json") for run in runs]}
+
+
+def runs_cancel_task(request: dict[str, Any]) -> dict[str, Any]:
+    parsed = _parse(RunControlRequest, request)
+    return cancel_run(_memory(parsed.tenant), parsed.run_id, parsed.reason).model_dump(mode="json")
+
+
+def runs_retry_task(request: dict[str, Any]) -> dict[str, Any]:
+    from kenning.workers.canvas import enqueue
+
+    parsed = _parse(RunControlRequest, request)
+    memory = _memory(parsed.tenant)
+    settings = app.resources().settings
+
+    def start(dataset: Dataset) -> str:
+        return enqueue(memory.wiring, settings, dataset.scope).run_id
+
+    return {"run_id": retry_run(memory, parsed.run_id, start)}
 
 
 def search_task(request: dict[str, Any]) -> dict[str, Any]:
@@ -263,6 +307,9 @@ app.task(cognify_task, name="kenning.cognify")
 app.task(remember_task, name="kenning.remember")
 app.task(run_task, name="kenning.run")
 app.task(search_task, name="kenning.search")
+app.task(runs_list_task, name="kenning.runs_list")
+app.task(runs_cancel_task, name="kenning.runs_cancel")
+app.task(runs_retry_task, name="kenning.runs_retry")
 app.task(
     improve_task,
     name="kenning.improve",

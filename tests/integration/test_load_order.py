@@ -72,7 +72,9 @@ def extraction(item: str, chunk: int) -> Extraction:
         graph=KnowledgeGraph(
             nodes=[
                 KnowledgeNode(id="ada", name="Ada Lovelace", type="Person", description=f"A writer, {said}"),
-                KnowledgeNode(id="cb", name="Charles Babbage", type="Person", description=f"Inventor, {said}"),
+                KnowledgeNode(
+                    id="cb", name="Charles Babbage", type="Person", description=f"Inventor, {said}"
+                ),
                 KnowledgeNode(id=f"x{item}{chunk}", name=f"Thing {item}{chunk}", type="Concept"),
             ],
             edges=[
@@ -89,7 +91,9 @@ def batches(scope: Scope) -> list[list[tuple[ChunkRecord, DocumentRecord, Extrac
     found = []
     for item in ("a", "b", "c"):
         data_id = stable_id("item", item)
-        document = DocumentRecord(id=stable_id("doc", item), dataset_id="ds", data_id=data_id, name=item, kind="text")
+        document = DocumentRecord(
+            id=stable_id("doc", item), dataset_id="ds", data_id=data_id, name=item, kind="text"
+        )
         for index in range(2):
             text = f"Text of item {item}, chunk {index}."
             record = ChunkRecord(
@@ -152,9 +156,7 @@ def test_the_smallest_source_wins_and_an_update_from_the_same_source_replaces(op
     load(store, scope, [5, 4, 3, 2, 1, 0])
     ada = next(n for n in store.export(scope)[0] if n.properties.get("name") == "Ada Lovelace")
     # Then her description is the one from the smallest data item id and chunk id
-    sources = sorted(
-        (records[0][0].data_id, records[0][0].id, records[0][2]) for records in batches(scope)
-    )
+    sources = sorted((records[0][0].data_id, records[0][0].id, records[0][2]) for records in batches(scope))
     assert ada.properties["source_data_id"] == sources[0][0]
     assert ada.properties["source_chunk"] == sources[0][1]
     assert ada.properties["description"] == sources[0][2].graph.nodes[0].description

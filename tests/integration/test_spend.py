@@ -37,9 +37,8 @@ TOLERANCE = 0.01
 
 def status_of(env: dict[str, str], dataset: str) -> dict[str, Any]:
     """`kenning status --json` of the dataset, as an operator runs it."""
-    done = subprocess.run(
-        [*STATUS, "--dataset", dataset, "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    command = [*STATUS, "--dataset", dataset, "--json"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     entry: dict[str, Any] = json.loads(done.stdout)["datasets"][0]
     return entry
@@ -111,6 +110,7 @@ def test_attempts_of_a_worker_killed_mid_call_are_counted(
             llm_api_key="test",
             chunk_size="48",
             chunk_overlap="4",
+            extraction_unit_tokens="0",  # one chunk a call: many calls, some in flight at the kill
             broker_visibility_timeout_s=str(VISIBILITY_S),
             lock_ttl_s=str(LOCK_TTL_S),
             cognify_timeout_s=str(RUN_TIMEOUT_S),

@@ -1,0 +1,188 @@
+"""Operator controls: `kenning runs list | cancel | retry`, their Celery tasks, and stalled runs.
+
+A cancelled run says so with its reason and frees its dataset lock; its tasks in flight on a
+live worker stop at their next fenced write; a retry does only what is left. A run nobody can
+work on (no worker consumes its queues) shows as stalled in `status`, never as live.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from click.testing import CliRunner, Result
+
+from kenning.pipeline.errors import KenningError
+from kenning.pipeline.models import ChunkStatus, RunStatus
+from kenning.workers.canvas import enqueue
+from kenning.workers.cli import main
+from kenning.workers.simulator import Simulator
+from tests.integration.cluster import ROOT, Deployment, Workers
+from tests.integration.test_chaos import (
+    add_corpus,
+    chunk_counts,
+    dataset_id,
+    start_workers,  # noqa: F401  (a fixture)
+    write_corpus,
+)
+from tests.integration.test_distributed import lock_released
+
+CLI = [sys.executable, "-m", "kenning.workers.cli"]
+LATENCY_MS = 800  # slow enough that a cancel lands while extraction goes on
+WAIT_S = 180.0
+QUIET_S = 4.0  # longer than one LLM call and one write batch: in-flight tasks have had their turn
+
+
+def invoke(*args: str) -> Result:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def refused(*args: str) -> str:
+    """The message of the error the command ends with (`kenning` prints it and exits 2)."""
+    result = CliRunner().invoke(main, list(args))
+    assert isinstance(result.exception, KenningError), result.output
+    return str(result.exception)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KENNING_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KENNING_EMBEDDING_PROVIDER", "hash")
+    (tmp_path / "a.txt").write_text("Ada Lovelace wrote the first program for the Analytical Engine.")
+    return tmp_path
+
+
+def test_runs_list_then_retry_of_an_ended_run_redoes_nothing_done(home: Path) -> None:
+    # Given a dataset cognified once
+    invoke("add", str(home / "a.txt"), "--dataset", "notes")
+    invoke("cognify", "--dataset", "notes")
+    [first] = json.loads(invoke("runs", "list", "--json").output)["runs"]
+    assert (first["dataset"], first["status"], first["stalled"]) == ("notes", "completed", "")
+    # When its run is retried, by a prefix of its id
+    invoke("runs", "retry", first["id"][:10])
+    # Then a new run completed, which extracted nothing again
+    runs = json.loads(invoke("runs", "list", "--dataset", "notes", "--json").output)["runs"]
+    assert [run["status"] for run in runs] == ["completed", "completed"]
+    assert runs[1]["id"] == first["id"]
+    assert runs[0]["stats"].get("extractions", 0) == 0, runs[0]
+    # And an ended run cannot be cancelled, an unknown one is named
+    assert "already ended" in refused("runs", "cancel", first["id"])
+    assert "no run 'nope'" in refused("runs", "retry", "nope")
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT_S)
+
+
+def status_runs(env: dict[str, str], dataset: str) -> list[dict[str, Any]]:
+    done = cli(env, "status", "--dataset", dataset, "--json")
+    assert done.returncode == 0, done.stderr
+    runs: list[dict[str, Any]] = json.loads(done.stdout)["datasets"][0]["runs"]
+    return runs
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() >= deadline:
+            pytest.fail(f"not within {WAIT_S:.0f} s: {what}")
+        time.sleep(0.2)
+
+
+def call_task(deployment: Deployment, name: str, payload: dict[str, Any]) -> Any:
+    settings = deployment.settings
+    client = Celery("client", broker=settings.broker_url, backend=settings.broker_url)
+    try:
+        queue = f"{settings.queue_prefix}.pipeline"
+        return client.send_task(name, args=[payload], queue=queue).get(timeout=60)
+    finally:
+        client.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_with_no_worker_is_stalled_and_a_cancelled_run_stops_on_a_live_worker(
+    deployment: Deployment,
+    start_workers: Callable[[Deployment], Workers],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    corpus = write_corpus(tmp_path / "corpus", documents=16, sentences=12)
+    with Simulator(latency_ms=LATENCY_MS) as simulator:
+        slow = deployment.configured(
+            llm_url=simulator.base_url,
+            llm_api_key="test",
+            chunk_size="48",
+            chunk_overlap="4",
+            extraction_unit_tokens="0",
+        )
+        env = {**slow.env, "PATH": os.environ.get("PATH", "")}
+        add_corpus(slow, corpus, "ops")
+        ds = dataset_id(slow, "ops")
+        # Given a run sent while no worker runs
+        with slow.memory() as memory:
+            run_id = enqueue(memory.wiring, slow.settings, memory.scope("ops")).run_id
+        # Then status shows it stalled, saying that no worker consumes its queues
+        [stalled] = status_runs(env, "ops")
+        assert stalled["id"] == run_id and stalled["status"] == "started"
+        assert "no worker consumes" in stalled["stalled"], stalled
+        assert "stalled" in cli(env, "status", "--dataset", "ops").stderr
+
+        # When workers start, it goes on, and is no longer stalled
+        workers = start_workers(slow)
+        with slow.memory() as memory:
+            wait_for(lambda: chunk_counts(memory, ds)[ChunkStatus.EXTRACTED] >= 6, "six chunks extracted")
+        assert status_runs(env, "ops")[0]["stalled"] == ""
+
+        # When the operator cancels it, by a Celery task, while extraction is in flight
+        cancelled = call_task(slow, "kenning.runs_cancel", {"run_id": run_id, "reason": "wrong corpus"})
+        assert cancelled["status"] == "cancelled" and "wrong corpus" in cancelled["error"]
+
+        # Then its lock is free and its tasks stop: no chunk changes status any more
+        assert lock_released(slow, "ops")
+        with slow.memory() as memory:
+            settled = settle(memory, ds)
+            run = memory.wiring.metadata.get_run(run_id)
+        assert run is not None and run.status == RunStatus.CANCELLED, run
+        assert "cancelled by the operator: wrong corpus" in run.error
+        assert settled[ChunkStatus.PENDING] > 0, settled
+        assert "LockLost" in workers.logs() or "has ended" in workers.logs()
+        listed = call_task(slow, "kenning.runs_list", {"dataset": "ops"})["runs"]
+        assert [(r["id"], r["status"]) for r in listed] == [(run_id, "cancelled")]
+        calls_at_cancel = simulator.stats()["calls"]["chat"]
+
+        # When the operator retries it
+        retried = cli(env, "runs", "retry", run_id, "--distributed")
+        billed = simulator.stats()["calls"]["chat"]
+    assert retried.returncode == 0, retried.stderr + workers.logs()
+    # Then a new run completed, extracting only the chunks left
+    with slow.memory() as memory:
+        counts = chunk_counts(memory, ds)
+    assert counts[ChunkStatus.LOADED] == sum(counts.values()), counts
+    assert billed - calls_at_cancel <= settled[ChunkStatus.PENDING] + 4, (billed, calls_at_cancel, settled)
+    runs = status_runs(env, "ops")
+    assert [run["status"] for run in runs] == ["completed", "cancelled"], runs
+
+
+def settle(memory: Any, ds: str) -> dict[ChunkStatus, int]:
+    """The chunk counts once they stopped changing for QUIET_S (bounded by WAIT_S)."""
+    deadline = time.monotonic() + WAIT_S
+    last = chunk_counts(memory, ds)
+    while time.monotonic() < deadline:
+        time.sleep(QUIET_S)
+        now = chunk_counts(memory, ds)
+        if now == last:
+            return now
+        last = now
+    pytest.fail(f"chunk statuses still changed {WAIT_S:.0f} s after the cancel: {last}")
