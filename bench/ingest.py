@@ -1,10 +1,19 @@
-"""Ingestion throughput, embedded, offline extractor, local embeddings.
-
-Ingests the first N paragraphs of the 2WikiMultihopQA corpus (one document each),
-then replays exactly the texts the pipeline embedded through the embedder alone, so
-the pipeline's embedding rate can be compared with the embedder's raw rate.
+"""Ingestion throughput and memory, embedded, on the first N 2WikiMultihopQA paragraphs.
 
     python -m bench.ingest --documents 200
+    python -m bench.ingest --documents 1000 --llm simulator --embeddings simulator
+
+With the offline extractor and local embeddings (the default), it then replays exactly
+the texts the pipeline embedded through the embedder alone, so the pipeline's embedding
+rate can be compared with the embedder's raw rate.
+
+With `--llm simulator` the project's LLM simulator (0 ms, in a process of its own, so its
+work is not counted here) extracts, and with `--embeddings simulator` it embeds too: the
+pipeline's own overhead. Either way it reports chunks/s, each step's time as a share of
+the wall time (`step_share`: load streams behind extraction, so shares overlap), the
+seconds spent inside each store and client (`busy_s`, summed over threads) and the peak
+RSS of this process; `--tracemalloc N` adds the N source lines holding the most memory at
+the end of the run (tracing slows the run: do not read its speed).
 """
 
 from __future__ import annotations
@@ -12,12 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from kenning.pipeline.ingest import Source
 from kenning.pipeline.offline import OfflineExtractor
@@ -136,14 +153,113 @@ def run(count: int, out: Path) -> dict[str, float]:
     return figures
 
 
+@contextmanager
+def simulator_process() -> Iterator[str]:
+    """The LLM simulator (0 ms, no limits) in a process of its own; its base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "kenning.workers.simulator", "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{base_url}/models", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the simulator did not start") from None
+                time.sleep(0.2)
+        yield base_url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+PORTS = ("vectors", "graph", "lexical", "embedder", "extractor", "metadata", "chunks", "cache")
+
+
+def overhead(count: int, llm: str, embeddings: str, trace: int) -> dict[str, Any]:
+    """Cognify with the simulator for the LLM and/or the embeddings: speed, step shares, memory."""
+    from bench.latency import Timed
+
+    with simulator_process() as base_url, tempfile.TemporaryDirectory() as home:
+        overrides: dict[str, Any] = {"home": Path(home)}
+        if llm == "simulator":
+            overrides |= {"llm_url": base_url, "llm_model": "sim"}
+        if embeddings == "simulator":
+            overrides |= {"embedding_provider": "openai", "embedding_url": base_url}
+        else:
+            overrides |= {"embedding_provider": embeddings}
+        settings = load_settings(**overrides)
+        with Kenning(settings) as memory:
+            memory.wiring.embedder.embed(["warm up"])
+            busy: dict[str, float] = defaultdict(float)
+            lock = threading.Lock()
+            for name in (
+                "vectors",
+                "graph",
+                "lexical",
+                "embedder",
+                "extractor",
+                "metadata",
+                "chunks",
+                "cache",
+            ):
+                port = getattr(memory.wiring, name)
+                memory.wiring._made[name] = Timed(port, name, busy, lock)
+            memory.add(documents(count))
+            if trace:
+                tracemalloc.start()
+            started = time.perf_counter()
+            pipeline_run = memory.cognify()
+            wall_s = time.perf_counter() - started
+            top = tracemalloc.take_snapshot().statistics("lineno")[:trace] if trace else []
+            tracemalloc.stop()
+    stats = pipeline_run.stats
+    chunks = stats.get("chunks_to_extract", 0)
+    by_port: dict[str, float] = defaultdict(float)
+    for key, seconds in busy.items():
+        by_port[key.split(".")[0]] += seconds
+    return {
+        "documents": count,
+        "llm": llm,
+        "embeddings": embeddings,
+        "status": pipeline_run.status.value,
+        "chunks": chunks,
+        "cognify_s": round(wall_s, 2),
+        "chunks_per_s": round(chunks / wall_s, 1),
+        "step_share": {k[3:]: round(v / 1000 / wall_s, 3) for k, v in stats.items() if k.startswith("ms_")},
+        "busy_s": {name: round(seconds, 2) for name, seconds in sorted(by_port.items())},
+        "busy_s_by_call": {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])[:12]},
+        "nodes": stats.get("nodes", 0),
+        "edges": stats.get("edges", 0),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "tracemalloc_top": [f"{stat.size / 2**20:.1f} MiB {stat.traceback}" for stat in top],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--documents", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ingest.json")
+    parser.add_argument("--llm", choices=("offline", "simulator"), default="offline")
+    parser.add_argument("--embeddings", choices=("local", "simulator", "hash"), default="local")
+    parser.add_argument("--tracemalloc", type=int, default=0, metavar="N", help="the N biggest lines")
+    parser.add_argument("--out", type=Path, default=None, help="default: under bench/results")
     args = parser.parse_args(argv)
     if not CORPUS.exists():
         sys.exit(f"the corpus is missing: {CORPUS}")
-    print(json.dumps(run(args.documents, args.out), indent=2))
+    results = ROOT / "bench" / "results"
+    if args.llm == "offline" and args.embeddings == "local" and not args.tracemalloc:
+        print(json.dumps(run(args.documents, args.out or results / "ingest.json"), indent=2))
+        return
+    figures = overhead(args.documents, args.llm, args.embeddings, args.tracemalloc)
+    out = args.out or results / f"ingest-{args.llm}-{args.embeddings}-{args.documents}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2))
+    print(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

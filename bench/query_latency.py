@@ -1,0 +1,208 @@
+"""Query latency on one embedded home: one client, then N clients as threads and as processes.
+
+    python -m bench.query_latency --home /tmp/ql_home --documents 6119 --clients 8
+
+Ingests the first `--documents` 2Wiki paragraphs into `--home` with the local embedder and
+the offline extractor, unless the home already holds them (then it is reused as it is).
+Then, for CHUNKS, HYBRID_COMPLETION and GRAPH_COMPLETION (context only), it runs the 101
+twowiki questions:
+- single: one client in this process, one question at a time;
+- threads: `--clients` threads sharing one `Kenning` in this process;
+- processes: `--clients` processes, each with its own `Kenning` on the same home (what
+  users running several `kenning` commands or agents at once do), all asking at once.
+Each client asks every question once per type, starting at its own offset. Query embeddings
+are never cached here (every query pays its embedding, as distinct questions would). Prints
+p50/p95/queries per second per type and mode, the share of each store call in the
+single-client run, and the load average; writes bench/results/query_latency.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.ingest import documents
+from bench.latency import QUESTIONS, Timed, percentile
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
+from kenning.workers.wiring import Wiring, open_embedder
+
+ROOT = Path(__file__).resolve().parent.parent
+TYPES = ("CHUNKS", "HYBRID_COMPLETION", "GRAPH_COMPLETION")
+START_TIMEOUT_S = 300.0
+
+
+def open_memory(home: Path) -> Kenning:
+    """A `Kenning` on the home with local embeddings and no query-embedding cache."""
+    settings = load_settings(home=home, embedding_provider="local")
+    return Kenning(settings, Wiring(settings, {"embedder": open_embedder(settings)}))
+
+
+def ingest(home: Path, count: int) -> dict[str, Any]:
+    with open_memory(home) as memory:
+        if memory.status():
+            return {"reused_store": True}
+        started = time.perf_counter()
+        memory.add(documents(count))
+        run = memory.cognify()
+        return {
+            "reused_store": False,
+            "ingest_s": round(time.perf_counter() - started, 1),
+            "ingest_stats": run.stats,
+            "ingest_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
+
+
+def summary(latencies: list[float], wall: float) -> dict[str, float]:
+    return {
+        "queries": len(latencies),
+        "p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "p95_ms": round(percentile(latencies, 0.95) * 1000, 1),
+        "max_ms": round(max(latencies) * 1000, 1),
+        "queries_per_s": round(len(latencies) / wall, 1),
+    }
+
+
+def rotated(questions: list[str], client: int, clients: int) -> list[str]:
+    offset = client * len(questions) // max(clients, 1)
+    return questions[offset:] + questions[:offset]
+
+
+def ask_all(memory: Kenning, kind: str, questions: Sequence[str]) -> list[float]:
+    latencies = []
+    for question in questions:
+        started = time.perf_counter()
+        memory.search(question, kind, only_context=True)
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def warm_up(memory: Kenning) -> None:
+    for kind in TYPES:
+        memory.search("warm up", kind, only_context=True)
+
+
+def single(home: Path, questions: list[str]) -> dict[str, Any]:
+    """One client; with the seconds spent in each store, as shares of the store time."""
+    results: dict[str, Any] = {}
+    with open_memory(home) as memory:
+        table: dict[str, float] = defaultdict(float)
+        lock = threading.Lock()
+        for name in ("vectors", "graph", "lexical", "embedder", "metadata", "access"):
+            memory.wiring._made[name] = Timed(getattr(memory.wiring, name), name, table, lock)
+        warm_up(memory)
+        for kind in TYPES:
+            table.clear()
+            started = time.perf_counter()
+            latencies = ask_all(memory, kind, questions)
+            results[kind] = summary(latencies, time.perf_counter() - started)
+            total = sum(latencies)
+            results[kind]["ms_per_query_in"] = {
+                key: round(seconds / len(latencies) * 1000, 2) for key, seconds in sorted(table.items())
+            }
+            results[kind]["store_share_of_wall"] = round(sum(table.values()) / total, 3)
+    return results
+
+
+def threads(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with open_memory(home) as memory:
+        warm_up(memory)
+        for kind in TYPES:
+            started = time.perf_counter()
+            work = [(memory, kind, rotated(questions, client, clients)) for client in range(clients)]
+            with ThreadPoolExecutor(max_workers=clients) as pool:
+                latencies = [t for part in pool.map(lambda job: ask_all(*job), work) for t in part]
+            results[kind] = summary(latencies, time.perf_counter() - started)
+    return results
+
+
+def client_process(
+    home: str, questions: list[str], client: int, clients: int, barrier: Any, out: Any
+) -> None:
+    """One process's client: opens its own `Kenning`, waits for the others, then asks."""
+    with open_memory(Path(home)) as memory:
+        warm_up(memory)
+        for kind in TYPES:
+            barrier.wait(START_TIMEOUT_S)
+            started = time.perf_counter()
+            latencies = ask_all(memory, kind, rotated(questions, client, clients))
+            out.put((kind, client, latencies, started, time.perf_counter()))
+
+
+def processes(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
+    context = mp.get_context("spawn")
+    barrier = context.Barrier(clients)
+    out = context.Queue()
+    workers = [
+        context.Process(target=client_process, args=(str(home), questions, n, clients, barrier, out))
+        for n in range(clients)
+    ]
+    for worker in workers:
+        worker.start()
+    got: dict[str, list[tuple[list[float], float, float]]] = defaultdict(list)
+    deadline = time.monotonic() + START_TIMEOUT_S + 600
+    while sum(len(parts) for parts in got.values()) < clients * len(TYPES):
+        kind, _client, latencies, started, ended = out.get(timeout=max(1.0, deadline - time.monotonic()))
+        got[kind].append((latencies, started, ended))
+    for worker in workers:
+        worker.join(timeout=60)
+        if worker.exitcode != 0:
+            raise RuntimeError(f"a client process ended with {worker.exitcode}")
+    results: dict[str, Any] = {}
+    for kind in TYPES:
+        parts = got[kind]
+        wall = max(end for _, _, end in parts) - min(start for _, start, _ in parts)
+        results[kind] = summary([t for latencies, _, _ in parts for t in latencies], wall)
+    return results
+
+
+def load_average() -> list[float]:
+    return [round(value, 2) for value in os.getloadavg()]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--home", type=Path, required=True)
+    parser.add_argument("--documents", type=int, default=6119)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["single", "threads", "processes"],
+        default=["single", "threads", "processes"],
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "query_latency.json")
+    args = parser.parse_args(argv)
+    questions = [entry["question"] for entry in json.loads(QUESTIONS.read_text())]
+    figures: dict[str, Any] = {"documents": args.documents, "clients": args.clients}
+    figures["questions"] = len(questions)
+    figures.update(ingest(args.home, args.documents))
+    runs = {
+        "single": lambda: single(args.home, questions),
+        "threads": lambda: threads(args.home, questions, args.clients),
+        "processes": lambda: processes(args.home, questions, args.clients),
+    }
+    for mode in args.modes:
+        before = load_average()
+        figures[mode] = runs[mode]()
+        figures[mode]["load_average"] = {"before": before, "after": load_average()}
+        print(json.dumps({mode: figures[mode]}), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2))
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
