@@ -186,3 +186,51 @@ def settle(memory: Any, ds: str) -> dict[ChunkStatus, int]:
             return now
         last = now
     pytest.fail(f"chunk statuses still changed {WAIT_S:.0f} s after the cancel: {last}")
+
+
+def test_runs_over_http_list_retry_cancel_and_show_a_stalled_run(home: Path) -> None:
+    import uuid
+
+    from fastapi.testclient import TestClient
+
+    from kenning.pipeline.plan import start_run
+    from kenning.workers.api import create_app
+    from kenning.workers.memory import Kenning
+    from kenning.workers.settings import load_settings
+
+    settings = load_settings(home=home / "home", queue_prefix=f"kenning-test-{uuid.uuid4().hex[:8]}")
+    with Kenning(settings) as memory, TestClient(create_app(memory)) as client:
+        writer, reader = (_key(memory, name, grants) for name, grants in (("w", "rw"), ("r", "r")))
+        # Given a dataset cognified once
+        memory.add_text("Ada Lovelace wrote the first program.", "notes")
+        first = memory.cognify("notes")
+        # Then both callers list its run, which is not stalled
+        listed = client.get("/v1/runs?dataset=notes", headers=reader).json()["runs"]
+        assert [(r["id"], r["status"], r["stalled"]) for r in listed] == [(first.id, "completed", "")]
+        # When the writer retries it, a new run starts (202); the reader may not (403)
+        assert client.post(f"/v1/runs/{first.id}/retry", headers=reader).status_code == 403
+        retried = client.post(f"/v1/runs/{first.id}/retry", headers=writer)
+        assert retried.status_code == 202 and retried.json()["id"] != first.id, retried.text
+        # And an ended run cannot be cancelled (400), an unknown one is not found (404)
+        assert client.post(f"/v1/runs/{first.id}/cancel", headers=writer).status_code == 400
+        assert client.post("/v1/runs/nope/cancel", headers=writer).status_code == 404
+        # Given a run sent to workers, none of which consumes this deployment's queues
+        sent = start_run(memory.wiring, memory.scope("notes"))
+        # Then it shows as stalled, saying why, in the list and on its own
+        view = client.get(f"/v1/runs/{sent.run_id}", headers=reader).json()
+        assert view["status"] == "started" and "no worker consumes" in view["stalled"], view
+        listed = client.get("/v1/runs", headers=reader).json()["runs"]
+        assert "no worker consumes" in next(r for r in listed if r["id"] == sent.run_id)["stalled"]
+
+
+def _key(memory: Any, name: str, grants: str) -> dict[str, str]:
+    from kenning.pipeline.permission import Permission, User, issue_key
+
+    store = memory.wiring.permissions
+    user = User(tenant=memory.settings.tenant, name=name)
+    store.add_user(user)
+    chosen = [Permission.READ] + ([Permission.WRITE] if "w" in grants else [])
+    store.grant(user, "notes", chosen)
+    token, key = issue_key(user)
+    store.add_key(key)
+    return {"Authorization": f"Bearer {token}"}

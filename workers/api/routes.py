@@ -30,6 +30,7 @@ from kenning.workers.api.runs import FINISHED, POLL_S
 from kenning.workers.api.schemas import (
     Added,
     AddText,
+    CancelIn,
     CognifyIn,
     DatasetName,
     Datasets,
@@ -46,6 +47,7 @@ from kenning.workers.api.schemas import (
     RecordIn,
     RecordText,
     RememberIn,
+    RunList,
     RunView,
     SearchIn,
 )
@@ -53,6 +55,7 @@ from kenning.workers.graph_view import MAX_NODES, graph_html
 from kenning.workers.lifecycle import Recalled, Recollection, Remembered
 from kenning.workers.memory import session_recollection, worth_recalling
 from kenning.workers.records import PAGE_LIMIT, MemoryRecord, Page
+from kenning.workers.run_control import cancel_run, retry_target
 
 READ, WRITE, DELETE, SHARE = Permission
 KEEPALIVE_S = 15.0
@@ -179,13 +182,50 @@ def cognify(
     run_id = access.state.runs.start(access.memory, dataset, wait=wait)
     if wait:
         response.status_code = 200
-    return access.state.runs.view(access.caller, access.memory.wiring.metadata, run_id)
+    return access.state.runs.view(access.caller, access.memory, run_id)
 
 
 @router.get("/runs/{run_id}", tags=["runs"], response_model=RunView)
 def get_run(run_id: IdPath, access: Caller) -> RunView:
     """A run of a dataset the caller may read or write."""
-    return access.state.runs.view(access.caller, access.memory.wiring.metadata, run_id)
+    return access.state.runs.view(access.caller, access.memory, run_id)
+
+
+@router.get("/runs", tags=["runs"], response_model=RunList)
+def list_runs(
+    access: Caller,
+    dataset: Annotated[str | None, Query(min_length=1, max_length=255, pattern=DATASET_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+) -> RunList:
+    """The most recent runs, newest first, of the datasets the caller may read or write (or of the
+    one named). A run not ended that nothing can work on says why in `stalled`."""
+    return access.state.runs.recent(access.caller, access.memory, dataset, limit)
+
+
+@router.post("/runs/{run_id}/cancel", tags=["runs"], response_model=RunView)
+def cancel(run_id: IdPath, access: Caller, body: CancelIn | None = None) -> RunView:
+    """End a run not ended (needs write): marked `cancelled` with the reason, its dataset lock
+    released; its tasks in flight stop at their next write. 400 for a run that has ended."""
+    _run_dataset(access, run_id, WRITE)
+    cancel_run(access.memory, run_id, body.reason if body else "")
+    return access.state.runs.view(access.caller, access.memory, run_id)
+
+
+@router.post("/runs/{run_id}/retry", tags=["runs"], response_model=RunView, status_code=202)
+def retry(run_id: IdPath, access: Caller) -> RunView:
+    """Start a new run of an ended run's dataset (needs write), which redoes only what is not
+    done; answers at once with the new run (202). 400 for a run that has not ended."""
+    dataset = _run_dataset(access, run_id, WRITE)
+    retry_target(access.memory, run_id)
+    new_id = access.state.runs.start(access.memory, dataset)
+    return access.state.runs.view(access.caller, access.memory, new_id)
+
+
+def _run_dataset(access: Access, run_id: str, permission: Permission) -> str:
+    """The name of the run's dataset, which the caller must see (else 404) and hold `permission` on."""
+    dataset = access.state.runs.view(access.caller, access.memory, run_id).dataset
+    access.caller.check(permission, dataset)
+    return dataset
 
 
 @router.get(

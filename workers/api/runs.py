@@ -15,16 +15,17 @@ import uuid
 from dataclasses import dataclass, field
 
 from kenning.pipeline.errors import NotFound
-from kenning.pipeline.models import Dataset, PipelineRun, Scope
+from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, Scope
 from kenning.pipeline.permission import Caller, Permission
 from kenning.pipeline.ports import MetadataStore
-from kenning.workers.api.schemas import RunView
+from kenning.workers.api.schemas import RunList, RunView
 from kenning.workers.extras import needs_extra
 from kenning.workers.local import LocalRunner
 from kenning.workers.memory import Kenning
+from kenning.workers.run_control import StallDetector
 
 log = logging.getLogger("kenning.api")
-FINISHED = frozenset({"completed", "completed_with_errors", "errored"})
+FINISHED = frozenset(status.value for status in ENDED)
 KEEP_FINISHED = 1000
 POLL_S = 0.5
 
@@ -50,6 +51,7 @@ class RunTracker:
         self._runs: dict[str, Tracked] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._detector: StallDetector | None = None
 
     def start(self, memory: Kenning, dataset: str, *, wait: bool = False) -> str:
         """Start a cognify run of the caller's dataset; its id. With `wait`, return when it ended."""
@@ -112,17 +114,48 @@ class RunTracker:
                 return
             time.sleep(POLL_S)
 
-    def view(self, caller: Caller, metadata: MetadataStore, run_id: str) -> RunView:
+    def view(self, caller: Caller, memory: Kenning, run_id: str) -> RunView:
         """The run as the caller may see it: one of a dataset it may read or write; else NotFound."""
+        metadata = memory.wiring.metadata
         tracked = self._runs.get(run_id)
         run = metadata.get_run(run_id)
         if run is not None:
             dataset = _dataset_of(caller, metadata, run)
-            return RunView.of(run, dataset.name, dict(tracked.progress) if tracked else None)
+            stalled = self._stalled(memory, [(dataset, run)]).get(run.id, "")
+            return RunView.of(run, dataset.name, dict(tracked.progress) if tracked else None, stalled)
         if tracked is None or tracked.tenant != caller.tenant or not _sees(caller, tracked.dataset):
             raise NotFound(f"no run {run_id!r}")
         status = "errored" if tracked.error else "initiated"
         return RunView(id=run_id, dataset=tracked.dataset, status=status, error=tracked.error)
+
+    def recent(self, caller: Caller, memory: Kenning, dataset: str | None, limit: int) -> RunList:
+        """The most recent runs of the datasets the caller may read or write (or of the one named)."""
+        metadata = memory.wiring.metadata
+        datasets = [d for d in metadata.list_datasets(caller.tenant) if _sees(caller, d.name)]
+        if dataset is not None:
+            datasets = [d for d in datasets if d.name == dataset]
+            if not datasets:
+                raise NotFound(f"no dataset {dataset!r}")
+        runs = [(d, run) for d in datasets for run in metadata.list_runs(d.id)]
+        runs = sorted(runs, key=lambda pair: (pair[1].started_at, pair[1].id), reverse=True)[:limit]
+        stalled = self._stalled(memory, runs)
+        views = [RunView.of(run, d.name, self._progress(run.id), stalled.get(run.id, "")) for d, run in runs]
+        return RunList(runs=views)
+
+    def _progress(self, run_id: str) -> dict[str, list[int]] | None:
+        tracked = self._runs.get(run_id)
+        return dict(tracked.progress) if tracked else None
+
+    def _stalled(self, memory: Kenning, runs: list[tuple[Dataset, PipelineRun]]) -> dict[str, str]:
+        """Why each of the runs not ended makes no progress; the detector is kept, so that event
+        streams polling a run ask the workers at most every `run_control.CHECK_REUSE_S`."""
+        if not any(run.status in RUNNING for _, run in runs):
+            return {}
+        with self._lock:
+            if self._detector is None:
+                self._detector = StallDetector(memory.settings)
+            detector = self._detector
+        return detector.reasons(runs)
 
     def close(self) -> None:
         with self._lock:

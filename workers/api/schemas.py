@@ -91,9 +91,14 @@ class RunView(BaseModel):
     )
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    stalled: str = Field(
+        default="", description="Why a run not ended makes no progress (no worker, leases expired, ...)"
+    )
 
     @classmethod
-    def of(cls, run: PipelineRun, dataset: str, progress: dict[str, list[int]] | None = None) -> RunView:
+    def of(
+        cls, run: PipelineRun, dataset: str, progress: dict[str, list[int]] | None = None, stalled: str = ""
+    ) -> RunView:
         return cls(
             id=run.id,
             dataset=dataset,
@@ -104,7 +109,18 @@ class RunView(BaseModel):
             progress=progress or {},
             started_at=run.started_at,
             finished_at=run.finished_at,
+            stalled=stalled,
         )
+
+
+class RunList(BaseModel):
+    """Recent runs, newest first."""
+
+    runs: list[RunView]
+
+
+class CancelIn(Strict):
+    reason: str = Field(default="", max_length=2000, description="Why; kept in the run's error")
 
 
 class SearchIn(Strict):
