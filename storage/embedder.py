@@ -82,6 +82,9 @@ class LocalEmbedder:
         return self._model
 
 
+# Bytes an empty numpy array takes besides its numbers (its object header and shape).
+ARRAY_OVERHEAD = 112
+
 # Requests in flight at most for one `embed` call.
 _PARALLEL = 4
 
@@ -243,14 +246,21 @@ class HashEmbedder:
 
 
 class CachingEmbedder:
-    """An LRU cache by text in front of another embedder; repeated strings are embedded once."""
+    """An LRU cache by text in front of another embedder; repeated strings are embedded once.
 
-    def __init__(self, inner: Embedder, max_entries: int = 10_000) -> None:
-        if max_entries < 1:
-            raise ConfigError(f"max_entries must be positive, got {max_entries}")
+    It holds at most `max_entries` vectors and `max_bytes` of them, each kept as one numpy
+    array (8 bytes a number, not a Python float object of 32): its memory has a fixed
+    ceiling, whatever the corpus.
+    """
+
+    def __init__(self, inner: Embedder, max_entries: int = 10_000, max_bytes: int = 32 * 2**20) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ConfigError(f"max_entries and max_bytes must be positive, got {max_entries}, {max_bytes}")
         self._inner = inner
         self._max_entries = max_entries
-        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._max_bytes = max_bytes
+        self._cache: OrderedDict[str, np.ndarray[Any, np.dtype[np.float64]]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -263,17 +273,25 @@ class CachingEmbedder:
     def model(self) -> str:
         return self._inner.model
 
+    @property
+    def size_bytes(self) -> int:
+        """What the cached vectors and their texts take."""
+        return self._bytes
+
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         found = self._lookup(texts)
         missing = list(dict.fromkeys(text for text in texts if text not in found))
         if missing:
             fresh = self._inner.embed(missing)
-            found.update(zip(missing, fresh, strict=True))
-            self._store(missing, fresh)
-        return [list(found[text]) for text in texts]
+            if len(fresh) != len(missing):
+                raise LLMError(f"{self.model} returned {len(fresh)} embeddings for {len(missing)} texts")
+            arrays = [np.asarray(vector, dtype=np.float64) for vector in fresh]
+            found.update(zip(missing, arrays, strict=True))
+            self._store(missing, arrays)
+        return [found[text].tolist() for text in texts]
 
-    def _lookup(self, texts: Sequence[str]) -> dict[str, list[float]]:
-        found: dict[str, list[float]] = {}
+    def _lookup(self, texts: Sequence[str]) -> dict[str, np.ndarray[Any, np.dtype[np.float64]]]:
+        found: dict[str, np.ndarray[Any, np.dtype[np.float64]]] = {}
         with self._lock:
             for text in texts:
                 vector = self._cache.get(text)
@@ -285,13 +303,22 @@ class CachingEmbedder:
                 self.hits += 1
         return found
 
-    def _store(self, texts: list[str], vectors: list[list[float]]) -> None:
+    def _store(self, texts: list[str], vectors: list[np.ndarray[Any, np.dtype[np.float64]]]) -> None:
         with self._lock:
             for text, vector in zip(texts, vectors, strict=True):
-                self._cache[text] = list(vector)
-                self._cache.move_to_end(text)
-            while len(self._cache) > self._max_entries:
-                self._cache.popitem(last=False)
+                previous = self._cache.pop(text, None)
+                if previous is not None:
+                    self._bytes -= _entry_bytes(text, previous)
+                self._cache[text] = vector
+                self._bytes += _entry_bytes(text, vector)
+            while self._cache and (len(self._cache) > self._max_entries or self._bytes > self._max_bytes):
+                text, vector = self._cache.popitem(last=False)
+                self._bytes -= _entry_bytes(text, vector)
+
+
+def _entry_bytes(text: str, vector: np.ndarray[Any, np.dtype[np.float64]]) -> int:
+    # The array's numbers and header, and the text's characters: what the entry keeps alive.
+    return int(vector.nbytes) + ARRAY_OVERHEAD + len(text)
 
 
 def _features(text: str) -> Iterator[tuple[str, float]]:

@@ -307,3 +307,22 @@ def test_openai_embedder_asks_for_base64_and_understands_floats_too(
 
     assert server.requests[0]["encoding_format"] == "base64"
     assert decoded == plain == [embedding_for("ab", 3), embedding_for("abcd", 3)]
+
+
+def test_caching_embedder_holds_at_most_max_bytes() -> None:
+    # Given a cache with room for a few 16-number vectors only
+    inner = CountingEmbedder()
+    cache = CachingEmbedder(inner, max_entries=1000, max_bytes=1000)
+
+    # When many distinct texts go through it
+    texts = [f"entity {n}" for n in range(50)]
+    vectors = cache.embed(texts)
+
+    # Then its answers are the inner embedder's, and it keeps only the most recent within its bytes
+    assert vectors == inner.inner.embed(texts)
+    assert 0 < cache.size_bytes <= 1000
+    inner.calls.clear()
+    cache.embed(texts[-2:])
+    cache.embed(texts[:1])
+    assert inner.calls == [texts[:1]]
+
