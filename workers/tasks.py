@@ -291,10 +291,10 @@ def holding(resources: Resources, message: Message, unit: str) -> Iterator[int]:
     takes it again.
 
     Each store write batch of the step is fenced: right before it, the lock must still be held
-    under the task's token (the one it took, or the one its heartbeat last kept or took for
-    its run), else the batch is not written and the task raises `LockLost`. So a task whose
-    process stopped past the ttl (SIGSTOP, a long pause, a partitioned host) while another
-    run took the expired lock writes nothing more when it resumes. The window that remains:
+    by the task's run (under the task's token, or one its run took since), or be free and be
+    taken again for the run, else the batch is not written and the task raises `LockLost`. So
+    a task whose process stopped past the ttl (SIGSTOP, a long pause, a partitioned host) while
+    another run took the expired lock writes nothing more when it resumes. The window that remains:
     a pause between the check and the write it guards (one Redis round trip apart), and the
     extraction cache, which is written unfenced since an answer serves any run.
 
@@ -307,11 +307,17 @@ def holding(resources: Resources, message: Message, unit: str) -> Iterator[int]:
 
     def check() -> None:
         holder = _holder(resources, name)
-        if holder != held_under[0]:
+        if holder == held_under[0]:
+            return
+        try:
+            # The run may hold it under a newer token (another of its tasks took it again), or it
+            # may be free (expired, or Redis lost its data): the run takes it again, as a heartbeat.
+            held_under[0] = hold(resources, message)
+        except LockLost as lost:
             raise LockLost(
                 f"{name} is no longer held under token {held_under[0]} (now {holder}): "
                 f"run {message.job.run_id} stops before writing"
-            )
+            ) from lost
 
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(resources, message, unit, stop, held_under), daemon=True)

@@ -1,0 +1,199 @@
+"""Distributed runs never hang: lost workers, lost broker state and a metadata store outage.
+
+Two `kenning worker` processes, the LLM simulator, the follower `kenning cognify --distributed`;
+each fault lands mid-extraction (see `tests.integration.faults`). The broker's visibility
+timeout (2 h) and the lock's ttl (10 min) keep their defaults: a test passes only if the run
+recovers without waiting them out. The lease and the supervisor's period are shortened (10 s
+and 5 s, against 60 s and 30 s by default) so that the three tests take about a minute each
+on two cores; `bench/faults.py` runs the same faults with every default and times them.
+
+Each ends with the follower exiting 0 and the last run completed, every chunk loaded, the
+lock free, and the memory an undisturbed embedded run of the same corpus builds (the same
+node, edge and vector point ids, none duplicated).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kenning.pipeline.models import ChunkStatus, RunStatus
+from kenning.workers.simulator import Simulator
+from tests.integration.cluster import Deployment, RedisServer, Workers
+from tests.integration.faults import (
+    Outcome,
+    PostgresServer,
+    kill_both,
+    run_with_fault,
+    stop_postgres,
+    wipe_redis,
+)
+from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, write_corpus
+from tests.integration.test_distributed import lock_released
+from tests.services import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+LATENCY_MS = 300
+SEED = 20261123
+SHORT = {"lease_s": "10", "supervise_every_s": "5"}
+# From the fault to the follower's exit: the lease, two supervisor passes and the rest of the run.
+BOUND_S = 120.0
+OUTAGE_S = 20.0
+
+
+@pytest.fixture
+def shared() -> dict[str, str]:
+    """Small chunks from a small corpus; the embedded reference run uses the same settings."""
+    return {
+        "tenant": f"t-{uuid.uuid4().hex[:8]}",
+        "embedding_provider": "hash",
+        "extract_batch": "2",
+        "chunk_size": "48",
+        "chunk_overlap": "4",
+        "load_batch": "8",
+    }
+
+
+@pytest.fixture
+def start_workers(tmp_path: Path) -> Iterator[Callable[[Deployment], Workers]]:
+    started: list[Workers] = []
+
+    def start(deployment: Deployment) -> Workers:
+        logs = tmp_path / f"logs-{len(started)}"
+        logs.mkdir()
+        workers = Workers(deployment, logs)
+        started.append(workers)
+        workers.start()
+        return workers
+
+    try:
+        yield start
+    finally:
+        for workers in started:
+            workers.stop()
+
+
+@pytest.fixture
+def simulator() -> Iterator[Simulator]:
+    with Simulator(latency_ms=LATENCY_MS, seed=SEED) as running:
+        yield running
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis", free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer(free_port())
+    server.create()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def configured(deployment: Deployment, simulator: Simulator, **values: str) -> Deployment:
+    return deployment.configured(llm_url=simulator.base_url, llm_api_key="test", **SHORT, **values)
+
+
+def assert_recovered(outcome: Outcome, workers: Workers, *, interrupted: bool) -> None:
+    """The follower exited 0 within the bound; the last run completed with every chunk loaded,
+    and a run before it, if any, was interrupted (visibly, naming its successor)."""
+    detail = (
+        f"{outcome.output[-3000:]}\n{[(r.id[:8], r.status, r.error) for r in outcome.runs]}\n{workers.logs()}"
+    )
+    assert outcome.code == 0, detail
+    assert outcome.fault_to_end_s < BOUND_S, detail
+    *before, last = outcome.runs
+    assert last.status == RunStatus.COMPLETED, detail
+    assert 0 < outcome.chunks[ChunkStatus.LOADED] == sum(outcome.chunks.values()), outcome.chunks
+    assert [run.status for run in before] == ([RunStatus.INTERRUPTED] if interrupted else []), detail
+    for run in before:
+        assert "leases expired" in run.error and last.id in run.error, run.error
+
+
+def test_both_workers_killed_mid_extraction_and_restarted(
+    deployment: Deployment,
+    simulator: Simulator,
+    start_workers: Callable[[Deployment], Workers],
+    tmp_path: Path,
+    shared: dict[str, str],
+) -> None:
+    # Given two workers cognifying a corpus, with the default visibility timeout and lock ttl
+    corpus = write_corpus(tmp_path / "corpus", documents=8, sentences=12)
+    faulty = configured(deployment, simulator)
+    add_corpus(faulty, corpus, "killed")
+    workers = start_workers(faulty)
+
+    # When both are killed with SIGKILL mid-extraction and started again
+    outcome = run_with_fault(faulty, "killed", tmp_path, kill_both(workers))
+
+    # Then the batches they held are not left to the broker's 2 hours: the run is interrupted
+    # once its leases expire, a new run resumes it and completes, and the lock is free
+    assert_recovered(outcome, workers, interrupted=True)
+    assert lock_released(faulty, "killed")
+    # And the memory is the one an undisturbed run builds
+    workers.stop()
+    assert_same_as_embedded(faulty, tmp_path, shared, corpus, "killed")
+
+
+def test_redis_restarted_without_its_data(
+    deployment: Deployment,
+    simulator: Simulator,
+    private_redis: RedisServer,
+    start_workers: Callable[[Deployment], Workers],
+    tmp_path: Path,
+    shared: dict[str, str],
+) -> None:
+    # Given workers whose broker, result backend, lock and leases live in a private Redis
+    corpus = write_corpus(tmp_path / "corpus", documents=8, sentences=12)
+    url = private_redis.url
+    faulty = configured(deployment, simulator, broker_url=url, result_backend=url, redis_url=url)
+    add_corpus(faulty, corpus, "wiped")
+    workers = start_workers(faulty)
+
+    # When Redis is killed mid-extraction and started again empty: queues, chord counts and
+    # leases are gone
+    outcome = run_with_fault(faulty, "wiped", tmp_path, wipe_redis(private_redis))
+
+    # Then the run with no lease left is interrupted and resumed, and the resuming run completes
+    assert_recovered(outcome, workers, interrupted=True)
+    assert lock_released(faulty, "wiped")
+    workers.stop()
+    assert_same_as_embedded(faulty, tmp_path, shared, corpus, "wiped")
+
+
+def test_postgres_stopped_for_twenty_seconds(
+    deployment: Deployment,
+    simulator: Simulator,
+    private_postgres: PostgresServer,
+    start_workers: Callable[[Deployment], Workers],
+    tmp_path: Path,
+    shared: dict[str, str],
+) -> None:
+    # Given workers whose metadata store is a private PostgreSQL
+    corpus = write_corpus(tmp_path / "corpus", documents=8, sentences=12)
+    faulty = configured(deployment, simulator, metadata_url=private_postgres.url)
+    add_corpus(faulty, corpus, "outage")
+    workers = start_workers(faulty)
+
+    # When PostgreSQL stops mid-extraction for 20 s
+    outcome = run_with_fault(faulty, "outage", tmp_path, stop_postgres(private_postgres, OUTAGE_S))
+
+    # Then the tasks and the follower ride it out: the one run completes, nothing interrupted
+    assert_recovered(outcome, workers, interrupted=False)
+    assert lock_released(faulty, "outage")
+    workers.stop()
+    assert_same_as_embedded(faulty, tmp_path, shared, corpus, "outage")
