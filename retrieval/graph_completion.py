@@ -1,9 +1,9 @@
-"""GRAPH_COMPLETION: brute-force triplet search over every indexed collection.
+"""GRAPH_COMPLETION: the facts of the chunks a graph walk ranks best, as triplets.
 
-The query is embedded once; each collection is searched with a wide top-k; the graph
-fragment around the hits is projected; every edge is scored by the sum of its two
-endpoints' distances and its own, where anything not hit costs a fixed penalty; the
-best edges, rendered as triplets, are the context.
+The walk is GRAPH_PPR's (personalized PageRank from the question's entities and closest
+chunks, see retrieval.graph_ppr). From each of the best chunks come the facts extracted from
+it, then the entities it contains, each ordered by the walk's scores of its endpoints; the
+triplets are taken in rounds, one per chunk at a time, so the context covers many chunks.
 """
 
 from __future__ import annotations
@@ -12,16 +12,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kenning.pipeline.collection import EDGES, NODES
+from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
 from kenning.retrieval.reference import chunk_nodes
 
-HUB_TYPES = frozenset({"EntityType"})
-ENDPOINTS = ("source_id", "target_id")
-WIDE_TOP_K = 100
-MISS_PENALTY = 6.5
 TOP_EDGES = 15
 NODE_TEXT_CHARS = 300
 TITLE_CHARS = 120
@@ -33,19 +30,36 @@ _TITLE_FIELD = re.compile(r"(?:^|\s)Title:[ \t]+(.+?)(?=\s+[A-Z][\w-]*:\s|\n|$)"
 
 @dataclass
 class Fragment:
-    """A projected piece of the graph with the distances the vector search gave it."""
+    """A projected piece of the graph: the nodes and edges the triplets are drawn from."""
 
     nodes: dict[str, GraphNode] = field(default_factory=dict)
     edges: dict[str, GraphEdge] = field(default_factory=dict)
-    node_distance: dict[str, float] = field(default_factory=dict)
-    edge_distance: dict[str, float] = field(default_factory=dict)
 
-    def score(self, edge: GraphEdge, penalty: float) -> float:
-        return (
-            self.node_distance.get(edge.source_id, penalty)
-            + self.node_distance.get(edge.target_id, penalty)
-            + self.edge_distance.get(edge.id, penalty)
-        )
+
+def in_rounds(fragment: Fragment, chunks: list[str], ended: Walk) -> list[tuple[GraphEdge, float]]:
+    """Each chunk's edges, its facts before its `contains` edges, each group by the walk scores of
+    the endpoints; taken in rounds: the best edge of every chunk in walk order, then the second...
+    The score is the round plus the chunk's place over the number of chunks: lower is closer."""
+    owned: dict[str, list[GraphEdge]] = {chunk: [] for chunk in chunks}
+    for edge in fragment.edges.values():
+        owner = edge.source_id if edge.relationship == CONTAINS else _chunk_of(edge)
+        if owner in owned:
+            owned[owner].append(edge)
+
+    def order(edge: GraphEdge) -> tuple[bool, float, str]:
+        reach = ended.scores.get(edge.source_id, 0.0) + ended.scores.get(edge.target_id, 0.0)
+        return edge.relationship == CONTAINS, -reach, edge.id
+
+    found = [
+        (edge, turn + place / len(chunks))
+        for place, chunk in enumerate(chunks)
+        for turn, edge in enumerate(sorted(owned[chunk], key=order))
+    ]
+    return sorted(found, key=lambda item: item[1])
+
+
+def _chunk_of(edge: GraphEdge) -> str:
+    return str(edge.properties.get("chunk_id") or "")
 
 
 class GraphCompletionRetriever:
@@ -53,46 +67,32 @@ class GraphCompletionRetriever:
         self._ports = ports
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
-        vector = self._ports.embedder.embed([request.query])[0]
         top = int(request.options.get("top_edges", TOP_EDGES))
-        penalty = float(request.options.get("penalty", MISS_PENALTY))
-        wide = int(request.options.get("wide_top_k", WIDE_TOP_K))
+        config = WalkConfig.model_validate(request.options)
         hits: list[Hit] = []
         for scope in request.scopes:
-            fragment = self._project(scope, vector, wide, top)
-            ranked = sorted(fragment.edges.values(), key=lambda e: (fragment.score(e, penalty), e.id))
-            hits += [self._hit(scope, fragment, edge, fragment.score(edge, penalty)) for edge in ranked[:top]]
+            ended = walk(self._ports, scope, request.query, config)
+            chunks = [entry.chunk_id for entry in ended.ranked[: min(request.top_k, top)]]
+            fragment = self._project(scope, chunks)
+            ranked = in_rounds(fragment, chunks, ended)[:top]
+            hits += [self._hit(scope, fragment, edge, score) for edge, score in ranked]
         return sorted(hits, key=lambda hit: hit.score)[:top]
 
-    def _project(self, scope: Scope, vector: Sequence[float], wide: int, top: int) -> Fragment:
-        fragment = Fragment()
-        hubs: set[str] = set()
-        for collection in NODES:
-            for point in self._ports.vectors.search(scope, collection, vector, wide, fields=("type",)):
-                previous = fragment.node_distance.get(point.id, point.score)
-                fragment.node_distance[point.id] = min(previous, point.score)
-                if point.payload.get("type") in HUB_TYPES:
-                    hubs.add(point.id)
-        endpoints: set[str] = set()
-        for point in self._ports.vectors.search(scope, EDGES, vector, wide, fields=ENDPOINTS):
-            fragment.edge_distance[point.id] = point.score
-            endpoints.update(str(point.payload.get(key, "")) for key in ENDPOINTS)
-        # A type node links to every entity of its type: expanding it would fetch a large share of
-        # the graph, all of it scored with a miss penalty. Its distance still counts where it is
-        # an endpoint of an edge reached from another hit.
-        seeds = sorted((set(fragment.node_distance) - hubs | endpoints) - {""})
-        # An edge with an endpoint that was not hit scores at least one penalty more than any edge
-        # between hits, so the edges among the hits are enough unless they are too few.
-        edges = self._ports.graph.get_edges(scope, seeds, among=True)
-        if len(edges) < top:
-            edges = self._ports.graph.get_edges(scope, seeds)
-        for edge in edges:
-            fragment.edges[edge.id] = edge
-        node_ids = {e.source_id for e in fragment.edges.values()} | {
-            e.target_id for e in fragment.edges.values()
-        }
-        fragment.nodes = {node.id: node for node in self._ports.graph.get_nodes(scope, sorted(node_ids))}
-        return fragment
+    def _project(self, scope: Scope, chunks: list[str]) -> Fragment:
+        """The chunks, the entities they contain and the facts extracted from them."""
+        wanted = set(chunks)
+        touching = self._ports.graph.get_edges(scope, chunks) if chunks else []
+        contains = [edge for edge in touching if edge.relationship == CONTAINS and edge.source_id in wanted]
+        entities = sorted({edge.target_id for edge in contains})
+        facts = [
+            edge
+            for edge in (self._ports.graph.get_edges(scope, entities, among=True) if entities else [])
+            if edge.relationship not in STRUCTURAL_RELATIONSHIPS and _chunk_of(edge) in wanted
+        ]
+        nodes = self._ports.graph.get_nodes(scope, [*chunks, *entities]) if chunks else []
+        return Fragment(
+            nodes={node.id: node for node in nodes}, edges={edge.id: edge for edge in [*facts, *contains]}
+        )
 
     def _hit(self, scope: Scope, fragment: Fragment, edge: GraphEdge, score: float) -> Hit:
         chunk_id = str(edge.properties.get("chunk_id") or "") or _chunk_endpoint(fragment, edge)

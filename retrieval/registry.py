@@ -14,6 +14,7 @@ from kenning.retrieval.coding_rules import CodingRulesRetriever
 from kenning.retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.cypher import CypherRetriever, NaturalLanguageRetriever
 from kenning.retrieval.graph_completion import GraphCompletionRetriever
+from kenning.retrieval.graph_ppr import GraphPprRetriever
 from kenning.retrieval.graph_variants import (
     ChainOfThoughtRetriever,
     ContextExtensionRetriever,
@@ -36,6 +37,7 @@ REGISTRY: dict[SearchType, RetrieverFactory] = {
     SearchType.RAG_COMPLETION: RagCompletionRetriever,
     SearchType.TRIPLET_COMPLETION: TripletCompletionRetriever,
     SearchType.GRAPH_COMPLETION: GraphCompletionRetriever,
+    SearchType.GRAPH_PPR: GraphPprRetriever,
     SearchType.HYBRID_COMPLETION: HybridCompletionRetriever,
     SearchType.GRAPH_SUMMARY_COMPLETION: GraphSummaryRetriever,
     SearchType.GRAPH_COMPLETION_COT: ChainOfThoughtRetriever,

@@ -8,7 +8,7 @@ from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import DocumentRecord, Scope
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
-from kenning.retrieval.fusion import FusionConfig, reciprocal_rank_fusion
+from kenning.retrieval.fusion import LANES, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.registry import REGISTRY, search
 from kenning.workers.local import LocalRunner
 from tests.twins import TwinServices
@@ -114,6 +114,7 @@ def test_load_embeds_facts_between_entities_as_triplets(services: TwinServices) 
         (SearchType.RAG_COMPLETION, "Grace Hopper built the first compiler"),
         (SearchType.TRIPLET_COMPLETION, "Grace Hopper built compiler at Remington Rand"),
         (SearchType.HYBRID_COMPLETION, "Who built the first compiler?"),
+        (SearchType.GRAPH_PPR, "Who built the first compiler?"),
     ],
 )
 def test_each_type_finds_the_source_and_cites_it(
@@ -148,7 +149,7 @@ def test_hybrid_context_is_the_chunks_then_their_facts(services: TwinServices) -
     assert len(result.results) == 3 and {hit.kind for hit in result.results} == {"chunk"}
     top = result.results[0]
     assert "Grace Hopper" in top.text and 0 <= top.score < 1
-    assert set(top.extra["lanes"]) <= {"chunks", "lexical", "summaries", "entities", "facts"}
+    assert set(top.extra["lanes"]) <= set(LANES)
     assert len(top.extra["lanes"]) >= 3 and top.extra["rrf"] > 0
     chunks, facts = result.context.split("\n\nFacts:\n")
     assert chunks.startswith(top.text)
@@ -173,7 +174,7 @@ def test_hybrid_entity_lane_reaches_chunks_through_graph_neighbours(services: Tw
     assert "Grace Hopper" in near.results[0].text and "Facts:" not in near.context
 
 
-@pytest.mark.parametrize("kind", [*NEW_TYPES, SearchType.CHUNKS])
+@pytest.mark.parametrize("kind", [*NEW_TYPES, SearchType.CHUNKS, SearchType.GRAPH_PPR])
 def test_without_an_llm_the_answer_is_none_with_a_notice(services: TwinServices, kind: SearchType) -> None:
     result = run(services, kind, "Who built the first compiler?")
     assert result.results and result.context

@@ -1,0 +1,221 @@
+"""GRAPH_PPR: chunks ranked by personalized PageRank over the entity-chunk graph (HippoRAG 2 style).
+
+The walk restarts at the question's entities (its names matched against Entity names, and
+each name's nearest Entity_name vectors) and at the closest chunks by vector search. It runs
+on a projected subgraph, never the whole graph: the `contains` edges between chunks and
+entities, and the facts between entities, a bounded number of hops around those seeds.
+Every step divides a node's score among all its edges in the whole graph, and an entity's
+restart weight is shared among the chunks that contain it, so a hub entity spreads thin
+rather than pulling every chunk that mentions it to the top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from kenning.pipeline import collection
+from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from kenning.pipeline.models import Entity, GraphEdge, Scope
+from kenning.pipeline.offline import OfflineExtractor
+from kenning.pipeline.ports import Neighbourhood
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.reference import best_first, chunk_hit
+
+CONTAINS = "contains"
+# Structure the walk does not follow: documents, summaries, entity types and dated events.
+SKIPPED = sorted((STRUCTURAL_RELATIONSHIPS - {CONTAINS}) | {"mentions_event", "happened_at"})
+
+
+class WalkConfig(BaseModel):
+    """How GRAPH_PPR seeds and bounds its walk; any field can be set through `SearchRequest.options`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    damping: float = Field(default=0.5, ge=0.0, lt=1.0, description="The share of a step that follows edges")
+    iterations: int = Field(default=30, ge=1, le=200, description="Power iterations")
+    chunk_seeds: int = Field(default=10, ge=0, le=200, description="Closest chunks the walk restarts at")
+    chunk_weight: float = Field(default=0.5, ge=0.0, description="Restart weight of the chunk seeds, in all")
+    entity_links: int = Field(default=3, ge=0, le=50, description="Entity_name hits per question name")
+    link_distance: float = Field(default=0.25, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
+    hops: int = Field(default=2, ge=0, le=5, description="Hops around the seeds projected")
+    max_edges: int = Field(default=4000, ge=1, le=100_000, description="Edges projected at most")
+    max_degree: int = Field(default=100, ge=1, description="A node with more edges is not expanded")
+    fact_weight: float = Field(default=0.5, ge=0.0, description="A fact edge's weight; `contains` weighs 1")
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A chunk the walk reached, with its score (higher is better)."""
+
+    chunk_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Where a walk ended: the chunks it reached, best first, and the score of every node."""
+
+    ranked: list[Ranked]
+    scores: dict[str, float]
+
+
+class GraphPprRetriever:
+    """Chunks by walk score. `score` is 1 - walk score / the best chunk's: lower is closer.
+    `extra["ppr"]` holds the walk score."""
+
+    def __init__(self, ports: SearchPorts) -> None:
+        self._ports = ports
+
+    def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
+        config = WalkConfig.model_validate(request.options)
+        hits: list[Hit] = []
+        for scope in request.scopes:
+            ranked = walk(self._ports, scope, request.query, config).ranked[: request.top_k]
+            found = self._ports.graph.get_nodes(scope, [entry.chunk_id for entry in ranked])
+            nodes = {node.id: node for node in found}
+            best = ranked[0].score if ranked else 1.0
+            for entry in ranked:
+                node = nodes.get(entry.chunk_id)
+                if node is not None:
+                    hit = chunk_hit(scope, node, 1.0 - entry.score / best)
+                    hit.extra["ppr"] = entry.score
+                    hits.append(hit)
+        return best_first(hits, request.top_k)
+
+    def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
+        return "\n\n".join(hit.text for hit in objects)
+
+    def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
+        return answer_from_context(self._ports.completer, request.query, context)
+
+
+def walk(
+    ports: SearchPorts,
+    scope: Scope,
+    query: str,
+    config: WalkConfig,
+    vector: Sequence[float] | None = None,
+) -> Walk:
+    """Personalized PageRank from the query's entities and closest chunks over the scope's graph
+    around them; `vector` is the query's embedding, when the caller has it already."""
+    names = question_names(query)
+    embedded = ports.embedder.embed([*([] if vector is not None else [query]), *names])
+    query_vector = vector if vector is not None else embedded.pop(0)
+    chunk_points = (
+        ports.vectors.search(scope, collection.CHUNKS, query_vector, config.chunk_seeds)
+        if config.chunk_seeds
+        else []
+    )
+    chunk_seeds = {point.id: max(1.0 - point.score, 0.0) for point in chunk_points}
+    entity_seeds = link_entities(ports, scope, names, embedded, config)
+    seeds = [*entity_seeds, *chunk_seeds]
+    if not seeds:
+        return Walk(ranked=[], scores={})
+    projected = ports.graph.neighbourhood(
+        scope, seeds, hops=config.hops, limit=config.max_edges, max_degree=config.max_degree, skip=SKIPPED
+    )
+    restart = restart_weights(entity_seeds, chunk_seeds, projected, config.chunk_weight)
+    scores = personalized_pagerank(walk_edges(projected.edges, config), projected.degrees, restart, config)
+    chunks = _chunk_ids(projected.edges) | set(chunk_seeds)
+    ranked = sorted(((scores.get(c, 0.0), c) for c in chunks), key=lambda item: (-item[0], item[1]))
+    return Walk(ranked=[Ranked(chunk_id, score) for score, chunk_id in ranked if score > 0], scores=scores)
+
+
+def question_names(query: str) -> list[str]:
+    """The names the offline extractor finds in the question, in order, each once."""
+    found = OfflineExtractor().extract(query).graph.nodes
+    return list(dict.fromkeys(node.name for node in found if node.name.strip()))
+
+
+def link_entities(
+    ports: SearchPorts,
+    scope: Scope,
+    names: Sequence[str],
+    vectors: Sequence[Sequence[float]],
+    config: WalkConfig,
+) -> dict[str, float]:
+    """Entity ids for the question's names, with a link strength in (0, 1]: 1 for an entity of the
+    same normalised name, 1 - cosine distance for each name's nearest Entity_name vectors."""
+    links: dict[str, float] = {}
+    exact = [Entity(name=name, tenant=scope.tenant, dataset=scope.dataset).id for name in names]
+    for node in ports.graph.get_nodes(scope, exact):
+        links[node.id] = 1.0
+    for vector in vectors if config.entity_links else ():
+        for point in ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_links):
+            if point.score <= config.link_distance:
+                links[point.id] = max(links.get(point.id, 0.0), 1.0 - point.score)
+    return links
+
+
+def restart_weights(
+    entities: Mapping[str, float],
+    chunks: Mapping[str, float],
+    projected: Neighbourhood,
+    chunk_weight: float,
+) -> dict[str, float]:
+    """Where the walk restarts: each entity by its link strength over the number of its edges
+    (a name found everywhere says little), the chunks by similarity, `chunk_weight` of it in all."""
+    weights = {
+        entity: strength / max(projected.degrees.get(entity, 1), 1) for entity, strength in entities.items()
+    }
+    weights = _normalised(weights)
+    chunk_total = sum(chunks.values())
+    if chunk_total > 0 and chunk_weight > 0:
+        share = chunk_weight if weights else 1.0
+        for chunk_id, similarity in chunks.items():
+            weights[chunk_id] = weights.get(chunk_id, 0.0) + share * similarity / chunk_total
+    return _normalised(weights)
+
+
+def walk_edges(edges: Iterable[GraphEdge], config: WalkConfig) -> list[tuple[str, str, float]]:
+    """(source, target, weight) of the edges the walk follows: `contains` weighs 1, a fact `fact_weight`."""
+    found: list[tuple[str, str, float]] = []
+    for edge in edges:
+        weight = 1.0 if edge.relationship == CONTAINS else config.fact_weight
+        if weight > 0 and edge.source_id != edge.target_id:
+            found.append((edge.source_id, edge.target_id, weight))
+    return found
+
+
+def personalized_pagerank(
+    edges: Sequence[tuple[str, str, float]],
+    degrees: Mapping[str, int],
+    restart: Mapping[str, float],
+    config: WalkConfig,
+) -> dict[str, float]:
+    """Scores of a walk that, at each step, restarts at `restart` with probability 1 - damping and
+    otherwise follows an edge, either way. A node's share along an edge is the edge's weight over
+    the node's degree in the whole graph (`degrees`, at least its edges here): what it would send
+    beyond the projected subgraph is lost, so a hub passes little to each neighbour."""
+    nodes = sorted({end for source, target, _ in edges for end in (source, target)} | set(restart))
+    index = {node: position for position, node in enumerate(nodes)}
+    sources = np.array([index[s] for s, t, _ in edges] + [index[t] for s, t, _ in edges], dtype=np.int64)
+    targets = np.array([index[t] for s, t, _ in edges] + [index[s] for s, t, _ in edges], dtype=np.int64)
+    weights = np.array([w for _, _, w in edges] * 2, dtype=np.float64)
+    local = np.bincount(sources, weights=weights, minlength=len(nodes))
+    whole = np.array([float(degrees.get(node, 0)) for node in nodes])
+    spread = np.maximum(local, whole * (local / np.maximum(_edge_counts(sources, len(nodes)), 1)))
+    share = weights / np.maximum(spread[sources], 1e-12)
+    start = np.array([restart.get(node, 0.0) for node in nodes])
+    scores = start.copy()
+    for _ in range(config.iterations):
+        moved = np.bincount(targets, weights=scores[sources] * share, minlength=len(nodes))
+        scores = (1.0 - config.damping) * start + config.damping * moved
+    return {node: float(scores[position]) for node, position in index.items()}
+
+
+def _edge_counts(sources: np.ndarray, size: int) -> np.ndarray:
+    return np.bincount(sources, minlength=size).astype(np.float64)
+
+
+def _chunk_ids(edges: Iterable[GraphEdge]) -> set[str]:
+    return {edge.source_id for edge in edges if edge.relationship == CONTAINS}
+
+
+def _normalised(weights: dict[str, float]) -> dict[str, float]:
+    total = sum(weights.values())
+    return {key: value / total for key, value in weights.items() if value > 0} if total > 0 else {}

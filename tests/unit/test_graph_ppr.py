@@ -1,0 +1,190 @@
+"""GRAPH_PPR: personalized PageRank on hand-made graphs, and the retriever on in-memory twins."""
+
+from __future__ import annotations
+
+import pytest
+
+from kenning.pipeline.ingest import Source, add
+from kenning.pipeline.models import DocumentRecord, Entity, GraphEdge, GraphNode, Scope
+from kenning.pipeline.ports import Neighbourhood
+from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.retrieval.graph_ppr import WalkConfig, personalized_pagerank, restart_weights
+from kenning.retrieval.registry import search
+from kenning.storage.memory_graph import MemoryGraphStore
+from kenning.workers.local import LocalRunner
+from tests.twins import TwinServices
+
+CONFIG = WalkConfig()
+LIBRARY = Scope(tenant="t1", dataset="ppr-library")
+OTHER = Scope(tenant="t1", dataset="ppr-other")
+CORPUS = [
+    ("hopper.txt", "Grace Hopper built the first compiler at Remington Rand in 1952."),
+    ("remington.txt", "Remington Rand was a business machines maker based in Norwalk Connecticut."),
+    ("norwalk.txt", "Norwalk Connecticut lies on the coast of Long Island Sound."),
+    ("turing.txt", "Alan Turing worked at Bletchley Park during the war."),
+    ("lovelace.txt", "Ada Lovelace wrote notes on the Analytical Engine of Charles Babbage."),
+]
+
+
+def contains(chunk: str, *entities: str) -> list[tuple[str, str, float]]:
+    return [(chunk, entity, 1.0) for entity in entities]
+
+
+def test_a_walk_with_no_edges_stays_at_its_restart_nodes() -> None:
+    scores = personalized_pagerank([], {}, {"a": 0.75, "b": 0.25}, CONFIG)
+    assert scores == pytest.approx({"a": 0.75 * (1 - CONFIG.damping), "b": 0.25 * (1 - CONFIG.damping)})
+
+
+def test_the_walk_reaches_a_chunk_two_hops_from_the_seed_and_not_an_unlinked_one() -> None:
+    # Given film -> c1 (which names the director) -> director -> c2, and c3 about something else
+    edges = contains("c1", "film", "director") + contains("c2", "director") + contains("c3", "other")
+    degrees = {"c1": 2, "c2": 1, "c3": 1, "film": 1, "director": 2, "other": 1}
+    # When the walk restarts at the film
+    scores = personalized_pagerank(edges, degrees, {"film": 1.0}, CONFIG)
+    # Then the director's own chunk is reached, the unrelated one is not
+    assert scores["c1"] > scores["c2"] > 0
+    assert scores["c3"] == 0
+
+
+def test_a_hub_entity_passes_little_to_each_chunk_it_is_in() -> None:
+    # Given a seed chunk naming a rare entity (in one other chunk) and a hub (in 500 chunks, 2 here)
+    edges = contains("seed", "rare", "hub") + contains("rare-chunk", "rare") + contains("hub-chunk", "hub")
+    degrees = {"seed": 2, "rare": 2, "hub": 500, "rare-chunk": 1, "hub-chunk": 1}
+    scores = personalized_pagerank(edges, degrees, {"seed": 1.0}, CONFIG)
+    # Then the rare entity's chunk outranks the hub's by far: the hub divides by its whole degree
+    assert scores["rare-chunk"] > 50 * scores["hub-chunk"] > 0
+    # And without whole-graph degrees the two would tie: the projection alone hides the hub
+    local = {node: 0 for node in degrees}
+    flat = personalized_pagerank(edges, local, {"seed": 1.0}, CONFIG)
+    assert flat["rare-chunk"] == pytest.approx(flat["hub-chunk"])
+
+
+def test_an_entity_seed_weighs_its_link_over_its_degree_and_chunks_take_their_share() -> None:
+    projected = Neighbourhood(edges=[], degrees={"rare": 1, "hub": 9})
+    weights = restart_weights({"rare": 1.0, "hub": 1.0}, {"c1": 0.6, "c2": 0.2}, projected, 0.5)
+    assert weights == pytest.approx({"rare": 0.6, "hub": 0.6 / 9, "c1": 0.25, "c2": 0.25 / 3})
+    assert sum(weights.values()) == pytest.approx(1.0)
+    only_chunks = restart_weights({}, {"c1": 0.6, "c2": 0.2}, projected, 0.5)
+    assert only_chunks == pytest.approx({"c1": 0.75, "c2": 0.25})
+
+
+def test_the_walk_reads_a_bounded_neighbourhood_from_the_store() -> None:
+    # Given a graph store holding a chain of chunks and entities
+    store = MemoryGraphStore()
+    nodes = [GraphNode(id=i, type="Entity", properties={}) for i in ("e1", "e2", "e3")]
+    nodes += [GraphNode(id=i, type="DocumentChunk", properties={}) for i in ("c1", "c2", "c3")]
+    store.upsert_nodes(LIBRARY, nodes)
+    links = [("c1", "e1"), ("c1", "e2"), ("c2", "e2"), ("c2", "e3"), ("c3", "e3")]
+    edges = [GraphEdge(id=f"{c}-{e}", source_id=c, target_id=e, relationship="contains") for c, e in links]
+    store.upsert_edges(LIBRARY, edges)
+    # When the walk starts at e1 with three hops projected
+    projected = store.neighbourhood(LIBRARY, ["e1"], hops=3)
+    scores = personalized_pagerank(
+        [(e.source_id, e.target_id, 1.0) for e in projected.edges], projected.degrees, {"e1": 1.0}, CONFIG
+    )
+    # Then it sees c1, e2 and c2 (e1 -> c1 -> e2 -> c2), nothing beyond, and degrees of the whole graph
+    assert {e.id for e in projected.edges} == {"c1-e1", "c1-e2", "c2-e2"}
+    assert projected.degrees["c2"] == 2
+    assert "c3" not in scores and "e3" not in scores and scores["c2"] > 0
+
+
+@pytest.fixture(scope="module")
+def services() -> TwinServices:
+    made = TwinServices()
+    for scope, corpus in (
+        (LIBRARY, CORPUS),
+        (OTHER, [("x.txt", "Grace Hopper met Remington Rand in Oslo.")]),
+    ):
+        add(
+            made.metadata,
+            made.blobs,
+            scope,
+            [Source(name=n, uri=f"t:{n}", data=t.encode()) for n, t in corpus],
+        )
+        run = LocalRunner(made, made.lock, concurrency=2).run(scope)
+        assert run.status.value == "completed", run.error
+    return made
+
+
+def documents(services: TwinServices) -> dict[str, DocumentRecord]:
+    dataset = services.metadata.get_dataset(LIBRARY)
+    assert dataset is not None
+    return {document.id: document for document in services.chunks.list_documents(dataset.id)}
+
+
+def ask(services: TwinServices, query: str, **options: object) -> SearchResult:
+    request = SearchRequest(
+        query=query, type=SearchType.GRAPH_PPR, scopes=[LIBRARY], only_context=True, options=options
+    )
+    return search(services, request)
+
+
+def test_graph_ppr_follows_entities_from_the_question_to_the_chunks_beyond(services: TwinServices) -> None:
+    # When asking a two-hop question with no dense seeds: only the graph can reach the answer
+    result = ask(services, "Where was the maker based where Grace Hopper built a compiler?", chunk_seeds=0)
+    names = [documents(services)[hit.document_id or ""].name for hit in result.results]
+    # Then the chunk naming Grace Hopper comes first, the maker's own chunk next, via Remington Rand
+    assert names[:2] == ["hopper.txt", "remington.txt"]
+    assert "turing.txt" not in names and "lovelace.txt" not in names
+    # And every hit is a chunk with its references, best first, in the context
+    assert all(hit.kind == "chunk" and hit.chunk_id and hit.data_id for hit in result.results)
+    assert [hit.score for hit in result.results] == sorted(hit.score for hit in result.results)
+    assert all(hit.text in result.context and hit.extra["ppr"] > 0 for hit in result.results)
+    assert result.results[0].score == 0.0
+
+
+def test_graph_ppr_links_question_names_to_entities_by_normalised_name(services: TwinServices) -> None:
+    # Given a question naming an entity in other case and spacing
+    [node] = services.graph.get_nodes(
+        LIBRARY, [Entity(name="alan  TURING", tenant="t1", dataset="ppr-library").id]
+    )
+    assert node.properties["name"] == "Alan Turing"
+    # Then the walk starts there, with no help from dense chunk hits
+    result = ask(services, "Which park did Alan Turing work at?", chunk_seeds=0, entity_links=0)
+    assert "Bletchley Park" in result.results[0].text
+
+
+def test_graph_ppr_with_no_seeds_finds_nothing(services: TwinServices) -> None:
+    result = ask(services, "what is this about?", chunk_seeds=0)
+    assert result.results == [] and result.context == ""
+
+
+def test_graph_ppr_reads_only_its_scopes(services: TwinServices) -> None:
+    result = ask(services, "Grace Hopper Remington Rand Oslo")
+    assert result.results and all("Oslo" not in hit.text for hit in result.results)
+    assert {hit.dataset for hit in result.results} == {"ppr-library"}
+
+
+def test_hybrid_graph_lane_is_the_walk(services: TwinServices) -> None:
+    # Given only the graph lane of the hybrid retriever, and the walk with the same settings
+    options = {"weights": {"graph": 1.0}, "facts": 0, "chunk_seeds": 0}
+    query = "Where was the maker based where Grace Hopper built a compiler?"
+    request = SearchRequest(
+        query=query, type=SearchType.HYBRID_COMPLETION, scopes=[LIBRARY], only_context=True, options=options
+    )
+    hybrid = search(services, request)
+    # Then it ranks the chunks as GRAPH_PPR does, each from the graph lane
+    assert [hit.chunk_id for hit in hybrid.results] == [
+        hit.chunk_id for hit in ask(services, query, **options).results
+    ]
+    assert all(set(hit.extra["lanes"]) == {"graph"} for hit in hybrid.results)
+
+
+def test_graph_completion_gives_the_facts_of_the_walks_best_chunks_one_chunk_at_a_time(
+    services: TwinServices,
+) -> None:
+    # When GRAPH_COMPLETION answers the two-hop question
+    query = "Where was the maker based where Grace Hopper built a compiler?"
+    walked = ask(services, query)
+    request = SearchRequest(
+        query=query, type=SearchType.GRAPH_COMPLETION, scopes=[LIBRARY], only_context=True
+    )
+    result = search(services, request)
+    # Then its first triplets come one from each of the walk's best chunks, in the walk's order
+    chunks = [hit.chunk_id for hit in walked.results]
+    firsts = list(dict.fromkeys(hit.chunk_id for hit in result.results))
+    assert firsts == chunks[: len(firsts)] and len(firsts) >= 2
+    assert [hit.chunk_id for hit in result.results[: len(firsts)]] == firsts
+    # And each is an edge of the graph drawn from its chunk, facts first
+    assert result.results[0].kind == "edge" and "Grace Hopper" in result.results[0].text
+    assert "Remington Rand" in result.context
