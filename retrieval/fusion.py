@@ -7,16 +7,18 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-LANES = ("chunks", "lexical", "summaries", "entities", "facts")
+LANES = ("chunks", "lexical", "summaries", "entities", "facts", "graph")
 Depth = Annotated[int, Field(ge=1, le=1000)]
 
 
 class FusionConfig(BaseModel):
     """How HYBRID_COMPLETION fuses its lanes; any field can be set through `SearchRequest.options`.
 
-    A lane of weight 0 is not searched at all. The defaults were tuned on HotpotQA with the
-    offline extractor and the local embedder (bench/retrieval.py): there the graph lanes
-    are weak alone and best kept as tie-breakers.
+    A lane of weight 0 is not searched at all. The `graph` lane is GRAPH_PPR's walk (its
+    settings, `retrieval.graph_ppr.WalkConfig`, can be set through the same options). The
+    lexical and graph weights were chosen on the development halves of HotpotQA-100 and 2Wiki
+    with the offline extractor and the local embedder (`bench/retrieval.py --tune`), and are
+    reported on the other halves.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -27,12 +29,20 @@ class FusionConfig(BaseModel):
             "chunks": 1.0,
             "lexical": 0.75,
             "summaries": 0.05,
-            "entities": 0.05,
+            "entities": 0.0,
             "facts": 0.05,
+            "graph": 1.0,
         }
     )
     depths: dict[str, Depth] = Field(
-        default_factory=lambda: {"chunks": 40, "lexical": 40, "summaries": 20, "entities": 20, "facts": 20},
+        default_factory=lambda: {
+            "chunks": 40,
+            "lexical": 40,
+            "summaries": 20,
+            "entities": 20,
+            "facts": 20,
+            "graph": 40,
+        },
         description="Chunks taken from each lane; a lane not named takes 20",
     )
     entity_seeds: int = Field(default=10, ge=1, le=200, description="Entity-name hits to start from")

@@ -6,7 +6,8 @@ Lanes, each a ranking of chunks:
 - summaries: vector search over chunk summaries, mapped to the chunk summarised;
 - entities: entity-name hits, their graph neighbours, and the chunks that contain them
   (`contains` edges), each entity's weight shared among the chunks that contain it;
-- facts: vector search over edge descriptions, mapped to the chunk each fact came from.
+- facts: vector search over edge descriptions, mapped to the chunk each fact came from;
+- graph: chunks by GRAPH_PPR's walk from the question's entities and closest chunks.
 The result is chunks; the context is their text, then the best edge facts they hold.
 """
 
@@ -21,6 +22,7 @@ from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
+from kenning.retrieval.graph_ppr import WalkConfig, walk
 from kenning.retrieval.reference import best_first, chunk_hit, point_hit
 
 # A chunk holds several facts: the facts lane reads this many edge hits per chunk it ranks.
@@ -56,7 +58,7 @@ class HybridCompletionRetriever:
     def _scope_hits(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
     ) -> list[Hit]:
-        lanes, facts, points = self._lanes(scope, request.query, vector, config)
+        lanes, facts, points = self._lanes(scope, request, vector, config)
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)[: request.top_k]
         top_facts = facts[: config.facts]
         endpoints = [str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")]
@@ -67,10 +69,10 @@ class HybridCompletionRetriever:
         return found
 
     def _lanes(
-        self, scope: Scope, query: str, vector: Sequence[float], config: FusionConfig
+        self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
     ) -> tuple[dict[str, list[str]], list[ScoredPoint], dict[str, ScoredPoint]]:
         """(chunk ids ranked by each lane, the edge-fact hits, the chunk hits by id)."""
-        search, on, depth = self._ports.vectors.search, config.weight, config.depth
+        search, on, depth, query = self._ports.vectors.search, config.weight, config.depth, request.query
         chunks = search(scope, collection.CHUNKS, vector, depth("chunks")) if on("chunks") > 0 else []
         lexical = self._ports.lexical.search(scope, query, depth("lexical")) if on("lexical") > 0 else []
         summaries = (
@@ -84,8 +86,15 @@ class HybridCompletionRetriever:
             "summaries": _chunk_ids(summaries),
             "entities": self._entity_lane(scope, vector, config) if on("entities") > 0 else [],
             "facts": _chunk_ids(facts)[: depth("facts")],
+            "graph": self._graph_lane(scope, request, vector, depth("graph")) if on("graph") > 0 else [],
         }
         return lanes, facts, {point.id: point for point in [*lexical, *chunks]}
+
+    def _graph_lane(
+        self, scope: Scope, request: SearchRequest, vector: Sequence[float], depth: int
+    ) -> list[str]:
+        ended = walk(self._ports, scope, request.query, WalkConfig.model_validate(request.options), vector)
+        return [entry.chunk_id for entry in ended.ranked[:depth]]
 
     def _entity_lane(self, scope: Scope, vector: Sequence[float], config: FusionConfig) -> list[str]:
         seeds = self._ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_seeds)
