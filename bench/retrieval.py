@@ -8,18 +8,26 @@ questions whose gold paragraphs are all within the first 5. A hit counts for the
 of the document its chunk belongs to; repeated paragraphs count once, at their best rank.
 
     python -m bench.retrieval --dataset hotpotqa
-    python -m bench.retrieval --dataset twowiki --limit 1500
+    python -m bench.retrieval --dataset twowiki --home /tmp/twowiki --split test
+    python -m bench.retrieval --dataset twowiki --home /tmp/twowiki --tune
 
-Data is read from ../shared/data, never copied. `--limit N` (twowiki) keeps every gold
-paragraph of the questions plus N distractors taken at an even stride through the rest of
-the corpus (which is grouped by question, so each question keeps some of its own).
-`--home DIR` keeps the stores there: a second run with the same DIR skips ingestion.
+Every question set is split in two by question with a fixed seed: a development half, on
+which settings may be chosen (`--tune` picks HYBRID_COMPLETION's lane weights there, from a
+small grid), and a test half, which only reports. `--split` says which halves to report.
+
+Data is read from ../shared/data, never copied. 2Wiki uses all its paragraphs unless
+`--limit N` keeps every gold paragraph of the questions plus N distractors taken at an even
+stride through the rest of the corpus (which is grouped by question, so each question keeps
+some of its own). `--home DIR` keeps the stores there: a second run with the same DIR skips
+ingestion.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -33,7 +41,7 @@ from typing import Any
 from kenning.pipeline.ingest import Source
 from kenning.pipeline.models import Scope
 from kenning.retrieval.contract import Hit, SearchRequest, SearchType
-from kenning.retrieval.fusion import LANES
+from kenning.retrieval.fusion import LANES, FusionConfig
 from kenning.retrieval.registry import search
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
@@ -47,7 +55,12 @@ TYPES = (
     SearchType.CHUNKS_LEXICAL,
     SearchType.HYBRID_COMPLETION,
     SearchType.GRAPH_COMPLETION,
+    SearchType.GRAPH_PPR,
 )
+SPLITS = ("dev", "test")
+SPLIT_SEED = 10
+# The lane weights --tune tries on the development half; the other lanes keep their defaults.
+GRID = {"lexical": (0.0, 0.5, 0.75, 1.0), "graph": (0.0, 0.5, 1.0, 1.5, 2.0)}
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,17 @@ def twowiki(limit: int | None) -> Benchmark:
         f"(one in {stride} of the other paragraphs, in corpus order) of {len(paragraphs)}"
     )
     return Benchmark("twowiki", {t: x for t, x in paragraphs.items() if t in kept}, questions, selection)
+
+
+def split(questions: list[Question]) -> dict[str, list[Question]]:
+    """Development and test halves, by question, the same for every run (a fixed seed)."""
+    order = list(range(len(questions)))
+    random.Random(SPLIT_SEED).shuffle(order)
+    half = len(order) // 2
+    return {
+        "dev": [questions[i] for i in sorted(order[:half])],
+        "test": [questions[i] for i in sorted(order[half:])],
+    }
 
 
 def sources(benchmark: Benchmark) -> list[Source]:
@@ -146,12 +170,17 @@ def evaluate(
         result = search(memory.wiring, request)
         latencies.append(time.perf_counter() - started)
         per_question.append(scores(ranked_titles(result.results, titles), question.gold))
+    return summary(per_question, latencies)
+
+
+def summary(per_question: list[dict[str, float]], latencies: list[float]) -> dict[str, Any]:
     figures: dict[str, Any] = {
         name: round(statistics.mean(q[name] for q in per_question), 4) for name in per_question[0]
     }
-    latencies.sort()
+    latencies = sorted(latencies)
     figures["latency_ms_p50"] = round(1000 * latencies[len(latencies) // 2], 1)
     figures["latency_ms_p95"] = round(1000 * latencies[int(len(latencies) * 0.95)], 1)
+    figures["questions"] = len(per_question)
     return figures
 
 
@@ -177,32 +206,68 @@ def ingest(memory: Kenning, benchmark: Benchmark) -> dict[str, Any]:
     }
 
 
-def run(benchmark: Benchmark, home: Path | None, options: dict[str, Any], lanes: bool) -> dict[str, Any]:
+def run(
+    benchmark: Benchmark,
+    home: Path | None,
+    options: dict[str, Any],
+    lanes: bool,
+    splits: tuple[str, ...],
+    tune: bool,
+) -> dict[str, Any]:
+    halves = split(benchmark.questions)
     with opened(home) as memory:
         ingestion = ingest(memory, benchmark)
         print(f"ingested: {json.dumps(ingestion)}", file=sys.stderr)
         titles = chunk_titles(memory, memory.scope())
+        tuning = tune_weights(memory, halves["dev"], titles, options) if tune else None
+        hybrid = {**options, "weights": tuning["weights"]} if tuning else options
         results: dict[str, Any] = {}
-        for kind in TYPES:
-            chosen = options if kind == SearchType.HYBRID_COMPLETION else {}
-            results[kind.value] = evaluate(memory, benchmark.questions, titles, kind, chosen)
-            print(f"{kind.value:>18}: {json.dumps(results[kind.value])}", file=sys.stderr)
-        for lane in LANES if lanes else ():
-            alone = {**options, "weights": {lane: 1.0}}
-            name = f"HYBRID lane {lane} alone"
-            results[name] = evaluate(memory, benchmark.questions, titles, SearchType.HYBRID_COMPLETION, alone)
-            print(f"{name}: {json.dumps(results[name])}", file=sys.stderr)
+        for name in splits:
+            results[name] = measure(memory, halves[name], titles, hybrid, lanes)
     return {
         "dataset": benchmark.name,
         "corpus": benchmark.selection,
-        "questions": len(benchmark.questions),
+        "questions": {name: len(halves[name]) for name in SPLITS},
+        "split_seed": SPLIT_SEED,
         "embedder": "local all-MiniLM-L6-v2",
         "extractor": "offline",
         "top_k": 10,
-        "hybrid_options": options,
+        "hybrid_options": hybrid,
+        "tuning": tuning,
         "ingestion": ingestion,
         "results": results,
     }
+
+
+def measure(
+    memory: Kenning, questions: list[Question], titles: dict[str, str], options: dict[str, Any], lanes: bool
+) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for kind in TYPES:
+        chosen = options if kind == SearchType.HYBRID_COMPLETION else {}
+        results[kind.value] = evaluate(memory, questions, titles, kind, chosen)
+        print(f"{kind.value:>18}: {json.dumps(results[kind.value])}", file=sys.stderr)
+    for lane in LANES if lanes else ():
+        alone = {**options, "weights": {lane: 1.0}}
+        name = f"HYBRID lane {lane} alone"
+        results[name] = evaluate(memory, questions, titles, SearchType.HYBRID_COMPLETION, alone)
+        print(f"{name}: {json.dumps(results[name])}", file=sys.stderr)
+    return results
+
+
+def tune_weights(
+    memory: Kenning, dev: list[Question], titles: dict[str, str], options: dict[str, Any]
+) -> dict[str, Any]:
+    """HYBRID_COMPLETION's lane weights with the best recall@5 (then all@5) on the development half."""
+    base = FusionConfig.model_validate(options).weights
+    tried: list[dict[str, Any]] = []
+    for values in itertools.product(*GRID.values()):
+        weights = {**base, **dict(zip(GRID, values, strict=True))}
+        figures = evaluate(memory, dev, titles, SearchType.HYBRID_COMPLETION, {**options, "weights": weights})
+        tried.append({"weights": weights, "recall@5": figures["recall@5"], "all@5": figures["all@5"]})
+        print(f"tune {json.dumps(tried[-1])}", file=sys.stderr)
+    best = max(tried, key=lambda entry: (entry["recall@5"], entry["all@5"]))
+    return {"on": "dev", "grid": GRID, "weights": best["weights"], "tried": tried}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -212,9 +277,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--home", type=Path, default=None, help="keep the stores here and reuse them")
     parser.add_argument("--options", default="{}", help="HYBRID_COMPLETION options as JSON")
     parser.add_argument("--lanes", action="store_true", help="also measure each hybrid lane alone")
+    parser.add_argument("--split", choices=("dev", "test", "both"), default="both", help="halves reported")
+    parser.add_argument("--tune", action="store_true", help="choose the hybrid lane weights on the dev half")
     args = parser.parse_args(argv)
     benchmark = hotpotqa() if args.dataset == "hotpotqa" else twowiki(args.limit)
-    report = run(benchmark, args.home, json.loads(args.options), args.lanes)
+    splits = SPLITS if args.split == "both" else (args.split,)
+    report = run(benchmark, args.home, json.loads(args.options), args.lanes, splits, args.tune)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"retrieval-{args.dataset}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
