@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kenning.pipeline.errors import LLMError, StoreError, TransientLLMError
 from kenning.pipeline.models import Extraction, TokenUsage
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
-from kenning.pipeline.spend import SpendLedger, current_charge
+from kenning.pipeline.spend import SpendLedger, breaker_key, current_charge
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +167,15 @@ class OpenAIExtractor:
 class OpenAICompleter:
     """A `Completer`: one plain chat call answering `prompt` under `system`."""
 
-    def __init__(self, config: LLMConfig, limiter: RateLimiter | None = None, limit_key: str = "") -> None:
-        """`limit_key` defaults to `host/model` of the config."""
-        self._chat = _ChatCaller(config, limiter, limit_key)
+    def __init__(
+        self,
+        config: LLMConfig,
+        limiter: RateLimiter | None = None,
+        limit_key: str = "",
+        ledger: SpendLedger | None = None,
+    ) -> None:
+        """`limit_key` defaults to `host/model` of the config; `ledger` as the extractor's."""
+        self._chat = _ChatCaller(config, limiter, limit_key, ledger)
 
     @property
     def model(self) -> str:
@@ -196,8 +202,16 @@ class CircuitOpen(TransientLLMError):
 class CircuitBreaker:
     """Connection failures in a row, shared by every call of one caller; open after `failures`."""
 
-    def __init__(self, failures: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        failures: int,
+        cooldown_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """`on_change(state, reason)` is told each time it opens, and when it closes again."""
         self._failures, self._cooldown_s, self._clock = failures, cooldown_s, clock
+        self._on_change = on_change
         self._in_a_row = 0
         self._opened_at: float | None = None
         self._last = ""
@@ -222,12 +236,19 @@ class CircuitBreaker:
         with self._lock:
             self._in_a_row += 1
             self._last = cause
-            if self._in_a_row >= self._failures:
+            opened = self._in_a_row >= self._failures
+            if opened:
                 self._opened_at = self._clock()
+            in_a_row = self._in_a_row
+        if opened and self._on_change is not None:
+            self._on_change("open", f"{in_a_row} connection failures in a row (last: {cause})")
 
     def succeeded(self) -> None:
         with self._lock:
+            was_open = self._opened_at is not None
             self._in_a_row, self._opened_at = 0, None
+        if was_open and self._on_change is not None:
+            self._on_change("closed", "")
 
 
 class _Retry(Exception):
@@ -264,7 +285,9 @@ class _ChatCaller:
         self._answered: tuple[int, float] = (0, 0.0)
         self._lock = threading.Lock()
         self._random = random.Random()
-        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s)
+        self.breaker = CircuitBreaker(
+            config.breaker_failures, config.breaker_cooldown_s, on_change=self._breaker_changed
+        )
 
     @property
     def usage(self) -> LLMUsage:
@@ -314,7 +337,7 @@ class _ChatCaller:
         if self._limiter is not None:
             self._limiter.acquire(self._limit_key, tokens, self.config.rate_limit_wait_s)
         self._count(calls=1)
-        attempt = self._record_sent()
+        attempt = self._record_sent(messages)
         timeout = max(0.1, min(self.config.timeout_s, left_s))
         sent = time.monotonic()
         try:
@@ -326,14 +349,17 @@ class _ChatCaller:
                 timeout=timeout,
             )
         except openai.APIStatusError as exc:
+            self._record_answered(attempt, 0, 0)  # not answered: nothing billed
             self.breaker.succeeded()  # it answered: the endpoint is there
             self._count(rate_limited=int(exc.status_code == 429))
             self._note_rate_limit(exc)
             raise _status_failure(exc) from exc
         except openai.APITimeoutError as exc:
+            self._record_answered(attempt, 0, 0)  # not answered: nothing billed
             self.breaker.failed(f"no answer within {timeout:g} s")
             raise _Retry(f"request timed out after {timeout:g} s", transient=True) from exc
         except openai.APIConnectionError as exc:
+            self._record_answered(attempt, 0, 0)  # not answered: nothing billed
             self.breaker.failed(f"connection failed: {exc}")
             raise _Retry(f"connection failed: {exc}", transient=True) from exc
         self.breaker.succeeded()
@@ -347,20 +373,38 @@ class _ChatCaller:
             self._record_answered(attempt, response.usage.prompt_tokens, response.usage.completion_tokens)
         return response
 
-    def _record_sent(self) -> str:
+    def _record_sent(self, messages: list[ChatCompletionMessageParam]) -> str:
         """Record the request about to be sent in the ledger, charged to the current run; its id,
-        or "" when it is not recorded (no ledger, no run, or the ledger's store away)."""
+        or "" when it is not recorded (no ledger, no run, or the ledger's store away).
+
+        Its tokens are recorded as estimated until the answer says: the prompt's at four
+        characters a token, the answer's at the mean so far. A process killed mid-call leaves
+        the estimate, which is what the provider bills for a request it answered to no one.
+        """
         charge = current_charge()
         if self._ledger is None or charge is None:
             return ""
         attempt = uuid.uuid4().hex
+        prompt = estimate_tokens(sum(len(str(message.get("content") or "")) for message in messages))
+        with self._lock:
+            answered, completion = self._answered[0], self._usage.completion_tokens
         try:
-            self._ledger.sent(attempt, charge, self.config.model)
+            self._ledger.sent(attempt, charge, self.config.model, prompt, completion // max(answered, 1))
         except StoreError as error:
             # The call goes on: a request not counted is better than an extraction not made.
             log.warning("LLM request of run %s not recorded in the spend ledger: %s", charge.run_id, error)
             return ""
         return attempt
+
+    def _breaker_changed(self, state: str, reason: str) -> None:
+        """Keep the breaker's new state where `status` in any process reads it."""
+        if self._ledger is None:
+            return
+        try:
+            key = breaker_key(self.config.base_url, self.config.model)
+            self._ledger.breaker_changed(key, state, reason, self.config.breaker_cooldown_s)
+        except StoreError as error:
+            log.warning("LLM breaker %s not recorded: %s", state, error)
 
     def _record_answered(self, attempt: str, prompt_tokens: int, completion_tokens: int) -> None:
         if not attempt or self._ledger is None:

@@ -206,3 +206,15 @@ llm_attempts = sa.Table(
     sa.Column("sent_at", UtcDateTime(), nullable=False),
     sa.Index("ix_llm_attempts_run", "run_id"),
 )
+
+# The LLM circuit breaker of each endpoint and model (storage/llm_openai.py), as its last change left
+# it: so that `status`, in any process, shows whether calls to it are failing fast.
+llm_breakers = sa.Table(
+    "llm_breakers",
+    metadata,
+    sa.Column("endpoint", sa.String(512), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("cooldown_s", sa.Float(), nullable=False),
+    sa.Column("changed_at", UtcDateTime(), nullable=False),
+)

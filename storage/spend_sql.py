@@ -1,4 +1,4 @@
-"""The LLM spend ledger: in the SQL metadata database, and its in-memory twin."""
+"""The LLM spend ledger (and the breakers' states): in the SQL metadata database, and its in-memory twin."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import threading
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.ports import chunked
-from kenning.pipeline.spend import Charge, Spend
-from kenning.storage.metadata_schema import llm_attempts
+from kenning.pipeline.spend import Breaker, Charge, Spend
+from kenning.storage.metadata_schema import llm_attempts, llm_breakers
 from kenning.storage.sql_engine import translated_sql
 
 BATCH = 500
@@ -22,14 +23,16 @@ class SqlSpendLedger:
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
 
-    def sent(self, attempt_id: str, charge: Charge, model: str) -> None:
+    def sent(
+        self, attempt_id: str, charge: Charge, model: str, prompt_tokens: int = 0, completion_tokens: int = 0
+    ) -> None:
         row = {
             "id": attempt_id,
             "run_id": charge.run_id,
             "dataset_id": charge.dataset_id,
             "model": model[:255],
-            "prompt_tokens": 0,
-            "completion_tokens": 0,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
             "sent_at": utcnow(),
         }
         with translated_sql("spend ledger"), self._engine.begin() as conn:
@@ -64,17 +67,52 @@ class SqlSpendLedger:
                     found[run_id] = Spend(int(calls), int(prompt or 0), int(completion or 0))
         return found
 
+    def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:
+        row = {
+            "endpoint": endpoint[:512],
+            "state": state,
+            "reason": reason[:2000],
+            "cooldown_s": cooldown_s,
+            "changed_at": utcnow(),
+        }
+        insert = (postgresql if self._engine.dialect.name == "postgresql" else sqlite).insert(llm_breakers)
+        upsert = insert.on_conflict_do_update(
+            index_elements=["endpoint"], set_={key: insert.excluded[key] for key in row if key != "endpoint"}
+        )
+        with translated_sql("spend ledger"), self._engine.begin() as conn:
+            conn.execute(upsert, [row])
+
+    def breaker(self, endpoint: str) -> Breaker | None:
+        table = llm_breakers
+        query = sa.select(table.c.state, table.c.reason, table.c.cooldown_s, table.c.changed_at).where(
+            table.c.endpoint == endpoint[:512]
+        )
+        with translated_sql("spend ledger"), self._engine.connect() as conn:
+            row = conn.execute(query).first()
+        return Breaker(row[0], row[1], float(row[2]), row[3]) if row else None
+
 
 class MemorySpendLedger:
     """The in-memory twin of `SqlSpendLedger`."""
 
     def __init__(self) -> None:
         self._attempts: dict[str, tuple[str, Spend]] = {}
+        self._breakers: dict[str, Breaker] = {}
         self._lock = threading.Lock()
 
-    def sent(self, attempt_id: str, charge: Charge, model: str) -> None:
+    def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:
         with self._lock:
-            self._attempts[attempt_id] = (charge.run_id, Spend(calls=1))
+            self._breakers[endpoint] = Breaker(state, reason, cooldown_s, utcnow())
+
+    def breaker(self, endpoint: str) -> Breaker | None:
+        with self._lock:
+            return self._breakers.get(endpoint)
+
+    def sent(
+        self, attempt_id: str, charge: Charge, model: str, prompt_tokens: int = 0, completion_tokens: int = 0
+    ) -> None:
+        with self._lock:
+            self._attempts[attempt_id] = (charge.run_id, Spend(1, prompt_tokens, completion_tokens))
 
     def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ from kenning.workers.agent_cli import COMMANDS as AGENT_COMMANDS
 from kenning.workers.extras import needs_extra
 from kenning.workers.lifecycle import Message, Remembered
 from kenning.workers.memory import Kenning
-from kenning.workers.run_control import mark_stalled
+from kenning.workers.run_control import llm_breaker, mark_stalled
 from kenning.workers.runs_cli import COMMANDS as RUNS_COMMANDS
 from kenning.workers.settings import load_settings
 
@@ -361,11 +361,14 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
             watch_runs(memory.wiring, lambda: memory.started_jobs(dataset), console, timeout_s, WATCH_POLL_S)
         status = memory.status(dataset)
         mark_stalled(memory, status)
+        llm = llm_breaker(memory)
         home = str(memory.settings.home.resolve())
     if as_json:
-        click.echo(json.dumps({"home": home, "datasets": status}, ensure_ascii=False))
+        click.echo(json.dumps({"home": home, "llm": llm, "datasets": status}, ensure_ascii=False))
         return
     click.echo(f"home: {home}")
+    if llm is not None:
+        click.echo(breaker_line(llm))
     table = Table("dataset", "items", "graph", "last run", "llm calls", "tokens", "cost")
     for entry in status:
         items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
@@ -393,6 +396,13 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
         for chunk in entry["failed_chunks"]:
             where = f"{entry['dataset']}/{chunk['item']} chunk {chunk['index']}"
             console.print(f"[red]failed[/red] {where}: {chunk['error']}")
+
+
+def breaker_line(llm: dict[str, Any]) -> str:
+    line = f"llm: {llm['model']} at {llm['endpoint']}, circuit breaker {llm['breaker']}"
+    if llm["breaker"] != "closed":
+        line += f" since {llm['since']}: {llm['reason']}"
+    return line
 
 
 @main.command("demo")

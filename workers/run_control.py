@@ -24,6 +24,7 @@ from kenning.pipeline.errors import InputError, NotFound, StoreError
 from kenning.pipeline.lease import LeaseState, stall_reason
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, RunStatus, utcnow
+from kenning.pipeline.spend import breaker_key
 from kenning.workers.local import EMBEDDED_PID, close_dead_runs
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import Settings
@@ -258,3 +259,19 @@ def mark_stalled(
     for entry in status:
         for run in entry["runs"]:
             run["stalled"] = stalled.get(run["id"], "")
+
+
+def llm_breaker(memory: Kenning) -> dict[str, Any] | None:
+    """The LLM endpoint's circuit breaker, as the process that last changed it left it (`status`):
+    `breaker` is `closed`, `open` (calls fail fast, `reason` says why) or `half-open` (its
+    cooldown is over: the next call may try). None when no LLM endpoint is configured."""
+    settings = memory.settings
+    if not settings.llm_url:
+        return None
+    found = memory.wiring.spend.breaker(breaker_key(settings.llm_url, settings.llm_model))
+    view: dict[str, Any] = {"endpoint": settings.llm_url, "model": settings.llm_model}
+    if found is None:
+        return {**view, "breaker": "closed", "reason": "", "since": None}
+    state = found.now(utcnow())
+    reason = found.reason if state != "closed" else ""
+    return {**view, "breaker": state, "reason": reason, "since": found.changed_at.isoformat()}

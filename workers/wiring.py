@@ -165,7 +165,7 @@ class Wiring:
 
     @property
     def completer(self) -> Completer:
-        return self._once("completer", lambda: open_completer(self.settings, self.limiter))
+        return self._once("completer", lambda: open_completer(self.settings, self.limiter, self.spend))
 
     @property
     def limiter(self) -> RateLimiter | None:
@@ -306,7 +306,9 @@ def open_extractor(
     return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings), ledger)
 
 
-def open_completer(settings: Settings, limiter: RateLimiter | None = None) -> Completer:
+def open_completer(
+    settings: Settings, limiter: RateLimiter | None = None, ledger: SpendLedger | None = None
+) -> Completer:
     if not settings.llm_url:
         raise NoLLMConfigured(
             "no LLM is configured: set KENNING_LLM_URL (and KENNING_LLM_API_KEY) to an "
@@ -314,7 +316,7 @@ def open_completer(settings: Settings, limiter: RateLimiter | None = None) -> Co
         )
     from kenning.storage.llm_openai import OpenAICompleter
 
-    return OpenAICompleter(llm_config(settings), limiter, llm_limit_key(settings))
+    return OpenAICompleter(llm_config(settings), limiter, llm_limit_key(settings), ledger)
 
 
 def embeddings_share_llm_limit(settings: Settings) -> bool:

@@ -143,3 +143,38 @@ def kill_mid_extraction(workers: Workers, memory: Any, dataset: str, run: subpro
             return total - pending
         time.sleep(0.1)
     pytest.fail("the run ended before a third of its chunks were extracted")
+
+
+def test_status_shows_the_llm_breaker_that_a_run_opened(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from kenning.pipeline.models import utcnow
+    from kenning.pipeline.spend import Breaker
+    from tests.services import free_port
+
+    # Given an LLM endpoint where nothing listens, and a breaker that opens after two failures
+    corpus = write_corpus(tmp_path / "corpus", documents=3, sentences=8)
+    env = {
+        **os.environ,
+        "KENNING_HOME": str(tmp_path / "home"),
+        "KENNING_EMBEDDING_PROVIDER": "hash",
+        "KENNING_LLM_URL": f"http://127.0.0.1:{free_port()}/v1",
+        "KENNING_LLM_MAX_RETRIES": "0",
+        "KENNING_LLM_BREAKER_FAILURES": "2",
+    }
+    cli = [sys.executable, "-m", "kenning.workers.cli"]
+    run: dict[str, Any] = dict(cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert subprocess.run([*cli, "add", str(corpus), "--dataset", "dark"], **run).returncode == 0
+    before = json.loads(subprocess.run([*cli, "status", "--json"], **run).stdout)["llm"]
+    # When a run calls it, in another process than status
+    subprocess.run([*cli, "cognify", "--dataset", "dark"], **run)
+    # Then status shows the breaker open, with why, in JSON and in text
+    after = json.loads(subprocess.run([*cli, "status", "--json"], **run).stdout)["llm"]
+    text = subprocess.run([*cli, "status"], **run).stdout
+    assert before["breaker"] == "closed" and before["since"] is None, before
+    assert after["breaker"] == "open" and "connection failures in a row" in after["reason"], after
+    assert "circuit breaker open" in text, text
+    # And once its cooldown is over it is half-open: the next call may try
+    opened = Breaker("open", after["reason"], 30.0, utcnow())
+    assert opened.now(opened.changed_at + timedelta(seconds=31)) == "half-open"
+    assert Breaker("closed", "", 30.0, utcnow()).now(utcnow()) == "closed"
