@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 # How many resumes of resumes a dead run may have before it is given up (errored).
 RESUMES = "resumes"
 
+Send = Callable[[Job], None]
+
 __all__ = ["run_leases", "stall_reason", "supervise", "supervise_dataset", "successor_of"]
 
 
@@ -58,26 +61,27 @@ def run_leases(resources: Resources, run_id: str) -> LeaseState:
     return state
 
 
-def supervise(resources: Resources) -> dict[str, str]:
+def supervise(resources: Resources, send: Send | None = None) -> dict[str, str]:
     """Look at every run not ended, of every tenant; interrupt and resume the dead ones.
 
+    A resuming run is sent to the workers with `send` (by default, as its Celery chain).
     Returns what was done, by run id (only the runs acted on).
     """
     done: dict[str, str] = {}
     for dataset, run in resources.wiring.metadata.list_running_runs():
-        outcome = _supervise_run(resources, dataset, run)
+        outcome = _supervise_run(resources, dataset, run, send or send_chain)
         if outcome:
             done[run.id] = outcome
     return done
 
 
-def supervise_dataset(resources: Resources, job: Job) -> dict[str, str]:
+def supervise_dataset(resources: Resources, job: Job, send: Send | None = None) -> dict[str, str]:
     """The same, for the dataset's other runs only: what a run waiting for the lock calls."""
     dataset = Dataset.of(job.scope)
     done: dict[str, str] = {}
     for run in resources.wiring.metadata.list_runs(job.dataset_id):
         if run.id != job.run_id and run.status in RUNNING:
-            outcome = _supervise_run(resources, dataset, run)
+            outcome = _supervise_run(resources, dataset, run, send or send_chain)
             if outcome:
                 done[run.id] = outcome
     return done
@@ -89,7 +93,7 @@ def successor_of(runs: list[PipelineRun], run: PipelineRun) -> PipelineRun | Non
     return min(later, key=lambda other: (other.started_at, other.id), default=None)
 
 
-def _supervise_run(resources: Resources, dataset: Dataset, run: PipelineRun) -> str:
+def _supervise_run(resources: Resources, dataset: Dataset, run: PipelineRun, send: Send) -> str:
     if EMBEDDED_PID in run.stats:
         return ""
     if not run_leases(resources, run.id).dead:
@@ -101,10 +105,12 @@ def _supervise_run(resources: Resources, dataset: Dataset, run: PipelineRun) -> 
     state = resources.leases.state(run.id)
     if current is None or current.status in ENDED or not state.dead:
         return ""
-    return _end_dead_run(resources, dataset, current, state)
+    return _end_dead_run(resources, dataset, current, state, send)
 
 
-def _end_dead_run(resources: Resources, dataset: Dataset, run: PipelineRun, state: LeaseState) -> str:
+def _end_dead_run(
+    resources: Resources, dataset: Dataset, run: PipelineRun, state: LeaseState, send: Send
+) -> str:
     settings, metadata = resources.settings, resources.wiring.metadata
     job = Job(run_id=run.id, dataset_id=dataset.id, tenant=dataset.tenant, dataset=dataset.name)
     resources.lock.release_run(lock_name(job.scope), run.id)
@@ -128,12 +134,13 @@ def _end_dead_run(resources: Resources, dataset: Dataset, run: PipelineRun, stat
     metadata.save_run(run)
     resources.leases.forget(run.id)
     if successor_job is not None:
-        _send(successor_job)
+        send(successor_job)
     log.warning("run %s of %s interrupted (%s); run %s resumes it", run.id, dataset.name, why, resumed_by)
     return f"interrupted; resumed by {resumed_by}"
 
 
-def _send(job: Job) -> None:
+def send_chain(job: Job) -> None:
+    """Send the run to the workers as its Celery chain."""
     # Imported here: the canvas draws progress with rich, which the task modules do not need.
     from kenning.workers.canvas import run_chain
 
