@@ -14,7 +14,7 @@ class ChunkingConfig(BaseModel):
     size: int = Field(default=256, ge=16, description="Most tokens in one chunk")
     overlap: int = Field(default=24, ge=0, description="Tokens repeated from the previous chunk")
     unit_tokens: int = Field(
-        default=1500, ge=0, description="Most chunk tokens one LLM extraction call reads; 0: one chunk a call"
+        default=2000, ge=0, description="Most chunk tokens one LLM extraction call reads; 0: one chunk a call"
     )
 
     @model_validator(mode="after")

@@ -129,7 +129,7 @@ def with_source(text: str, label: str) -> str:
 def source_labels(graph: GraphStore, scopes: Sequence[Scope], hits: Sequence[Hit]) -> dict[str, str]:
     """`document: title, chunk n` for each hit's chunk, by chunk id; two graph reads a scope.
 
-    The title is the one its document opens with (`document_title` of its first chunk).
+    The title is the one its document opens with (`_opening_title` of its first chunk).
     """
     labels: dict[str, str] = {}
     for scope in scopes:
@@ -153,13 +153,13 @@ def _first_chunk_id(scope: Scope, document_id: str) -> str:
 
 def _label(document: GraphNode | None, opening: GraphNode | None, chunk: GraphNode) -> str:
     name = str(document.properties.get("name") or "") if document is not None else ""
-    title = document_title(str(opening.properties.get("text") or "")) if opening is not None else ""
+    title = _opening_title(str(opening.properties.get("text") or "")) if opening is not None else ""
     source = f"{name}: {title}" if name and title and title != name else name or title
     where = f"chunk {chunk.properties.get('index', '?')}"
     return f"{source}, {where}" if source else where
 
 
-def document_title(text: str) -> str:
+def _opening_title(text: str) -> str:
     """The title a document's text opens with: a `Title:` header field (PEPs, RFCs, mail), or a
     first paragraph of one short line that ends no sentence (`Lloyd (film)`, a heading); else ""."""
     head = text[:_TITLE_SEARCH_CHARS]

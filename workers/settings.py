@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     chunk_size: int = Field(default=256, ge=16)
     chunk_overlap: int = Field(default=24, ge=0)
     extraction_unit_tokens: int = Field(
-        default=1500, ge=0, description="Most chunk tokens one LLM extraction call reads; 0: one chunk a call"
+        default=2000, ge=0, description="Most chunk tokens one LLM extraction call reads; 0: one chunk a call"
     )
     extract_batch: int = Field(default=8, ge=1)
     load_batch: int = Field(default=32, ge=1)

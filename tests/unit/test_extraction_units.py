@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from kenning.pipeline import tasks
-from kenning.pipeline.chunking import group_units
+from kenning.pipeline.chunking import ChunkingConfig, group_units
 from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import (
@@ -55,7 +55,8 @@ def long_text(paragraphs: int = 100, keeper: str = "Ivo") -> str:
 
 
 def services_with(extractor: CountingExtractor) -> TwinServices:
-    return TwinServices(config=PipelineConfig(), extractor=extractor)  # type: ignore[arg-type]
+    config = PipelineConfig(chunking=ChunkingConfig(unit_tokens=BUDGET))
+    return TwinServices(config=config, extractor=extractor)  # type: ignore[arg-type]
 
 
 def add_texts(services: TwinServices, texts: dict[str, str], scope: Scope = SCOPE) -> None:
