@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kenning.pipeline.collection import EDGES, TRIPLETS, collection_name
+from kenning.pipeline.linking import document_title, first_sentence, name_key, title_entity_name
 from kenning.pipeline.models import (
     Chunk,
     ChunkRecord,
@@ -31,6 +32,9 @@ _RELATION = re.compile(r"[^a-z0-9]+")
 MAX_RELATION_CHARS = 64
 # Edges the pipeline itself draws between a document, its chunks, summaries, entities and types.
 STRUCTURAL_RELATIONSHIPS = frozenset({"is_part_of", "contains", "is_a", "made_from"})
+# A document's title entity -> the entities of its first sentence: a paragraph is about its title.
+TITLE_RELATIONSHIP = "mentions"
+_MAX_TITLE_LINKS = 8
 
 
 def relation_name(text: str) -> str:
@@ -110,12 +114,17 @@ def assemble(
     content_hashes: dict[str, str],
     temporal: bool = False,
     node_sets: dict[str, list[str]] | None = None,
+    titles: dict[str, str] | None = None,
 ) -> Assembly:
     """Build the graph of a batch of extracted chunks, in chunk order (with dated events, if `temporal`).
 
     `node_sets` maps a data item's id to the node sets its document, chunks, summaries and entities join.
+    `titles` maps a document id to the title its text opens with (`linking.document_title`); a document
+    not in it takes the title of its first chunk, if that chunk is in the batch. Every chunk of a titled
+    document contains the title's entity.
     """
     assembly = Assembly()
+    titles = {**_batch_titles(chunks), **(titles or {})}
     for record, document, extraction in chunks:
         source = Provenance(
             data_id=record.data_id,
@@ -125,7 +134,8 @@ def assemble(
             chunk_id=record.id,
         )
         sets = (node_sets or {}).get(record.data_id, [])
-        _add_chunk(assembly, scope, source, record, document, extraction, sets)
+        title = titles.get(record.document_id, "")
+        _add_chunk(assembly, scope, source, record, document, extraction, sets, title)
         if temporal:
             _add_events(assembly, scope, source, record)
     return assembly
@@ -151,6 +161,7 @@ def _add_chunk(
     document: DocumentRecord,
     extraction: Extraction,
     node_sets: list[str],
+    title: str = "",
 ) -> None:
     common: dict[str, Any] = {"tenant": scope.tenant, "dataset": scope.dataset, "source": source}
     common["node_sets"] = node_sets
@@ -167,7 +178,9 @@ def _add_chunk(
         summary = TextSummary(text=extraction.summary.strip(), chunk_id=chunk.id, **common)
         assembly.add_node(summary, record.id)
         _link(assembly, scope, source, summary.id, chunk.id, "made_from", record.id)
-    _add_knowledge(assembly, scope, source, chunk.id, extraction, common)
+    ids = _add_knowledge(assembly, scope, source, chunk.id, extraction, common)
+    if title:
+        _add_title(assembly, scope, source, (chunk.id, record), extraction, ids, title, common)
 
 
 def _add_knowledge(
@@ -177,7 +190,8 @@ def _add_knowledge(
     chunk_id: str,
     extraction: Extraction,
     common: dict[str, Any],
-) -> None:
+) -> dict[str, str]:
+    """The chunk's entities and their facts; returns extraction node id -> entity id."""
     ids: dict[str, str] = {}
     for node in extraction.graph.nodes:
         name = node.name.strip() or node.id.strip()
@@ -205,6 +219,54 @@ def _add_knowledge(
                 dataset=scope.dataset,
             )
             assembly.add_edge(edge, chunk_id)
+    return ids
+
+
+def _batch_titles(chunks: list[tuple[ChunkRecord, DocumentRecord, Extraction]]) -> dict[str, str]:
+    found = {record.document_id: document_title(record.text) for record, _, _ in chunks if record.index == 0}
+    return {document_id: title for document_id, title in found.items() if title}
+
+
+def _add_title(
+    assembly: Assembly,
+    scope: Scope,
+    source: Provenance,
+    chunk: tuple[str, ChunkRecord],
+    extraction: Extraction,
+    ids: dict[str, str],
+    title: str,
+    common: dict[str, Any],
+) -> None:
+    """The title's entity (the extraction's node of that name, if any), contained by the chunk;
+    in the document's first chunk, it mentions the entities of the first sentence."""
+    (chunk_id, record), name = chunk, title_entity_name(title)
+    nodes = {node.id: node for node in extraction.graph.nodes if node.id in ids}
+    title_id = next((ids[i] for i, node in nodes.items() if name_key(node.name) == name_key(name)), "")
+    if not title_id:
+        title_id = assembly.add_node(Entity(name=name, **common), chunk_id)
+    _link(assembly, scope, source, chunk_id, title_id, "contains", chunk_id)
+    if record.index != 0:
+        return
+    sentence = first_sentence(record.text)
+    facts = [(ids.get(fact.source), ids.get(fact.target)) for fact in extraction.graph.edges]
+    linked = {b if a == title_id else a for a, b in facts if title_id in (a, b)}
+    mentioned = [
+        ids[i]
+        for i, node in nodes.items()
+        if node.type.casefold() != "date" and node.name.casefold() in sentence.casefold()
+    ]
+    targets = [i for i in dict.fromkeys(mentioned) if i not in linked and i != title_id]
+    for target_id in targets[:_MAX_TITLE_LINKS]:
+        edge = Edge(
+            source_id=title_id,
+            target_id=target_id,
+            relationship=TITLE_RELATIONSHIP,
+            description=sentence,
+            data_ids=[source.data_id],
+            tenant=scope.tenant,
+            dataset=scope.dataset,
+        )
+        assembly.add_edge(edge, chunk_id)
 
 
 def _link(

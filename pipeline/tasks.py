@@ -18,6 +18,7 @@ from kenning.pipeline.chunking import chunk_text, group_units
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import InputError, LLMError
 from kenning.pipeline.forget import forget_superseded
+from kenning.pipeline.linking import document_title
 from kenning.pipeline.loaders import detect_kind, extract_rows, extract_text
 from kenning.pipeline.locking import check_fence
 from kenning.pipeline.models import (
@@ -281,9 +282,31 @@ def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assem
     batch = [
         (r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions
     ]
+    titles = _document_titles(services, job, records)
     return assemble(
-        job.run_id, job.scope, batch, hashes, temporal=services.config.temporal, node_sets=node_sets
+        job.run_id,
+        job.scope,
+        batch,
+        hashes,
+        temporal=services.config.temporal,
+        node_sets=node_sets,
+        titles=titles,
     )
+
+
+def _document_titles(services: Services, job: Job, records: list[ChunkRecord]) -> dict[str, str]:
+    """The title each document of the batch opens with, read from its first chunk (maybe in another batch)."""
+    firsts = {record.document_id: record for record in records if record.index == 0}
+    missing = sorted({record.document_id for record in records} - set(firsts))
+    ids = [_first_chunk_id(job, document_id) for document_id in missing]
+    firsts.update({record.document_id: record for record in services.chunks.get_chunks(ids)})
+    return {document_id: document_title(record.text) for document_id, record in firsts.items()}
+
+
+def _first_chunk_id(job: Job, document_id: str) -> str:
+    return Chunk(
+        text="", index=0, document_id=document_id, token_count=0, tenant=job.tenant, dataset=job.dataset
+    ).id
 
 
 def _embed(services: Services, assembly: Assembly) -> dict[str, list[float]]:
