@@ -14,8 +14,10 @@ node, edge and vector point ids, none duplicated).
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from tests.integration.cluster import Deployment, RedisServer, Workers
 from tests.integration.faults import (
     Outcome,
     PostgresServer,
+    cognifying,
     kill_both,
     run_with_fault,
     stop_postgres,
@@ -105,7 +108,7 @@ def private_postgres() -> Iterator[PostgresServer]:
 
 
 def configured(deployment: Deployment, simulator: Simulator, **values: str) -> Deployment:
-    return deployment.configured(llm_url=simulator.base_url, llm_api_key="test", **SHORT, **values)
+    return deployment.configured(llm_url=simulator.base_url, llm_api_key="test", **{**SHORT, **values})
 
 
 def assert_recovered(outcome: Outcome, workers: Workers, *, interrupted: bool) -> None:
@@ -124,25 +127,37 @@ def assert_recovered(outcome: Outcome, workers: Workers, *, interrupted: bool) -
         assert "leases expired" in run.error and last.id in run.error, run.error
 
 
-def test_both_workers_killed_mid_extraction_and_restarted(
+def test_both_workers_killed_mid_extraction_and_restarted_then_a_new_cognify_takes_over(
     deployment: Deployment,
     simulator: Simulator,
     start_workers: Callable[[Deployment], Workers],
     tmp_path: Path,
     shared: dict[str, str],
 ) -> None:
-    # Given two workers cognifying a corpus, with the default visibility timeout and lock ttl
+    # Given two workers cognifying a corpus, with the default visibility timeout and lock ttl,
+    # whose supervisor looks for dead runs only as they start
     corpus = write_corpus(tmp_path / "corpus", documents=8, sentences=12)
-    faulty = configured(deployment, simulator)
+    faulty = configured(deployment, simulator, supervise_every_s="3600")
     add_corpus(faulty, corpus, "killed")
     workers = start_workers(faulty)
 
-    # When both are killed with SIGKILL mid-extraction and started again
-    outcome = run_with_fault(faulty, "killed", tmp_path, kill_both(workers))
+    # When both are killed with SIGKILL mid-extraction and started again, and a new cognify of
+    # the dataset is sent at once
+    with ExitStack() as stack:
+        second: list[subprocess.Popen[bytes]] = []
 
-    # Then the batches they held are not left to the broker's 2 hours: the run is interrupted
-    # once its leases expire, a new run resumes it and completes, and the lock is free
+        def fault() -> None:
+            kill_both(workers)()
+            second.append(stack.enter_context(cognifying(faulty, "killed", tmp_path))[0])
+
+        outcome = run_with_fault(faulty, "killed", tmp_path, fault)
+        second_code = second[0].wait(timeout=BOUND_S)
+
+    # Then the new run does not wait out the dead run's lock (10 min) nor its batches (2 h):
+    # once the dead run's leases expire it interrupts it, takes the lock, resumes its work and
+    # completes; the first follower follows it to the end, and the lock is free
     assert_recovered(outcome, workers, interrupted=True)
+    assert second_code == 0, workers.logs()
     assert lock_released(faulty, "killed")
     # And the memory is the one an undisturbed run builds
     workers.stop()
