@@ -227,35 +227,38 @@ def finish(self: Any, state: dict[str, Any]) -> dict[str, int]:
 def fail(request: Any, exc: BaseException, _traceback: Any, job: dict[str, Any]) -> None:
     """Error callback of every task of a run: mark the run errored, release the lock if the run holds it.
 
-    Celery calls it in the failing worker with the failed task's request. It depends on no one
-    store: when the metadata store cannot take the error (it may be the store that failed), the
-    error is kept beside the run's leases, and the supervisor marks the run errored with it once
-    the run's leases have expired and the store is back; when Redis is away, the lock is left
-    to the supervisor too.
+    Celery calls it in the failing worker with the failed task's request.
     """
-    parsed, resources = Job.model_validate(job), app.resources()
-    error = f"{type(exc).__name__}: {exc}"
+    record_failure(app.resources(), Job.model_validate(job), f"{type(exc).__name__}: {exc}")
+
+
+def record_failure(resources: Resources, job: Job, error: str) -> None:
+    """End the run errored with `error` and release its lock, depending on no one store.
+
+    When the metadata store cannot take the error (it may be the store that failed), the error
+    is kept beside the run's leases, and the supervisor marks the run errored with it once the
+    run's leases have expired and the store is back; when Redis is away, the lock is left to
+    the supervisor too.
+    """
     try:
-        run = resources.wiring.metadata.get_run(parsed.run_id)
+        run = resources.wiring.metadata.get_run(job.run_id)
         # Several batches of one fan-out may fail; the first error is the one to keep.
         if run is not None and run.status not in ENDED:
-            fail_run(resources.wiring, parsed, error)
+            fail_run(resources.wiring, job, error)
         recorded = True
     except StoreError as store_error:
-        log.warning(
-            "run %s failed (%s) but the metadata store is away: %s", parsed.run_id, error, store_error
-        )
+        log.warning("run %s failed (%s) but the metadata store is away: %s", job.run_id, error, store_error)
         recorded = False
         try:
-            resources.leases.note_failure(parsed.run_id, error)
+            resources.leases.note_failure(job.run_id, error)
         except TransientStoreError as lease_error:
-            log.warning("run %s: its failure could not be recorded anywhere: %s", parsed.run_id, lease_error)
+            log.warning("run %s: its failure could not be recorded anywhere: %s", job.run_id, lease_error)
     try:
-        resources.lock.release_run(lock_name(parsed.scope), parsed.run_id)
+        resources.lock.release_run(lock_name(job.scope), job.run_id)
     except TransientStoreError as lock_error:
-        log.warning("run %s: its lock is left to the supervisor: %s", parsed.run_id, lock_error)
+        log.warning("run %s: its lock is left to the supervisor: %s", job.run_id, lock_error)
     if recorded:
-        _forget_leases(resources, parsed)
+        _forget_leases(resources, job)
 
 
 def riding_out(resources: Resources, what: str, work: Callable[[], T]) -> T:

@@ -22,7 +22,9 @@ from kenning.workers.celery_app import Resources
 from kenning.workers.local import EMBEDDED_PID
 from kenning.workers.settings import load_settings
 from kenning.workers.supervisor import RESUMES, run_leases, stall_reason, supervise, supervise_dataset
+from kenning.workers.tasks import record_failure
 from tests.integration.cluster import forget_keys
+from tests.services import free_port
 
 pytestmark = [pytest.mark.redis]
 
@@ -160,3 +162,28 @@ def test_a_run_waiting_for_the_lock_takes_over_from_a_dead_holder(resources: Res
     assert sent == []
     assert waiting.run_id in run_of(resources, dead).error
     assert resources.lock.take(lock_name(waiting.scope), waiting.run_id, 600) is not None
+
+
+def test_a_run_failed_while_its_metadata_store_was_away_is_ended_errored_once_it_is_back(
+    resources: Resources, tmp_path: Path
+) -> None:
+    # Given a run holding the lock, and a worker of it whose metadata store does not answer
+    job = started(resources)
+    nowhere = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone"
+    away = resources.settings.model_copy(update={"metadata_url": nowhere})
+    worker = Resources(away)
+
+    # When a task of the run fails there, and its failure is recorded
+    try:
+        record_failure(worker, job, "TransientStoreError: metadata store: connection refused")
+    finally:
+        worker.close()
+
+    # Then the lock is free at once, and the error is kept beside the run's leases
+    assert resources.lock.holder(lock_name(job.scope)) is None
+    assert "connection refused" in run_leases(resources, job.run_id).failure
+    # And once the run's leases expire, the supervisor (its store back) ends the run errored with it
+    expire()
+    assert supervise(resources, list[Job]().append) == {job.run_id: "errored"}
+    run = run_of(resources, job)
+    assert run.status == RunStatus.ERRORED and "connection refused" in run.error

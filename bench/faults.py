@@ -1,0 +1,176 @@
+"""Faults of a distributed cognify with every default setting: time from the fault to the run's end.
+
+Each fault gets a fresh deployment: a private PostgreSQL cluster (`initdb` + `pg_ctl` on a port
+of its own), a private redis-server, the LLM simulator on 127.0.0.1, the hash embedder, and the
+two usual `kenning worker` processes (pipeline+extract, extract+load, concurrency 2 each).
+Settings are the defaults: lease 60 s, supervisor every 30 s, stores ridden out 60 s, broker
+visibility timeout 2 h, lock ttl 10 min. The follower `kenning cognify --distributed` runs
+in the background; once `--share` of the chunks are extracted, the fault lands:
+
+- `kill`: both workers SIGKILLed and started again at once (batches left unacknowledged);
+- `redis`: Redis SIGKILLed and started again without its data (queues, chords, lock, leases);
+- `postgres`: PostgreSQL stopped for `--outage` seconds, then started again.
+
+Reported for each: seconds from the fault to the follower's exit, its exit code, the runs'
+statuses (an interrupted run and the run that resumed it), the chunks loaded, the simulator's
+chat calls; and the undisturbed run's seconds on the same corpus, for scale.
+
+    python -m bench.faults --documents 20 --sentences 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kenning.pipeline.models import ChunkStatus
+from kenning.workers.simulator import Simulator
+from tests.integration.cluster import Deployment, RedisServer, Workers, kenning_env, settings_of
+from tests.integration.faults import (
+    Outcome,
+    PostgresServer,
+    cognifying,
+    dataset_id,
+    kill_both,
+    run_with_fault,
+    stop_postgres,
+    wipe_redis,
+)
+from tests.integration.test_chaos import add_corpus, write_corpus
+from tests.services import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DATASET = "faults"
+LATENCY_MS = 300
+TIMEOUT_S = 600.0
+
+
+@contextmanager
+def servers(folder: Path) -> Iterator[tuple[PostgresServer, RedisServer]]:
+    postgres, redis_server = PostgresServer(free_port()), RedisServer(folder / "redis", free_port())
+    postgres.create()
+    postgres.start()
+    try:
+        redis_server.start()
+        try:
+            yield postgres, redis_server
+        finally:
+            redis_server.stop()
+    finally:
+        postgres.remove()
+
+
+def deployment(folder: Path, postgres: PostgresServer, redis_server: RedisServer, llm_url: str) -> Deployment:
+    env = kenning_env(
+        home=str(folder / "home"),
+        tenant=f"bench-{uuid.uuid4().hex[:6]}",
+        metadata_url=postgres.url,
+        graph_backend="sql",
+        broker_url=redis_server.url,
+        result_backend=redis_server.url,
+        redis_url=redis_server.url,
+        embedding_provider="hash",
+        llm_url=llm_url,
+        llm_api_key="bench",
+        extract_batch="2",
+        chunk_size="48",
+        chunk_overlap="4",
+    )
+    return Deployment(env=env, settings=settings_of(env))
+
+
+Fault = Callable[[Workers, PostgresServer, RedisServer], Callable[[], None]]
+
+
+def faults(outage_s: float) -> dict[str, Fault]:
+    return {
+        "kill": lambda workers, _pg, _redis: kill_both(workers),
+        "redis": lambda _workers, _pg, redis_server: wipe_redis(redis_server),
+        "postgres": lambda _workers, postgres, _redis: stop_postgres(postgres, outage_s),
+    }
+
+
+def scenario(args: argparse.Namespace, name: str, fault: Fault | None) -> dict[str, Any]:
+    """One deployment, one run, one fault (None: undisturbed)."""
+    with tempfile.TemporaryDirectory(prefix="kenning-bench-faults-") as tmp:
+        folder = Path(tmp)
+        corpus = write_corpus(folder / "corpus", documents=args.documents, sentences=args.sentences)
+        with servers(folder) as (postgres, redis_server), Simulator(latency_ms=LATENCY_MS) as simulator:
+            target = deployment(folder, postgres, redis_server, simulator.base_url)
+            add_corpus(target, corpus, DATASET)
+            logs = folder / "logs"
+            logs.mkdir()
+            workers = Workers(target, logs)
+            workers.start()
+            try:
+                if fault is None:
+                    return undisturbed(target, logs) | {"chat_calls": simulator.stats()["calls"]["chat"]}
+                outcome = run_with_fault(
+                    target, DATASET, logs, fault(workers, postgres, redis_server), share=args.share
+                )
+                chat_calls = simulator.stats()["calls"]["chat"]
+            finally:
+                workers.stop()
+    return report(name, outcome) | {"chat_calls": chat_calls}
+
+
+def undisturbed(target: Deployment, logs: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    with cognifying(target, DATASET, logs) as (run, _log):
+        code = run.wait(timeout=TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    with target.memory() as memory:
+        chunks = len(memory.wiring.chunks.list_chunk_ids(dataset_id(target, DATASET)))
+    return {"fault": "none", "seconds": round(elapsed, 1), "exit_code": code, "chunks": chunks}
+
+
+def report(name: str, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "fault": name,
+        "fault_to_end_s": round(outcome.fault_to_end_s, 1),
+        "exit_code": outcome.code,
+        "runs": [{"status": run.status.value, "error": run.error[:300]} for run in outcome.runs],
+        "chunks": sum(outcome.chunks.values()),
+        "chunks_loaded": outcome.chunks[ChunkStatus.LOADED],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--documents", type=int, default=20)
+    parser.add_argument("--sentences", type=int, default=20)
+    parser.add_argument(
+        "--share", type=float, default=0.4, help="share of chunks extracted when the fault lands"
+    )
+    parser.add_argument("--outage", type=float, default=20.0, help="seconds PostgreSQL stays stopped")
+    parser.add_argument("--only", default="", help="comma-separated faults to run (default: all)")
+    args = parser.parse_args()
+    chosen = [name for name in args.only.split(",") if name] or list(faults(args.outage))
+    results: dict[str, Any] = {"undisturbed": scenario(args, "none", None)}
+    for name in chosen:
+        results[name] = scenario(args, name, faults(args.outage)[name])
+        print(json.dumps(results[name]), flush=True)
+    summary = {
+        "settings": "defaults (lease 60 s, supervisor every 30 s, store ride-out 60 s)",
+        "documents": args.documents,
+        "sentences": args.sentences,
+        "share_at_fault": args.share,
+        "results": results,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "faults.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
