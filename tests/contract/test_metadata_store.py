@@ -296,6 +296,32 @@ def test_list_runs_is_in_start_order_and_scoped_to_the_dataset(store: Store, sco
     assert store.list_runs("no-such-dataset") == []
 
 
+def test_list_running_runs_gives_the_runs_not_ended_of_every_tenant_with_their_dataset(
+    store: Store, scope: Scope
+) -> None:
+    # Given runs of two tenants' datasets, started, ended and not yet started
+    first = store.ensure_dataset(scope)
+    second = store.ensure_dataset(Scope(tenant=f"{scope.tenant}-b", dataset="other"))
+    mine = {first.id, second.id}
+    statuses = {
+        f"run-{status.value}-{uuid.uuid4().hex}": status
+        for status in (RunStatus.STARTED, RunStatus.COMPLETED, RunStatus.INTERRUPTED, RunStatus.INITIATED)
+    }
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for n, (run_id, status) in enumerate(statuses.items()):
+        dataset = first if n % 2 == 0 else second
+        at = start + timedelta(hours=n)
+        store.save_run(PipelineRun(id=run_id, dataset_id=dataset.id, status=status, started_at=at))
+
+    # Then the runs not ended come, oldest first, each with its own dataset
+    running = [(dataset, run) for dataset, run in store.list_running_runs() if dataset.id in mine]
+    assert [(dataset.id, run.status) for dataset, run in running] == [
+        (first.id, RunStatus.STARTED),
+        (second.id, RunStatus.INITIATED),
+    ]
+    assert running[1][0].tenant == f"{scope.tenant}-b" and running[1][0].name == "other"
+
+
 # Documents
 
 
