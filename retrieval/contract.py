@@ -32,6 +32,7 @@ class SearchType(enum.StrEnum):
     FEELING_LUCKY = "FEELING_LUCKY"
     AGENTIC_COMPLETION = "AGENTIC_COMPLETION"
     CODING_RULES = "CODING_RULES"
+    CONVERSATION = "CONVERSATION"
 
 
 class QueryBudget(BaseModel):

@@ -12,6 +12,7 @@ from kenning.retrieval.chunks import ChunksRetriever
 from kenning.retrieval.chunks_lexical import ChunksLexicalRetriever
 from kenning.retrieval.coding_rules import CodingRulesRetriever
 from kenning.retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
+from kenning.retrieval.conversation import ConversationRetriever
 from kenning.retrieval.cypher import CypherRetriever, NaturalLanguageRetriever
 from kenning.retrieval.graph_completion import GraphCompletionRetriever
 from kenning.retrieval.graph_ppr import GraphPprRetriever
@@ -50,6 +51,7 @@ REGISTRY: dict[SearchType, RetrieverFactory] = {
     SearchType.FEELING_LUCKY: lambda ports: FeelingLuckyRetriever(ports, search),
     SearchType.AGENTIC_COMPLETION: lambda ports: AgenticRetriever(ports, search),
     SearchType.CODING_RULES: CodingRulesRetriever,
+    SearchType.CONVERSATION: ConversationRetriever,
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from itertools import islice
 from typing import Any
@@ -24,9 +24,19 @@ from kenning.pipeline.ingest import (
 )
 from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.memify import Improvement
-from kenning.pipeline.models import ChunkStatus, DataItem, Dataset, ItemStatus, PipelineRun, RunStatus, Scope
+from kenning.pipeline.models import (
+    ChunkRecord,
+    ChunkStatus,
+    DataItem,
+    Dataset,
+    ItemStatus,
+    PipelineRun,
+    RunStatus,
+    Scope,
+)
 from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, search_entries
 from kenning.retrieval.contract import Hit, Principal, QueryBudget, SearchRequest, SearchResult, SearchType
+from kenning.retrieval.conversation import TURNS, Turn, context_text, turn_points
 from kenning.retrieval.registry import search
 from kenning.workers.decay import AccessBuffer, fade, stale_items
 from kenning.workers.extras import needs_extra
@@ -153,6 +163,7 @@ class Kenning:
         if session_id is None:
             added = self.add_messages(messages, dataset)
             run = self.cognify(dataset)
+            self.index_turns(messages, added, dataset)
             return Remembered(item_ids=[i.id for i in added], run_id=run.id, status=run.status.value)
         entries = self.session_messages(messages, dataset, session_id)
         bridge = threading.Thread(target=self._bridge, args=(messages, dataset), name="kenning-remember")
@@ -161,12 +172,38 @@ class Kenning:
         return Remembered(status="queued", session_entries=entries)
 
     def add_messages(self, messages: Sequence[Message], dataset: str | None) -> list[DataItem]:
-        sources = [
-            text_source(m.as_text(), name=m.id or f"message {n}", external_id=m.id)
-            for n, m in enumerate(messages)
-        ]
+        sources = [message_source(m, n) for n, m in enumerate(messages)]
         added = self.add(sources, dataset)
         return added.added + added.unchanged
+
+    def index_turns(self, messages: Sequence[Message], items: Sequence[DataItem], dataset: str | None) -> int:
+        """Index the messages, in order, as the turns of one conversation for CONVERSATION recall:
+        each read after the turn before it and linked to its neighbours. Messages whose item has
+        no chunk (failed, or empty) are left out. Returns the turns indexed."""
+        by_source = {item.source: item for item in items}
+        found = [(m, by_source.get(message_source(m, n).uri)) for n, m in enumerate(messages)]
+        wanted = [(m, item) for m, item in found if item is not None]
+        target = self.dataset(dataset)
+        first_chunks: dict[str, ChunkRecord] = {}
+        for chunk in self.wiring.chunks.chunks_of(target.id, [item.id for _, item in wanted]):
+            known = first_chunks.get(chunk.data_id)
+            if known is None or chunk.index < known.index:
+                first_chunks[chunk.data_id] = chunk
+        turns: list[Turn] = []
+        before: Message | None = None
+        for m, item in wanted:
+            first = first_chunks.get(item.id)
+            if first is not None:
+                context = spoken(before) if before else ""
+                turns.append(Turn(item.id, first.id, first.document_id, m.as_text(), context))
+                before = m
+        if not turns:
+            return 0
+        embedder, vectors = self.wiring.embedder, self.wiring.vectors
+        embedded = embedder.embed([context_text(turn.context, turn.text) for turn in turns])
+        vectors.ensure_collection(TURNS, embedder.dimension)
+        vectors.upsert(target.scope, TURNS, turn_points(turns, embedded))
+        return len(turns)
 
     def session_messages(
         self, messages: Sequence[Message], dataset: str | None, session_id: str
@@ -184,8 +221,9 @@ class Kenning:
         return [entry.id for entry in entries]
 
     def _bridge(self, messages: Sequence[Message], dataset: str | None) -> None:
-        self.add_messages(messages, dataset)
+        added = self.add_messages(messages, dataset)
         self.cognify(dataset)
+        self.index_turns(messages, added, dataset)
 
     def recall(
         self,
@@ -194,6 +232,7 @@ class Kenning:
         session_id: str | None = None,
         type: str | SearchType = SearchType.CHUNKS,
         top_k: int = 10,
+        options: Mapping[str, Any] | None = None,
     ) -> Recalled:
         """The session memory first (BM25 over its entries), then the graph; each result says which.
 
@@ -209,7 +248,9 @@ class Kenning:
                 # Short-term memory is down or off: the graph still answers, and says so.
                 unavailable, session_id = f"session memory unavailable: {error}", None
         try:
-            result = self.search(query, type, datasets=datasets, top_k=top_k, only_context=True)
+            result = self.search(
+                query, type, datasets=datasets, top_k=top_k, only_context=True, options=options
+            )
         except InputError as error:
             if session_id is None:
                 raise
@@ -307,6 +348,7 @@ class Kenning:
         top_k: int = 10,
         only_context: bool = False,
         session_id: str | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> SearchResult:
         wanted = [self.scope(name) for name in (datasets or [self.settings.dataset])]
         # A dataset the caller may not read is left out, silently: no error tells it exists.
@@ -326,6 +368,7 @@ class Kenning:
             session_id=session_id,
             principal=self.principal(),
             history=self._history(session_id) if session_id and not only_context else [],
+            options=dict(options or {}),
         )
         with (
             timed_search(request.type.value),
@@ -512,6 +555,16 @@ class Kenning:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def spoken(message: Message) -> str:
+    """`speaker: text`, the words of a turn that gives the next one its context."""
+    return f"{message.speaker}: {message.text}" if message.speaker else message.text
+
+
+def message_source(message: Message, position: int) -> Source:
+    """A message as a source: under its id when it has one (a new text under it replaces it)."""
+    return text_source(message.as_text(), name=message.id or f"message {position}", external_id=message.id)
 
 
 def session_recollection(entry: SessionEntry, score: float) -> Recollection:

@@ -1,0 +1,230 @@
+"""CONVERSATION: recall of remembered messages, each read in the context of the turn before it.
+
+A conversation remembered message by message is a list of turns. Each turn is one point of
+the TURNS collection, under its message's chunk id (so forgetting the message removes it):
+its vector is the message read after the turn before it (that turn's speaker and words),
+and its payload keeps the message's own text and item, and the chunk ids of the turns
+before and after it in the same remembered conversation.
+
+A query is ranked in four lanes fused by reciprocal rank with a small k (a few strong
+lanes agreeing should win): the turns' context vectors, the messages' own vectors
+(CHUNKS), BM25 over the messages, and BM25 read in context (a message's score plus a
+share of the score of the turn before it). A share of each fused score then goes to the
+turns beside it in its conversation: an answer often sits next to the words the question
+shares. Every hit is one message and cites that message's own item, never a neighbour's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kenning.pipeline.collection import CHUNKS
+from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.fusion import reciprocal_rank_fusion
+from kenning.retrieval.reference import first
+
+TURNS = "ConversationTurn_text"
+TURN_FIELDS = ("text", "data_ids", "document_id", "previous", "next")
+LANES = ("turns", "chunks", "lexical", "lexical_context")
+
+
+class ConversationConfig(BaseModel):
+    """How CONVERSATION ranks; any field can be set through `SearchRequest.options`.
+
+    Tuned on a dev split of LoCoMo's questions with the local embedder (bench/locomo.py).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    rrf_k: int = Field(default=10, ge=0, description="The k of 1 / (k + rank)")
+    weights: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(LANES, 1.0))
+    depth: int = Field(default=50, ge=1, le=1000, description="Hits taken from each lane")
+    context_share: float = Field(
+        default=1.0, ge=0.0, le=1.0, description="The share of the previous turn's BM25 in a turn's"
+    )
+    neighbour_share: float = Field(
+        default=0.2, ge=0.0, le=1.0, description="The share of a turn's fused score each neighbour gets"
+    )
+    max_turns: int = Field(
+        default=5000, ge=1, le=100_000, description="Turns read per query: their links and context scores"
+    )
+
+    def weight(self, lane: str) -> float:
+        return float(self.weights.get(lane, 0.0))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of a remembered conversation, in order: its item, chunk and text to embed."""
+
+    data_id: str
+    chunk_id: str
+    document_id: str
+    text: str
+    context: str = ""
+
+
+@dataclass
+class Candidate:
+    """What the lanes know of one chunk: its point (payload) and its links to the turns beside it."""
+
+    point: ScoredPoint
+    previous: str | None = None
+    next: str | None = None
+
+
+def context_text(previous: str, text: str) -> str:
+    """A message read after the turn before it (its speaker and words), as the turn's vector sees it."""
+    return f"{previous}\n{text}" if previous else text
+
+
+def turn_points(turns: Sequence[Turn], vectors: Sequence[Sequence[float]]) -> list[VectorPoint]:
+    """The TURNS points of turns given in conversation order, each linked to the turns beside it.
+
+    `vectors[i]` embeds `context_text(turns[i].context, turns[i].text)`.
+    """
+    if len(turns) != len(vectors):
+        raise ValueError(f"{len(turns)} turns but {len(vectors)} vectors")
+    points = []
+    for index, turn in enumerate(turns):
+        previous = turns[index - 1].chunk_id if index > 0 else None
+        following = turns[index + 1].chunk_id if index + 1 < len(turns) else None
+        payload = {
+            "text": turn.text,
+            "data_ids": [turn.data_id],
+            "document_id": turn.document_id,
+            "chunk_id": turn.chunk_id,
+            "previous": previous,
+            "next": following,
+        }
+        points.append(VectorPoint(id=turn.chunk_id, vector=list(vectors[index]), payload=payload))
+    return points
+
+
+def in_context(
+    scores: Mapping[str, float], previous: Mapping[str, str | None], share: float
+) -> dict[str, float]:
+    """Each score plus `share` of the score of the turn before it (0 where that one did not score).
+
+    Turns that did not score themselves but follow one that did score too: their context matched.
+    """
+    found = dict(scores)
+    if share <= 0:
+        return found
+    for item, before in previous.items():
+        if before and before in scores:
+            found[item] = found.get(item, 0.0) + share * scores[before]
+    return found
+
+
+def spread(
+    scores: Mapping[str, float], neighbours: Mapping[str, Sequence[str]], share: float
+) -> dict[str, float]:
+    """Each turn's score plus `share` of each of its neighbours' scores, from the scores given only
+    (one step, so the expansion is bounded: a turn reaches its direct neighbours, no farther)."""
+    spread_to = dict(scores)
+    if share <= 0:
+        return spread_to
+    for item, score in scores.items():
+        for other in neighbours.get(item, ()):
+            spread_to[other] = spread_to.get(other, 0.0) + share * score
+    return spread_to
+
+
+def ranked(scores: Mapping[str, float]) -> list[str]:
+    """Ids by score, best first; ties in first-seen order."""
+    return [item for item, _ in sorted(scores.items(), key=lambda pair: -pair[1])]
+
+
+class ConversationRetriever:
+    def __init__(self, ports: SearchPorts) -> None:
+        self._ports = ports
+
+    def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
+        config = ConversationConfig.model_validate(request.options)
+        vector = self._ports.embedder.embed([request.query])[0]
+        hits: list[Hit] = []
+        for scope in request.scopes:
+            hits += self._scope_hits(scope, request, config, vector)
+        return sorted(hits, key=lambda hit: hit.score)[: request.top_k]
+
+    def _scope_hits(
+        self, scope: Scope, request: SearchRequest, config: ConversationConfig, vector: list[float]
+    ) -> list[Hit]:
+        ports = self._ports
+        turns = ports.vectors.search(scope, TURNS, vector, config.max_turns, TURN_FIELDS)
+        chunks = ports.vectors.search(scope, CHUNKS, vector, config.depth)
+        lexical = ports.lexical.search(scope, request.query, config.depth)
+        candidates = _candidates(turns, chunks, lexical)
+        previous = {item: c.previous for item, c in candidates.items()}
+        bm25 = {point.id: float(point.payload.get("bm25") or 0.0) for point in lexical}
+        lanes = {
+            "turns": [point.id for point in turns[: config.depth]],
+            "chunks": [point.id for point in chunks],
+            "lexical": [point.id for point in lexical],
+            "lexical_context": ranked(in_context(bm25, previous, config.context_share))[: config.depth],
+        }
+        fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
+        neighbours = {
+            item: [other for other in (c.previous, c.next) if other and other in candidates]
+            for item, c in candidates.items()
+        }
+        scores = spread({entry.id: entry.score for entry in fused}, neighbours, config.neighbour_share)
+        best = best_possible(config)
+        hits = []
+        for item in ranked(scores)[: request.top_k]:
+            hit = _hit(scope, candidates[item].point)
+            hit.score = max(0.0, 1.0 - scores[item] / best)
+            hit.extra["fused"] = scores[item]
+            hits.append(hit)
+        return hits
+
+    def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
+        return "\n\n".join(hit.text for hit in objects)
+
+    def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
+        return answer_from_context(self._ports.completer, request.query, context)
+
+
+def best_possible(config: ConversationConfig) -> float:
+    """The score of a turn first in every lane with both neighbours first too: scores over it are 0."""
+    top = sum(config.weight(lane) for lane in LANES) / (config.rrf_k + 1)
+    return top * (1.0 + 2.0 * config.neighbour_share) or 1.0
+
+
+def _candidates(
+    turns: Sequence[ScoredPoint], chunks: Sequence[ScoredPoint], lexical: Sequence[ScoredPoint]
+) -> dict[str, Candidate]:
+    """Every chunk a lane found, live in this query's reads: turns with their links, then the others."""
+    found: dict[str, Candidate] = {}
+    for point in turns:
+        found[point.id] = Candidate(
+            point=point,
+            previous=_link(point.payload.get("previous")),
+            next=_link(point.payload.get("next")),
+        )
+    for point in [*chunks, *lexical]:
+        if point.id not in found:
+            found[point.id] = Candidate(point=point)
+    return found
+
+
+def _hit(scope: Scope, point: ScoredPoint) -> Hit:
+    document_id = point.payload.get("document_id")
+    return Hit(
+        text=str(point.payload.get("text", "")),
+        score=1.0,
+        kind="chunk",
+        dataset=scope.dataset,
+        data_id=first(point.payload.get("data_ids")),
+        document_id=str(document_id) if document_id else None,
+        chunk_id=point.id,
+    )
+
+
+def _link(value: object) -> str | None:
+    return str(value) if value else None
