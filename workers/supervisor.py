@@ -130,7 +130,8 @@ def _end_dead_run(
     else:
         successor_job, resumed_by = None, successor.id
     run.status, run.finished_at = RunStatus.INTERRUPTED, utcnow()
-    run.error = f"interrupted at step {run.step or 'begin'}: {why}; run {resumed_by} resumes its work"
+    where = f"after step {run.step}" if run.step else "before its first step"
+    run.error = f"interrupted {where}: {why}; run {resumed_by} resumes its work"
     metadata.save_run(run)
     resources.leases.forget(run.id)
     if successor_job is not None:
