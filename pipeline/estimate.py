@@ -1,7 +1,8 @@
 """What cognify would spend, before spending it: LLM calls and tokens, from the pending work.
 
 Nothing is written: pending items are read and chunked in memory, and chunks whose
-extraction is already cached (or already extracted) are not counted.
+extraction is already cached (or already extracted) are not counted. With an LLM, a call
+reads an extraction unit: consecutive chunks of one document (`unit`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import re
 
 from pydantic import BaseModel
 
-from kenning.pipeline.chunking import chunk_text
+from kenning.pipeline.chunking import chunk_text, group_units
 from kenning.pipeline.context import Services
 from kenning.pipeline.errors import InputError
 from kenning.pipeline.loaders import detect_kind, extract_text
 from kenning.pipeline.models import ChunkStatus, ItemStatus, Scope, content_hash, extraction_key
+from kenning.pipeline.unit import unit_budget, unit_text, units_of
 
 # Measured against the LLM simulator (which bills four characters a token and answers with
 # the offline extractor's graph) on SciFact abstracts, 2Wiki and HotpotQA paragraphs.
@@ -57,15 +59,22 @@ def estimate(services: Services, scope: Scope) -> Estimate:
     dataset = services.metadata.get_dataset(scope)
     if dataset is None:
         return result
-    texts = _pending_chunk_texts(services, dataset.id, result)
+    units = _pending_units(services, dataset.id, result)
     extractor = services.extractor
     keys = [
-        extraction_key(extractor.model, extractor.prompt_version, content_hash(t.encode())) for t in texts
+        [extraction_key(extractor.model, extractor.prompt_version, content_hash(t.encode())) for t in unit]
+        for unit in units
     ]
-    cached = services.cache.get_extractions(sorted(set(keys)))
-    result.cached_chunks = sum(1 for key in keys if key in cached)
-    # Identical chunk texts are extracted once.
-    fresh = list({key: text for key, text in zip(keys, texts, strict=True) if key not in cached}.values())
+    cached = services.cache.get_extractions(sorted({key for unit in keys for key in unit}))
+    result.cached_chunks = sum(1 for unit in keys for key in unit if key in cached)
+    # A unit is read in one call unless all its chunks are cached; identical units are read once.
+    fresh = list(
+        {
+            tuple(unit_keys): unit_text(unit)
+            for unit_keys, unit in zip(keys, units, strict=True)
+            if any(key not in cached for key in unit_keys)
+        }.values()
+    )
     if extractor.model == "offline":
         return result
     result.llm_calls = len(fresh)
@@ -78,9 +87,11 @@ def estimate(services: Services, scope: Scope) -> Estimate:
     return result
 
 
-def _pending_chunk_texts(services: Services, dataset_id: str, result: Estimate) -> list[str]:
-    """Texts of the chunks the next run would extract: new items chunked here, plus stored chunks waiting."""
-    texts: list[str] = []
+def _pending_units(services: Services, dataset_id: str, result: Estimate) -> list[list[str]]:
+    """Texts of the chunks the next run would extract, unit by unit (`unit.units_of`): new items
+    chunked here, plus the units of stored chunks waiting."""
+    budget = unit_budget(services)
+    units: list[list[str]] = []
     items = services.metadata.list_items(dataset_id, ItemStatus.PENDING)
     for item in items + services.metadata.list_items(dataset_id, ItemStatus.CLASSIFIED):
         result.items += 1
@@ -92,9 +103,15 @@ def _pending_chunk_texts(services: Services, dataset_id: str, result: Estimate) 
         except InputError:
             result.unreadable_items += 1
             continue
-        texts += [piece.text for piece in chunk_text(text, services.config.chunking)]
+        pieces = chunk_text(text, services.config.chunking)
+        groups = group_units([piece.token_count for piece in pieces], budget)
+        units += [[pieces[index].text for index in group] for group in groups]
     waiting = services.chunks.list_chunk_ids(dataset_id, ChunkStatus.PENDING)
     waiting += services.chunks.list_chunk_ids(dataset_id, ChunkStatus.FAILED)
-    texts += [record.text for record in services.chunks.get_chunks(waiting)]
-    result.chunks = len(texts)
-    return texts
+    records = services.chunks.get_chunks(waiting)
+    data_ids = sorted({record.data_id for record in records})
+    stored = units_of(services.chunks.chunks_of(dataset_id, data_ids), budget) if data_ids else []
+    open_ids = set(waiting)
+    result.chunks = sum(len(unit) for unit in units) + len(waiting)
+    units += [[r.text for r in unit] for unit in stored if any(r.id in open_ids for r in unit)]
+    return units

@@ -14,7 +14,7 @@ from contextvars import copy_context
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
-from kenning.pipeline.chunking import chunk_text, group_units
+from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import InputError, LLMError
 from kenning.pipeline.forget import forget_superseded
@@ -37,7 +37,7 @@ from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
-from kenning.pipeline.unit import attribute, chunk_ids_of, unit_item, unit_text
+from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_item, unit_text, units_of
 
 log = logging.getLogger(__name__)
 
@@ -141,22 +141,13 @@ def extraction_units(services: Services, job: Job, chunk_ids: Sequence[str]) -> 
     resumes cuts the same units as the run before it and finds their cached extractions. The
     offline extractor, which calls no LLM, reads one chunk at a time.
     """
-    budget = services.config.chunking.unit_tokens
-    if not budget or not chunk_ids or services.extractor.model == OfflineExtractor.model:
+    budget = unit_budget(services)
+    if not budget or not chunk_ids:
         return list(chunk_ids)
     wanted = set(chunk_ids)
     data_ids = sorted({record.data_id for record in services.chunks.get_chunks(chunk_ids)})
-    documents: dict[str, list[ChunkRecord]] = {}
-    for record in services.chunks.chunks_of(job.dataset_id, data_ids):
-        documents.setdefault(record.document_id, []).append(record)
-    items: list[str] = []
-    for records in documents.values():
-        records.sort(key=lambda record: record.index)
-        for group in group_units([record.token_count for record in records], budget):
-            ids = [records[index].id for index in group]
-            if wanted.intersection(ids):
-                items.append(unit_item(ids))
-    return items
+    units = units_of(services.chunks.chunks_of(job.dataset_id, data_ids), budget)
+    return [unit_item([r.id for r in unit]) for unit in units if wanted.intersection(r.id for r in unit)]
 
 
 def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int]:

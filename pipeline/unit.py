@@ -13,13 +13,36 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from kenning.pipeline.models import Extraction, KnowledgeGraph, normalize_name
+from kenning.pipeline.chunking import group_units
+from kenning.pipeline.context import Services
+from kenning.pipeline.models import ChunkRecord, Extraction, KnowledgeGraph, normalize_name
+from kenning.pipeline.offline import OfflineExtractor
 
 # Chunk ids are UUID strings: this never occurs in one.
 SEPARATOR = "+"
 # The overlap a chunk repeats from the one before it is at least a short sentence.
 _MIN_OVERLAP_CHARS = 16
 _MAX_OVERLAP_CHARS = 4000
+
+
+def unit_budget(services: Services) -> int:
+    """Tokens a unit holds at most; 0 (a chunk a unit) for the offline extractor, which calls no LLM."""
+    return 0 if services.extractor.model == OfflineExtractor.model else services.config.chunking.unit_tokens
+
+
+def units_of(chunks: Sequence[ChunkRecord], budget: int) -> list[list[ChunkRecord]]:
+    """Whole documents' chunks grouped into units, document by document, in chunk order."""
+    documents: dict[str, list[ChunkRecord]] = {}
+    for record in chunks:
+        documents.setdefault(record.document_id, []).append(record)
+    units: list[list[ChunkRecord]] = []
+    for records in documents.values():
+        records.sort(key=lambda record: record.index)
+        units += [
+            [records[index] for index in group]
+            for group in group_units([r.token_count for r in records], budget)
+        ]
+    return units
 
 
 def unit_item(chunk_ids: Sequence[str]) -> str:
