@@ -234,3 +234,21 @@ def _key(memory: Any, name: str, grants: str) -> dict[str, str]:
     token, key = issue_key(user)
     store.add_key(key)
     return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_run_is_stalled_when_its_broker_does_not_answer(home: Path) -> None:
+    from kenning.pipeline.plan import start_run
+    from kenning.workers.memory import Kenning
+    from kenning.workers.run_control import list_runs
+    from kenning.workers.settings import load_settings
+    from tests.services import free_port
+
+    # Given a run sent to workers through a broker (and Redis) that went away
+    gone = f"redis://127.0.0.1:{free_port()}/0"
+    with Kenning(load_settings(home=home / "home", broker_url=gone, redis_url=gone)) as memory:
+        memory.add_text("Ada Lovelace wrote the first program.", "notes")
+        sent = start_run(memory.wiring, memory.scope("notes"))
+        # Then the list shows it stalled, naming the broker that does not answer
+        [run] = list_runs(memory, "notes")
+    assert run.id == sent.run_id and run.status == "started"
+    assert "did not answer" in run.stalled and gone in run.stalled, run.stalled
