@@ -238,7 +238,7 @@ def _add_title(
     common: dict[str, Any],
 ) -> None:
     """The title's entity (the extraction's node of that name, if any), contained by the chunk;
-    in the document's first chunk, it mentions the entities of the first sentence."""
+    in the document's first chunk, it mentions the entities of the first sentence in no fact."""
     (chunk_id, record), name = chunk, title_entity_name(title)
     nodes = {node.id: node for node in extraction.graph.nodes if node.id in ids}
     title_id = next((ids[i] for i, node in nodes.items() if name_key(node.name) == name_key(name)), "")
@@ -248,8 +248,9 @@ def _add_title(
     if record.index != 0:
         return
     sentence = first_sentence(record.text)
-    facts = [(ids.get(fact.source), ids.get(fact.target)) for fact in extraction.graph.edges]
-    linked = {b if a == title_id else a for a, b in facts if title_id in (a, b)}
+    # An entity that takes part in a fact is reached through it; the title links the others.
+    linked = {ids.get(fact.source) for fact in extraction.graph.edges}
+    linked |= {ids.get(fact.target) for fact in extraction.graph.edges}
     mentioned = [
         ids[i]
         for i, node in nodes.items()

@@ -24,8 +24,11 @@ _EDGE_PUNCTUATION = "\"'“”‘’`,;:!?<>*_#|/\\~ "
 _BRACKETS = {")": "(", "]": "[", "}": "{"}
 # Wikipedia-style disambiguation: "Lloyd (film)", "Henry Moore (cricketer)".
 _DISAMBIGUATION = re.compile(r"\s*\([^()]*\)$")
+_BLANK_LINE = re.compile(r"\n\s*\n")
 _HEADING_MARK = re.compile(r"^#{1,6}\s+")
-_UNDERLINE = re.compile(r"^([=\-~^*#+])\1{2,}$")
+_UNDERLINES = re.compile(r"^([=\-~^*#+])\1{2,}\s+|\s+([=\-~^*#+])\2{2,}$")
+_HEADER_FIELD = re.compile(r"^[A-Z][\w-]*: \S")
+_TITLE_FIELD = re.compile(r"(?:^|\s)Title:\s+(.+?)(?=\s+[A-Z][\w-]*:\s|$)")
 _SENTENCE_END = (".", "!", "?", ":", ";", ",")
 # Plural demonyms and members ("Americans", "Germans", "Republicans"), not surnames ("Evans").
 _PLURAL_DEMONYM = re.compile(r"^[A-Z]\w*(?:ia|ea|ca|ma)ns$")
@@ -34,6 +37,7 @@ _TITLE_WORDS = 16
 _TITLE_CHARS = 150
 
 
+@lru_cache(maxsize=65536)
 def canonical_name(name: str) -> str:
     """The readable form of a name shared by all its mentions ("the Smiths'" -> "Smith")."""
     text = " ".join(name.replace("’", "'").replace("‘", "'").split())
@@ -92,17 +96,20 @@ def document_title(text: str) -> str:
     """The title a text opens with, or "".
 
     A title is a first paragraph of one short line with no sentence end ("Lloyd (film)" then
-    a blank line, as 2Wiki and HotpotQA paragraphs are ingested), a Markdown heading, or a
-    reStructuredText title between or above underlines. Text must follow it.
+    a blank line, as 2Wiki and HotpotQA paragraphs are ingested), a Markdown heading, a
+    reStructuredText title with its underline, or the `Title:` field of a header block
+    ("PEP: 8 / Title: Style Guide for Python Code / Author: ..."). Text must follow it.
     """
-    blocks = re.split(r"\n\s*\n", text.strip(), maxsplit=1)
+    blocks = _BLANK_LINE.split(text.strip(), maxsplit=1)
     if len(blocks) < 2 or not blocks[1].strip():
         return ""
-    lines = [line.strip() for line in blocks[0].splitlines() if line.strip()]
-    lines = [line for line in lines if not _UNDERLINE.match(line)]
-    if len(lines) != 1:
+    head = " ".join(blocks[0].split())
+    field = _TITLE_FIELD.search(head) if _HEADER_FIELD.match(head) else None
+    if field:
+        return field.group(1)
+    line = _HEADING_MARK.sub("", _UNDERLINES.sub("", head)).strip()
+    if not line[:1].isupper() and not line[:1].isdigit():
         return ""
-    line = _HEADING_MARK.sub("", lines[0]).strip()
     if len(line) > _TITLE_CHARS or len(line.split()) > _TITLE_WORDS or line.endswith(_SENTENCE_END):
         return ""
     return line
@@ -117,7 +124,7 @@ def first_sentence(text: str) -> str:
     """The first sentence after a text's title ("" when it has none)."""
     body = text.strip()
     if document_title(body):
-        body = re.split(r"\n\s*\n", body, maxsplit=1)[1]
+        body = _BLANK_LINE.split(body, maxsplit=1)[1]
     for paragraph in paragraphs(body):
         found = sentences(paragraph)
         if found:

@@ -210,6 +210,15 @@ _CLAUSE_OPENERS = {
 }  # fmt: skip
 _SUBJECT_PRONOUNS = {"he", "she", "it", "they", "his", "her", "its", "their"}
 _ANAPHORS = {"the", "this"}
+# "The film", "This album": at a sentence's start, the text's topic.
+_KINDS = {
+    "film", "movie", "book", "novel", "album", "song", "single", "band", "group", "company", "city",
+    "town", "village", "river", "game", "series", "show", "programme", "program", "station", "building",
+    "ship", "church", "school", "university", "team", "club", "party", "magazine", "newspaper", "play",
+    "opera", "episode", "airport", "park", "museum", "island", "mountain", "lake", "organization",
+    "organisation", "species", "genus", "plant", "bird", "family", "country", "state", "county",
+    "district", "municipality", "region", "province", "language", "work", "painting", "poem", "story",
+}  # fmt: skip
 # "X, also known as Y", "X (born Y)", "X (Y)": Y is another name of X.
 _ALIAS_CUES = (
     ("known", "as"),
@@ -329,7 +338,7 @@ class _Graph:
         self.aliases: dict[str, str] = {}
         # A surname alone stands for the full name mentioned before it: "Kuusmaa" for "Aivar Kuusmaa".
         self.short_names: dict[str, str] = {}
-        if topic:
+        if topic and topic.type == "Person":
             self._remember_short_name(topic.id)
 
     def knowledge_graph(self) -> KnowledgeGraph:
@@ -345,7 +354,7 @@ class _Graph:
                 self.aliases.setdefault(mention.key, full)
                 continue
             self._add_node(mention, description)
-            if mention.kind != "Date":
+            if mention.kind == "Person":
                 self._remember_short_name(mention.key)
         for name, alias in _aliases(words, mentions):
             self.aliases.setdefault(alias.key, self._resolve(name.key))
@@ -357,7 +366,7 @@ class _Graph:
 
     def _remember_short_name(self, key: str) -> None:
         words = key.split()
-        if len(words) >= 2 and words[-1].isalpha():
+        if len(words) >= 2 and words[-1].isalpha() and not _CONNECTORS.intersection(words):
             self.short_names.setdefault(words[-1], key)
 
     def _resolve(self, key: str) -> str:
@@ -383,7 +392,7 @@ class _Graph:
         first = next((m.start for m in mentions if m.kind != "Date"), len(words))
         lowered = [w.lower() for w in words[:first]]
         pronoun = next((i for i, w in enumerate(lowered) if w in _SUBJECT_PRONOUNS), None)
-        if pronoun is None and len(lowered) >= 2 and lowered[0] in _ANAPHORS and words[1].islower():
+        if pronoun is None and len(lowered) >= 2 and lowered[0] in _ANAPHORS and lowered[1] in _KINDS:
             pronoun = 1
         if pronoun is None:
             return None
@@ -425,6 +434,8 @@ def _opens_clause(words: list[str]) -> bool:
     after = words[1].lower() if len(words) > 1 else ""
     if (len(first) > 7 and first.endswith("ly")) or first in _CLAUSE_OPENERS:
         return True
+    if after == "of" and len(words) > 2 and not words[2][:1].isupper():
+        return True  # "Pieces of the ship's porcelain", "Members of the band"
     if after in _AUXILIARIES or (after.isalpha() and _is_verb(after) and not after.endswith("ing")):
         return False
     return _is_verb(first) or first in _PREPOSITIONS
@@ -570,7 +581,9 @@ def _relation_name(phrase: list[str]) -> str:
     verbs = [i for i, w in enumerate(words) if _is_verb(w) and w not in _AUXILIARIES]
     if verbs:
         words = words[verbs[-1] :]
-    name = "_".join(words[-_MAX_RELATION_WORDS:]).replace("-", "_")
+    if len(words) > _MAX_RELATION_WORDS:  # the verb, and the words that lead to the target
+        words = [words[0], *words[-2:]] if verbs else words[-_MAX_RELATION_WORDS:]
+    name = "_".join(words).replace("-", "_")
     return _STRUCTURAL.get(name, name)
 
 

@@ -78,6 +78,12 @@ def test_a_title_is_a_short_first_line_followed_by_text() -> None:
     assert document_title("Title\n=====\n\nBody text.") == "Title"
     assert document_title("Film X is a 1990 film.\n\nMore text follows.") == ""
     assert document_title("Film X") == ""
+    assert document_title("hello there\n\nHow are you?") == ""
+    pep = "PEP: 8\nTitle: Style Guide for Python Code\nAuthor: Guido van Rossum\n\nIntroduction"
+    assert document_title(pep) == "Style Guide for Python Code"
+    assert document_title(" ".join(pep.split("\n", 2)[:2]) + " " + pep.split("\n", 2)[2]) == (
+        "Style Guide for Python Code"
+    )
     assert title_entity_name("John Smith (director)") == "John Smith"
 
 
@@ -173,3 +179,21 @@ def test_every_chunk_of_a_document_contains_its_title_entity_across_load_batches
     # Then every chunk contains the title's entity
     assert len(chunks) > 2
     assert {e.source_id for e in edges if e.target_id == title and e.relationship == "contains"} == chunks
+
+
+def test_the_title_entity_mentions_the_first_sentence_entities_no_fact_reaches() -> None:
+    # Given a paragraph whose first sentence lists names that no relation phrase joins
+    text = "Naked Tango\n\nNaked Tango is a 1991 film starring Vincent Rey, Mathilda May and Esai Morales."
+    # When it is cognified
+    nodes, edges = cognify({"Naked Tango": text})
+    names = {n.id: n.properties["name"] for n in nodes if n.type == "Entity"}
+    facts = {
+        (names[e.source_id], e.relationship, names[e.target_id])
+        for e in edges
+        if {e.source_id, e.target_id} <= names.keys()
+    }
+    # Then the starring fact holds, and the title mentions the listed names the fact does not reach
+    assert ("Naked Tango", "starring", "Vincent Rey") in facts
+    assert {("Naked Tango", "mentions", "Mathilda May"), ("Naked Tango", "mentions", "Esai Morales")} <= facts
+    assert ("Naked Tango", "mentions", "Vincent Rey") not in facts
+    assert not [f for f in facts if f[0] in {"Mathilda May", "Esai Morales", "Vincent Rey"}]
