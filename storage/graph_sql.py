@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -113,15 +113,15 @@ class SqlGraphStore:
         found: dict[str, sa.Row[Any]] = {}
         table = edges_table
         unique = list(dict.fromkeys(node_ids))
+        scope_of = _in_scope(table, scope)
         with _translated(), self._engine.connect() as conn:
             for batch in chunked(unique, BATCH_SIZE):
-                touching = (
-                    sa.and_(table.c.source_id.in_(batch), table.c.target_id.in_(unique))
-                    if among
-                    else sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
-                )
-                query = sa.select(table).where(_in_scope(table, scope), touching)
-                found.update((row.id, row) for row in conn.execute(query))
+                if among:
+                    inside = sa.and_(table.c.source_id.in_(batch), table.c.target_id.in_(unique))
+                    rows: Iterable[sa.Row[Any]] = conn.execute(sa.select(table).where(scope_of, inside))
+                else:
+                    rows = _touching_rows(conn, scope_of, batch)
+                found.update((row.id, row) for row in rows)
             data_ids = _provenance(conn, scope, EDGE, list(found))
         return [_edge(row, data_ids) for row in found.values()]
 
@@ -156,9 +156,7 @@ class SqlGraphStore:
             def touching(ids: list[str]) -> list[GraphEdge]:
                 found: dict[str, sa.Row[Any]] = {}
                 for batch in chunked(ids, BATCH_SIZE):
-                    ends = sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
-                    rows = conn.execute(sa.select(table).where(followed, ends))
-                    found.update((row.id, row) for row in rows)
+                    found.update((row.id, row) for row in _touching_rows(conn, followed, batch))
                 data_ids = _provenance(conn, scope, EDGE, list(found))
                 return [_edge(row, data_ids) for row in found.values()]
 
@@ -276,9 +274,22 @@ def _edges_touching(conn: sa.Connection, scope: Scope, node_ids: list[str]) -> l
     table = edges_table
     found: list[str] = []
     for batch in chunked(node_ids, BATCH_SIZE):
-        touching = sa.or_(table.c.source_id.in_(batch), table.c.target_id.in_(batch))
-        found.extend(conn.scalars(sa.select(table.c.id).where(_in_scope(table, scope), touching)))
-    return found
+        found.extend(row.id for row in _touching_rows(conn, _in_scope(table, scope), batch, table.c.id))
+    return list(dict.fromkeys(found))
+
+
+def _touching_rows(
+    conn: sa.Connection, where: sa.ColumnElement[bool], node_ids: list[str], *columns: Any
+) -> Iterator[sa.Row[Any]]:
+    """The rows of the edges (matching `where`) with an end among the nodes: an edge with both ends
+    there comes twice.
+
+    Two searches, one per end's index: SQLite answers `source IN (..) OR target IN (..)` by
+    reading every edge of the scope.
+    """
+    table = edges_table
+    for end in (table.c.source_id, table.c.target_id):
+        yield from conn.execute(sa.select(*(columns or (table,))).where(where, end.in_(node_ids)))
 
 
 def _delete_rows(conn: sa.Connection, scope: Scope, table: sa.Table, column: Any, values: list[str]) -> None:
