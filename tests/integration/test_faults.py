@@ -58,6 +58,8 @@ def shared() -> dict[str, str]:
         "chunk_size": "48",
         "chunk_overlap": "4",
         "load_batch": "8",
+        # One chunk a call: the reference run's offline extractor reads chunk by chunk too.
+        "extraction_unit_tokens": "0",
     }
 
 
