@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from kenning.pipeline.collection import ENTITIES, ENTITY_TYPES
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.models import ChunkStatus, DataItem, Entity, EntityType, ItemStatus, extraction_key
 
@@ -22,6 +23,7 @@ from kenning.pipeline.models import ChunkStatus, DataItem, Entity, EntityType, I
 # remaining provenance instead; facts (edges) and chunk-bound nodes are loaded again.
 _NOT_RELOADED = frozenset({EntityType.type_name(), Entity.type_name()})
 REPLACEABLE_SOURCES = ("file:", "s3:", "id:")
+_TYPED_COLLECTIONS = {Entity.type_name(): ENTITIES, EntityType.type_name(): ENTITY_TYPES}
 
 
 class Forgotten(BaseModel):
@@ -84,14 +86,17 @@ def _mark_survivors(services: Services, job: Job, kept: dict[str, list[str]]) ->
         return 0
     nodes = services.graph.get_nodes(job.scope, list(kept))
     typed = {node.id for node in nodes if node.type in _NOT_RELOADED}
-    if typed:
-        patch = {node_id: {"data_ids": kept[node_id]} for node_id in typed}
-        for name in services.vectors.list_collections():
+    for kind, name in _TYPED_COLLECTIONS.items():
+        # A typed node's only point is in its type's collection, under its id.
+        patch = {node.id: {"data_ids": kept[node.id]} for node in nodes if node.type == kind}
+        if patch:
             services.vectors.set_payload(job.scope, name, patch)
     # Structural edges (a chunk in its document, an entity of its type) say nothing of their own.
-    # From the entities only: a type node touches every entity of its type.
-    entities = sorted(node.id for node in nodes if node.type == Entity.type_name())
-    edges = services.graph.get_edges(job.scope, entities) if entities else []
+    # Only the edges among the surviving nodes are read (an edge that lost support joins two
+    # nodes that the same items supported): a speaker's entity touches every message, and all
+    # its edges would be read for nothing. An edge not read counts as a fact: its items reload.
+    among = sorted(node.id for node in nodes if node.type == Entity.type_name() or node.id in typed)
+    edges = services.graph.get_edges(job.scope, among, among=True) if among else []
     bare = typed | {edge.id for edge in edges if edge.relationship in STRUCTURAL_RELATIONSHIPS}
     supporters = sorted({data_id for key, ids in kept.items() if key not in bare for data_id in ids})
     chunks = services.chunks.chunks_of(job.dataset_id, supporters)
