@@ -19,8 +19,10 @@ Also measured: remember latency (per message, and per call), recall latency per 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import random
 import re
 import statistics
 import sys
@@ -40,7 +42,12 @@ from kenning.workers.settings import load_settings
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo5.json"
 RESULTS = ROOT / "bench" / "results"
-TYPES = ("CHUNKS", "CHUNKS_LEXICAL", "HYBRID_COMPLETION")
+TYPES = ("CHUNKS", "CHUNKS_LEXICAL", "HYBRID_COMPLETION", "CONVERSATION")
+TUNED = "CONVERSATION"
+# The options tried for CONVERSATION on the dev questions; the best there is reported on test.
+GRID = {"rrf_k": (5, 10, 20), "neighbour_share": (0.0, 0.2, 0.4)}
+SPLIT_SEED = 8
+DEV_SHARE = 0.5
 CUTOFFS = (5, 10)
 TOP_K = 10
 ADVERSARIAL = 5
@@ -55,6 +62,7 @@ class Question:
     text: str
     gold: frozenset[str]
     category: int
+    split: str = "dev"
 
 
 @dataclass
@@ -117,7 +125,27 @@ def conversation_of(record: dict[str, Any]) -> Conversation:
 
 def load(path: Path, count: int | None) -> list[Conversation]:
     records = json.loads(path.read_text())
-    return [conversation_of(record) for record in records[:count]]
+    return split([conversation_of(record) for record in records[:count]])
+
+
+def split(conversations: list[Conversation], seed: int = SPLIT_SEED) -> list[Conversation]:
+    """Each question drawn into `dev` (tuning) or `test` (reporting), by a fixed seed, in file order."""
+    draw = random.Random(seed)
+    for conversation in conversations:
+        conversation.questions = [
+            Question(q.text, q.gold, q.category, "dev" if draw.random() < DEV_SHARE else "test")
+            for q in conversation.questions
+        ]
+    return conversations
+
+
+def grid() -> list[dict[str, Any]]:
+    """Every combination of the GRID's options."""
+    return [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+
+
+def option_label(options: dict[str, Any]) -> str:
+    return ",".join(f"{key}={value}" for key, value in options.items())
 
 
 @contextmanager
@@ -162,16 +190,21 @@ def recall_at(citations: Sequence[str], gold: frozenset[str], k: int) -> float:
 
 
 def ask(
-    memory: Kenning, dataset: str, questions: Sequence[Question], kind: str, names: dict[str, str]
+    memory: Kenning,
+    dataset: str,
+    questions: Sequence[Question],
+    kind: str,
+    names: dict[str, str],
+    options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per question: its category, recall at each cutoff and the recall's latency."""
+    """One row per question: its category, split, recall at each cutoff and the recall's latency."""
     rows = []
     for question in questions:
         started = time.perf_counter()
-        recalled = memory.recall(question.text, [dataset], type=kind, top_k=TOP_K)
+        recalled = memory.recall(question.text, [dataset], type=kind, top_k=TOP_K, options=options)
         seconds = time.perf_counter() - started
         citations = cited([result.data_id for result in recalled.results], names)
-        row: dict[str, Any] = {"category": question.category, "seconds": seconds}
+        row: dict[str, Any] = {"category": question.category, "split": question.split, "seconds": seconds}
         row.update({f"recall@{k}": recall_at(citations, question.gold, k) for k in CUTOFFS})
         row["uncited"] = sum(1 for dia in citations if not dia)
         rows.append(row)
@@ -206,6 +239,8 @@ def report(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
     return {
         "overall": summary(answerable),
+        "dev": summary([r for r in answerable if r["split"] == "dev"]),
+        "test": summary([r for r in answerable if r["split"] == "test"]),
         "per_category": per_category,
         "adversarial": summary([r for r in rows if r["category"] == ADVERSARIAL]),
         "uncited_results": sum(r["uncited"] for r in rows),
@@ -214,16 +249,38 @@ def report(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_conversation(
-    memory: Kenning, conversation: Conversation, types: Sequence[str]
+    memory: Kenning,
+    conversation: Conversation,
+    types: Sequence[str],
+    tuning: Sequence[dict[str, Any]] = (),
 ) -> tuple[list[float], dict[str, list[dict[str, Any]]]]:
-    """Remember the conversation in its own dataset, then ask its questions with each type."""
+    """Remember the conversation in its own dataset, then ask its questions with each type, and
+    with TUNED under each of the `tuning` options (rows under `TUNED[options]`)."""
     dataset = conversation.name
     seconds = remember(memory, conversation.sessions, dataset)
     names = dia_ids(memory, dataset)
     missing = {m.id for s in conversation.sessions for m in s} - set(names.values())
     if missing:
         raise SystemExit(f"{dataset}: {len(missing)} messages have no data item, e.g. {sorted(missing)[:3]}")
-    return seconds, {kind: ask(memory, dataset, conversation.questions, kind, names) for kind in types}
+    rows = {kind: ask(memory, dataset, conversation.questions, kind, names) for kind in types}
+    for options in tuning:
+        rows[f"{TUNED}[{option_label(options)}]"] = ask(
+            memory, dataset, conversation.questions, TUNED, names, options
+        )
+    return seconds, rows
+
+
+def tuned(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The TUNED options best on the dev questions (recall@10), with their figures on dev and test."""
+    tried = {kind: report(found) for kind, found in rows.items() if kind.startswith(f"{TUNED}[")}
+    if not tried:
+        return None
+    best = max(tried, key=lambda kind: tried[kind]["dev"]["recall@10"] or 0.0)
+    return {
+        "chosen_on_dev": best,
+        "figures": tried[best],
+        "dev_recall@10_by_options": {kind: tried[kind]["dev"]["recall@10"] for kind in tried},
+    }
 
 
 def forget_cost(
@@ -272,26 +329,28 @@ def run(
     embedding: str,
     forget_items: int,
     forget_from: Sequence[Conversation] = (),
+    types: Sequence[str] = TYPES,
+    tuning: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The figures of the conversations, and of forgetting in a dataset of `forget_items`
     messages drawn from `forget_from` (by default the same conversations)."""
     started = time.perf_counter()
     load_before = os.getloadavg()
     calls: list[float] = []
-    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in TYPES}
+    rows: dict[str, list[dict[str, Any]]] = {}
     per_conversation = {}
     for conversation in conversations:
         with opened(embedding) as memory:
-            seconds, found = run_conversation(memory, conversation, TYPES)
+            seconds, found = run_conversation(memory, conversation, types, tuning)
         calls += seconds
         for kind, kind_rows in found.items():
-            rows[kind] += kind_rows
+            rows.setdefault(kind, []).extend(kind_rows)
         per_conversation[conversation.name] = {
             "sessions": len(conversation.sessions),
             "messages": conversation.messages,
             "questions": len(conversation.questions),
             "remember_s": round(sum(seconds), 1),
-            **{kind: summary([r for r in found[kind] if r["category"] != ADVERSARIAL]) for kind in TYPES},
+            **{kind: summary([r for r in found[kind] if r["category"] != ADVERSARIAL]) for kind in types},
         }
         print(f"{conversation.name}: {json.dumps(per_conversation[conversation.name])}", file=sys.stderr)
     messages = sum(c.messages for c in conversations)
@@ -302,12 +361,17 @@ def run(
         "benchmark": "LoCoMo evidence recall (context only, no LLM)",
         "conversations": len(conversations),
         "messages": messages,
-        "questions": len(rows[TYPES[0]]),
+        "questions": sum(len(c.questions) for c in conversations),
+        "split": {
+            "seed": SPLIT_SEED,
+            "dev": sum(q.split == "dev" for c in conversations for q in c.questions),
+        },
         "dropped_evidence_ids": [d for c in conversations for d in c.dropped_evidence],
         "embedder": "local all-MiniLM-L6-v2" if embedding == "local" else embedding,
         "extractor": "offline",
         "top_k": TOP_K,
-        "results": {kind: report(kind_rows) for kind, kind_rows in rows.items()},
+        "results": {kind: report(kind_rows) for kind, kind_rows in rows.items() if kind in types},
+        "tuned": tuned(rows),
         "remember": {
             "calls": len(calls),
             "ms_per_message": round(1000 * sum(calls) / messages, 1),
@@ -329,11 +393,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--conversations", type=int, default=5, help="the first N conversations")
     parser.add_argument("--embedding", choices=("local", "hash"), default="local")
     parser.add_argument("--forget-items", type=int, default=1000, help="dataset size for forget; 0 skips it")
+    parser.add_argument(
+        "--types", default=",".join(TYPES), help="search types to recall with, comma-separated"
+    )
+    parser.add_argument("--no-tuning", action="store_true", help=f"skip the {TUNED} options grid")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=RESULTS / "locomo.json")
     args = parser.parse_args(argv)
     everything = load(args.data, None)
-    figures = run(everything[: args.conversations], args.embedding, args.forget_items, everything)
+    types = [kind for kind in args.types.split(",") if kind]
+    tuning = [] if args.no_tuning else grid()
+    figures = run(
+        everything[: args.conversations], args.embedding, args.forget_items, everything, types, tuning
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
