@@ -239,16 +239,19 @@ def _key(memory: Any, name: str, grants: str) -> dict[str, str]:
 def test_a_run_is_stalled_when_its_broker_does_not_answer(home: Path) -> None:
     from kenning.pipeline.plan import start_run
     from kenning.workers.memory import Kenning
-    from kenning.workers.run_control import list_runs
     from kenning.workers.settings import load_settings
     from tests.services import free_port
 
     # Given a run sent to workers through a broker (and Redis) that went away
     gone = f"redis://127.0.0.1:{free_port()}/0"
-    with Kenning(load_settings(home=home / "home", broker_url=gone, redis_url=gone)) as memory:
+    with Kenning(load_settings(home=home / "home")) as memory:
         memory.add_text("Ada Lovelace wrote the first program.", "notes")
         sent = start_run(memory.wiring, memory.scope("notes"))
-        # Then the list shows it stalled, naming the broker that does not answer
-        [run] = list_runs(memory, "notes")
-    assert run.id == sent.run_id and run.status == "started"
-    assert "did not answer" in run.stalled and gone in run.stalled, run.stalled
+    # Then the list (a process of its own: one process, one Celery configuration) shows it
+    # stalled, naming the broker that does not answer
+    env = {**os.environ, "KENNING_BROKER_URL": gone, "KENNING_REDIS_URL": gone}
+    listed = cli(env, "runs", "list", "--dataset", "notes", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [run] = json.loads(listed.stdout)["runs"]
+    assert run["id"] == sent.run_id and run["status"] == "started"
+    assert "did not answer" in run["stalled"] and gone in run["stalled"], run
