@@ -38,7 +38,7 @@ class WalkConfig(BaseModel):
     damping: float = Field(default=0.5, ge=0.0, lt=1.0, description="The share of a step that follows edges")
     iterations: int = Field(default=30, ge=1, le=200, description="Power iterations")
     chunk_seeds: int = Field(default=10, ge=0, le=200, description="Closest chunks the walk restarts at")
-    chunk_weight: float = Field(default=0.5, ge=0.0, description="Restart weight of the chunk seeds, in all")
+    chunk_weight: float = Field(default=2.0, ge=0.0, description="Restart weight of the chunk seeds, in all")
     entity_links: int = Field(default=3, ge=0, le=50, description="Entity_name hits per question name")
     link_distance: float = Field(default=0.25, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
     hops: int = Field(default=2, ge=0, le=5, description="Hops around the seeds projected")
