@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--home", type=Path, required=True)
     parser.add_argument("--documents", type=int, default=6119)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--questions", type=int, default=101, help="the first N questions")
     parser.add_argument(
         "--modes",
         nargs="+",
@@ -185,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "query_latency.json")
     args = parser.parse_args(argv)
-    questions = [entry["question"] for entry in json.loads(QUESTIONS.read_text())]
+    questions = [entry["question"] for entry in json.loads(QUESTIONS.read_text())][: args.questions]
     figures: dict[str, Any] = {"documents": args.documents, "clients": args.clients}
     figures["questions"] = len(questions)
     figures.update(ingest(args.home, args.documents))
