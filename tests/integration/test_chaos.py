@@ -25,6 +25,7 @@ from kenning.pipeline.errors import LockLost
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ChunkRecord, ChunkStatus, Dataset, ItemStatus, RunStatus, Scope
 from kenning.pipeline.plan import fail_run, start_run
+from kenning.pipeline.unit import units_of
 from kenning.storage.run_lock import Deliveries
 from kenning.workers.celery_app import Resources
 from kenning.workers.memory import Kenning
@@ -42,6 +43,7 @@ CONCURRENCY = 2  # per worker; each task of it has at most one LLM call in fligh
 VISIBILITY_S = 20  # the broker redelivers a dead worker's tasks after this
 LOCK_TTL_S = 10  # shorter than VISIBILITY_S: a redelivered load finds the lock expired
 LOAD_BATCH = 8  # the load of the whole corpus takes well under VISIBILITY_S
+UNIT_TOKENS = 96  # about two chunks an LLM call: the extract fan-out's items are units of several
 KILL_PHASES = ("extraction", "extraction", "extraction", "load", "load")
 KILLS = len(KILL_PHASES)
 RUN_TIMEOUT_S = 420.0
@@ -97,6 +99,7 @@ def shared() -> dict[str, str]:
         "chunk_size": "48",
         "chunk_overlap": "4",
         "load_batch": str(LOAD_BATCH),
+        "extraction_unit_tokens": str(UNIT_TOKENS),
     }
 
 
@@ -150,6 +153,11 @@ def chunks_of(memory: Kenning, dataset_id: str) -> list[ChunkRecord]:
     return memory.wiring.chunks.get_chunks(memory.wiring.chunks.list_chunk_ids(dataset_id))
 
 
+def units_in(chunks: list[ChunkRecord]) -> list[list[ChunkRecord]]:
+    """The extraction units a run cuts from these chunks (whole documents'): one LLM call each."""
+    return units_of(chunks, UNIT_TOKENS)
+
+
 def dataset_id(deployment: Deployment, dataset: str) -> str:
     return Dataset.of(Scope(tenant=deployment.settings.tenant, dataset=dataset)).id
 
@@ -163,10 +171,13 @@ def add_corpus(deployment: Deployment, corpus: Path, dataset: str) -> None:
 def assert_same_as_embedded(
     deployment: Deployment, tmp_path: Path, shared: dict[str, str], corpus: Path, dataset: str
 ) -> None:
-    """The memory built on the workers (stopped by now) is the one an undisturbed embedded run builds."""
+    """The memory built on the workers (stopped by now) is the one an undisturbed embedded run builds,
+    with an LLM that answers as the workers' did: it reads the same extraction units."""
     with deployment.memory() as memory:
         distributed = graph_of(memory, dataset)
-    embedded = embedded_memory(tmp_path, shared, corpus, dataset)
+    with Simulator() as simulator:
+        llm = {"llm_url": simulator.base_url, "llm_api_key": "test"}
+        embedded = embedded_memory(tmp_path, {**shared, **llm}, corpus, dataset)
     with Kenning(embedded) as memory:
         expected = graph_of(memory, dataset)
     assert set(distributed[0]) == set(expected[0]), "node ids differ from the embedded run's"
@@ -273,10 +284,12 @@ def test_a_run_survives_workers_killed_during_extraction_and_load(
     assert lock_released(chaos, "killed")
     # And a redelivered task found the lock expired and took it again for its run: a larger token
     assert fencing_token(chaos, "killed") >= 2
-    # And every chunk was paid for once, but for the calls in flight when a worker died
+    # And every unit of chunks was paid for once, but for the calls in flight when a worker died
     in_flight = KILLS * CONCURRENCY * 1
-    assert len(chunks) <= chat_calls <= len(chunks) + in_flight, (
-        f"{chat_calls} LLM calls for {len(chunks)} chunks: at most {in_flight} more were allowed, "
+    units = len(units_in(chunks))
+    assert units < len(chunks)
+    assert units <= chat_calls <= units + in_flight, (
+        f"{chat_calls} LLM calls for {units} units: at most {in_flight} more were allowed, "
         f"one per task in flight ({CONCURRENCY} per worker) at each of the {KILLS} kills"
     )
     # And the memory is the one an undisturbed embedded run builds
@@ -349,10 +362,11 @@ def test_a_run_survives_a_restart_of_its_redis(
     assert {chunk.status for chunk in chunks} == {ChunkStatus.LOADED}
     assert {item.status for item in items} == {ItemStatus.DONE}
     assert lock_released(chaos, "restarted")
-    # And no chunk was paid for twice, but for those in flight when Redis went away
+    # And no unit of chunks was paid for twice, but for those in flight when Redis went away
     in_flight = len(Workers.TWO) * CONCURRENCY
-    assert len(chunks) <= chat_calls <= len(chunks) + in_flight, (
-        f"{chat_calls} LLM calls for {len(chunks)} chunks; at most {in_flight} more were allowed"
+    units = len(units_in(chunks))
+    assert units <= chat_calls <= units + in_flight, (
+        f"{chat_calls} LLM calls for {units} units; at most {in_flight} more were allowed"
     )
     # And the memory is the one an undisturbed embedded run builds
     workers.stop()
@@ -424,10 +438,11 @@ def test_llm_faults_are_retried_within_budget_and_refused_chunks_fail_alone(
     assert all(chunk.status == ChunkStatus.FAILED and "HTTP 400" in chunk.error for chunk in refused)
     assert all(f"after {RETRIES + 1} attempts" in chunk.error for chunk in failed if chunk not in refused)
     assert {chunk.status for chunk in first_chunks if chunk not in failed} == {ChunkStatus.LOADED}
-    # And the LLM was called within the budget: a refusal once, any other chunk at most 1 + RETRIES times
-    budget = REFUSED + (len(first_chunks) - REFUSED) * (1 + RETRIES)
+    # And the LLM was called within the budget: a refusal once, any other unit at most 1 + RETRIES times
+    units = units_in(first_chunks)
+    budget = REFUSED + (len(units) - REFUSED) * (1 + RETRIES)
     assert first_stats["refused"] == REFUSED
-    assert len(first_chunks) <= first_stats["calls"]["chat"] <= budget, first_stats
+    assert len(units) <= first_stats["calls"]["chat"] <= budget, first_stats
     assert first_stats["server_errors"] and first_stats["malformed"], "the faults did not happen"
     # And the second run completes, extracting the failed chunks and nothing else
     assert second_code == 0, workers.logs()
@@ -437,7 +452,8 @@ def test_llm_faults_are_retried_within_budget_and_refused_chunks_fail_alone(
         items = memory.wiring.metadata.list_items(first.dataset_id)
     assert (first.status, second.status) == (RunStatus.COMPLETED_WITH_ERRORS, RunStatus.COMPLETED)
     assert first.stats["failed_chunks"] == len(failed)
-    assert second.stats["llm_calls"] == second_stats["calls"]["chat"] == len(failed)
+    failed_units = [unit for unit in units if unit[0].status == ChunkStatus.FAILED]
+    assert second.stats["llm_calls"] == second_stats["calls"]["chat"] == len(failed_units)
     assert second.stats.get("cache_hits", 0) == 0
     assert {chunk.status for chunk in chunks} == {ChunkStatus.LOADED}
     assert {item.status for item in items} == {ItemStatus.DONE}
