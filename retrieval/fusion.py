@@ -16,9 +16,9 @@ class FusionConfig(BaseModel):
 
     A lane of weight 0 is not searched at all. The `graph` lane is GRAPH_PPR's walk (its
     settings, `retrieval.graph_ppr.WalkConfig`, can be set through the same options). The
-    lexical and graph weights were chosen on the development halves of HotpotQA-100 and 2Wiki
-    with the offline extractor and the local embedder (`bench/retrieval.py --tune`), and are
-    reported on the other halves.
+    weights are not tuned on any benchmark's reported questions: `bench/retrieval.py --tune`
+    chooses the lexical and graph weights on the development halves of HotpotQA-100 and
+    2Wiki and reports them on the test halves.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
