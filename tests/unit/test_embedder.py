@@ -326,3 +326,15 @@ def test_caching_embedder_holds_at_most_max_bytes() -> None:
     cache.embed(texts[:1])
     assert inner.calls == [texts[:1]]
 
+
+
+def test_local_embedder_embeds_a_query_as_in_a_batch_and_keeps_the_thread_setting() -> None:
+    torch = pytest.importorskip("torch")
+    embedder = LocalEmbedder()
+    threads = torch.get_num_threads()
+
+    [alone] = embedder.embed(["Who wrote the first program?"])
+    batch = embedder.embed(["Who wrote the first program?", *(f"filler {n}" for n in range(20))])
+
+    assert torch.get_num_threads() == threads
+    assert max(abs(a - b) for a, b in zip(alone, batch[0], strict=True)) < 1e-5
