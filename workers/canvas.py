@@ -31,6 +31,7 @@ MAX_RESUMES_FOLLOWED = 10
 # at once, since its main thread (not its pool) replies.
 PING_TIMEOUT_S = 2.0
 
+
 def run_chain(job: Job) -> Any:
     """The run as one Celery chain: begin, one task per plan step (fan-out steps as a chord), finish.
 
@@ -155,6 +156,7 @@ def watch(
     *,
     labelled: bool = True,
     ride_out_s: float = 0.0,
+    stalled: Callable[[list[tuple[Job, PipelineRun]]], dict[str, str]] | None = None,
 ) -> dict[str, PipelineRun]:
     """Draw the runs `find` names (asked again at each poll) until every one of them is finished.
 
@@ -162,6 +164,7 @@ def watch(
     written to the stores, each out of all its chunks, `labelled` with the run's dataset and id.
     Returns the runs seen, by id, as they last stood: after `timeout_s`, finished or not. A
     metadata store that is away is polled again until it has been away `ride_out_s` in a row.
+    `stalled` names, by run id, the runs nothing works on and why: they are drawn as stalled.
     """
     deadline = time.monotonic() + timeout_s
     columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -177,7 +180,10 @@ def watch(
                     if run_id not in bars_of:
                         bars_of[run_id] = add_bars(bars, job, labelled)
                     runs[run_id] = current_run(services, job)
-                    draw(bars, bars_of[run_id], runs[run_id], chunk_counts(services, job))
+                why = stalled([(job, runs[run_id]) for run_id, job in jobs.items()]) if stalled else {}
+                for run_id, job in jobs.items():
+                    counts = chunk_counts(services, job)
+                    draw(bars, bars_of[run_id], runs[run_id], counts, why.get(run_id, ""))
                 away_since = None
             except TransientStoreError as error:
                 now = time.monotonic()
@@ -222,11 +228,16 @@ def chunk_counts(services: Services, job: Job) -> dict[ChunkStatus, int]:
     return {status: len(services.chunks.list_chunk_ids(job.dataset_id, status)) for status in ChunkStatus}
 
 
-def draw(bars: Progress, run_bars: Bars, run: PipelineRun, counts: dict[ChunkStatus, int]) -> None:
+def draw(
+    bars: Progress, run_bars: Bars, run: PipelineRun, counts: dict[ChunkStatus, int], stalled: str = ""
+) -> None:
+    """Move a run's bars; a run not ended that nothing works on (`stalled` says why) is drawn so."""
     names = [step.name for step in PLAN]
     done = names.index(run.step) + 1 if run.step in names else 0
     upcoming = names[done] if done < len(names) else "finish"
     label = run.status.value if run.status in ENDED else (upcoming if run.step else "starting")
+    if stalled and run.status not in ENDED:
+        label = f"stalled: {stalled}"
     bars.update(run_bars.steps, completed=done, description=run_bars.label + label)
     total = sum(counts.values())
     extracted = counts[ChunkStatus.EXTRACTED] + counts[ChunkStatus.LOADED]

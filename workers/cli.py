@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kenning import __version__
+from kenning.pipeline.context import Job
 from kenning.pipeline.errors import InputError, KenningError
 from kenning.pipeline.models import PipelineRun
 from kenning.retrieval.contract import SearchResult, SearchType
@@ -25,7 +26,7 @@ from kenning.workers.agent_cli import COMMANDS as AGENT_COMMANDS
 from kenning.workers.extras import needs_extra
 from kenning.workers.lifecycle import Message, Remembered
 from kenning.workers.memory import Kenning
-from kenning.workers.run_control import llm_breaker, mark_stalled
+from kenning.workers.run_control import StallDetector, llm_breaker, mark_stalled
 from kenning.workers.runs_cli import COMMANDS as RUNS_COMMANDS
 from kenning.workers.settings import load_settings
 
@@ -355,10 +356,7 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
     """Datasets, their items, recent runs, graph size, LLM calls, tokens and cost."""
     with open_memory() as memory:
         if watch:
-            with needs_extra("status --watch"):
-                from kenning.workers.canvas import watch as watch_runs
-
-            watch_runs(memory.wiring, lambda: memory.started_jobs(dataset), console, timeout_s, WATCH_POLL_S)
+            watch_started(memory, dataset, timeout_s)
         status = memory.status(dataset)
         mark_stalled(memory, status)
         llm = llm_breaker(memory)
@@ -403,6 +401,22 @@ def breaker_line(llm: dict[str, Any]) -> str:
     if llm["breaker"] != "closed":
         line += f" since {llm['since']}: {llm['reason']}"
     return line
+
+
+def watch_started(memory: Kenning, dataset: str | None, timeout_s: float) -> None:
+    """Draw the started runs until none is left; one that nothing works on is drawn as stalled."""
+    with needs_extra("status --watch"):
+        from kenning.workers.canvas import watch
+
+    detector = StallDetector(memory.settings)
+
+    def stalled(runs: list[tuple[Job, PipelineRun]]) -> dict[str, str]:
+        return detector.reasons([(memory.dataset(job.dataset), run) for job, run in runs])
+
+    def started() -> list[Job]:
+        return memory.started_jobs(dataset)
+
+    watch(memory.wiring, started, console, timeout_s, WATCH_POLL_S, stalled=stalled)
 
 
 @main.command("demo")

@@ -82,3 +82,24 @@ def test_the_distributed_view_has_a_bar_of_the_chunks_written() -> None:
         loaded = bars.tasks[run_bars.loaded]
         assert (loaded.completed, loaded.total) == (3, 8)
         assert bars.tasks[run_bars.chunks].completed == 8
+
+
+def test_a_stalled_run_is_drawn_as_stalled_with_why_not_as_live() -> None:
+    # Given a started run in its extract step that nothing works on
+    console = Console(file=io.StringIO())
+    job = Job(run_id="s" * 32, dataset_id="d", tenant="t", dataset="d")
+    run = PipelineRun(id=job.run_id, dataset_id="d", status=RunStatus.STARTED, step="chunk")
+    counts = dict.fromkeys(ChunkStatus, 0) | {ChunkStatus.PENDING: 4}
+    with Progress(console=console) as bars:
+        run_bars = add_bars(bars, job, labelled=False)
+
+        # When it is drawn with the reason it is stalled
+        draw(bars, run_bars, run, counts, stalled="no worker consumes kenning.extract")
+
+        # Then its step bar says it is stalled, and why, instead of naming the next step
+        description = bars.tasks[run_bars.steps].description
+        assert description == "stalled: no worker consumes kenning.extract"
+
+        # And once something works on it again it is drawn as live
+        draw(bars, run_bars, run, counts)
+        assert bars.tasks[run_bars.steps].description == "extract"
