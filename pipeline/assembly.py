@@ -67,6 +67,11 @@ class Assembly:
             _merge_sources(existing.data_ids, edge.data_ids)
         self._seen_in(edge.id, chunk_id)
 
+    @property
+    def chunk_ids(self) -> set[str]:
+        """The chunks the batch's graph was built from (each at least adds its own node)."""
+        return set(self.chunk_of.values())
+
     def _seen_in(self, element_id: str, chunk_id: str) -> None:
         # The smallest chunk id, whatever the order the chunks come in (see `edge_prevails`).
         self.chunk_of[element_id] = min(self.chunk_of.get(element_id, chunk_id), chunk_id)

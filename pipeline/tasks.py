@@ -220,6 +220,10 @@ def _extract_unit(
 
 
 _EXTRACTABLE = frozenset({ChunkStatus.PENDING, ChunkStatus.FAILED})
+NO_EXTRACTION = (
+    "no extraction of this chunk was found at load (the extractor changed since it was extracted, "
+    "or the cache was cleared); the next cognify extracts it again"
+)
 
 
 def load(services: Services, job: Job) -> dict[str, int]:
@@ -309,9 +313,16 @@ def _embed(services: Services, assembly: Assembly) -> dict[str, list[float]]:
 def _write_batch(
     services: Services, job: Job, chunk_ids: list[str], assembly: Assembly, vectors: dict[str, list[float]]
 ) -> Counter[str]:
+    """Write the batch and mark its chunks loaded; a chunk the assembly has no extraction for
+    (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
     check_fence()
     counts = _write(services, job, assembly, vectors)
-    services.chunks.set_chunk_status(chunk_ids, ChunkStatus.LOADED)
+    built = assembly.chunk_ids
+    missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
+    services.chunks.set_chunk_status([i for i in chunk_ids if i in built], ChunkStatus.LOADED)
+    if missing:
+        services.chunks.set_chunk_status(missing, ChunkStatus.FAILED, NO_EXTRACTION)
+        counts["failed_chunks"] += len(missing)
     return counts
 
 

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from kenning.pipeline import tasks
+from kenning.pipeline.context import Job
 from kenning.pipeline.ingest import Source, add, text_source
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ChunkStatus, Extraction, ItemStatus, PipelineRun, Scope
@@ -194,6 +196,52 @@ def test_failed_chunk_is_recorded_and_retried_on_the_next_run() -> None:
     assert stats["extractions"] == 1
     assert not services.chunks.list_chunk_ids(dataset.id, ChunkStatus.FAILED)
     assert "Bletchley Park" in {n.properties.get("name") for n in services.graph.export(SCOPE)[0]}
+
+
+def test_chunks_extracted_under_a_changed_extractor_are_extracted_again() -> None:
+    # Given a dataset extracted but not yet loaded
+    services = TwinServices(extractor=CountingExtractor())
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    extract_only = [step for step in PLAN if step.name in ("classify", "chunk", "extract")]
+    LocalRunner(services, services.lock, plan=extract_only).run(SCOPE)
+    dataset = services.metadata.get_dataset(SCOPE)
+    assert dataset is not None
+    extracted = services.chunks.list_chunk_ids(dataset.id, ChunkStatus.EXTRACTED)
+    assert extracted
+    # When the extractor changes before the load (its cached answers no longer apply)
+    services.extractor.prompt_version = "offline-changed"
+    stats = cognify(services)
+    # Then the run says it did not load them, rather than completing as if it had
+    assert stats["failed_chunks"] == len(extracted)
+    # And the next run extracts them again and loads them, and their facts are in the graph
+    stats = cognify(services)
+    assert stats["extractions"] == len(extracted)
+    assert sorted(services.chunks.list_chunk_ids(dataset.id, ChunkStatus.LOADED)) == sorted(extracted)
+    names = {n.properties.get("name") for n in services.graph.export(SCOPE)[0]}
+    assert "Grace Hopper" in names
+
+
+def test_load_fails_the_chunks_it_finds_no_extraction_for() -> None:
+    # Given a dataset extracted but not yet loaded, whose cached extractions are then gone
+    services = TwinServices(extractor=CountingExtractor())
+    add(services.metadata, services.blobs, SCOPE, sources(CORPUS))
+    extract_only = [step for step in PLAN if step.name in ("classify", "chunk", "extract")]
+    run = LocalRunner(services, services.lock, plan=extract_only).run(SCOPE)
+    dataset = services.metadata.get_dataset(SCOPE)
+    assert dataset is not None
+    extracted = services.chunks.list_chunk_ids(dataset.id, ChunkStatus.EXTRACTED)
+    services.extractor.prompt_version = "offline-changed"
+    job = Job(run_id=run.id, dataset_id=dataset.id, tenant=SCOPE.tenant, dataset=SCOPE.dataset)
+
+    # When the load step runs on its own
+    counts = tasks.load(services, job)
+
+    # Then no chunk is marked loaded without its graph and vectors: each is failed, saying why
+    assert not services.chunks.list_chunk_ids(dataset.id, ChunkStatus.LOADED)
+    failed = services.chunks.get_chunks(services.chunks.list_chunk_ids(dataset.id, ChunkStatus.FAILED))
+    assert sorted(chunk.id for chunk in failed) == sorted(extracted)
+    assert all("no extraction" in chunk.error for chunk in failed)
+    assert counts["failed_chunks"] == len(extracted)
 
 
 def test_structured_rows_get_foreign_key_edges() -> None:
