@@ -14,6 +14,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from kenning.pipeline.errors import ConfigError, StoreError, TransientStoreError
 from kenning.pipeline.models import (
+    RUNNING,
     ChunkRecord,
     ChunkStatus,
     DataItem,
@@ -21,7 +22,6 @@ from kenning.pipeline.models import (
     DocumentRecord,
     Extraction,
     ItemStatus,
-    RUNNING,
     PipelineRun,
     Scope,
     utcnow,
