@@ -98,15 +98,16 @@ def document_title(text: str) -> str:
     A title is a first paragraph of one short line with no sentence end ("Lloyd (film)" then
     a blank line, as 2Wiki and HotpotQA paragraphs are ingested), a Markdown heading, a
     reStructuredText title with its underline, or the `Title:` field of a header block
-    ("PEP: 8 / Title: Style Guide for Python Code / Author: ..."). Text must follow it.
+    ("PEP: 8 / Title: Style Guide for Python Code / Author: ..."). Text must follow a title
+    line; a header block names its title on its own.
     """
     blocks = _BLANK_LINE.split(text.strip(), maxsplit=1)
-    if len(blocks) < 2 or not blocks[1].strip():
-        return ""
     head = " ".join(blocks[0].split())
     field = _TITLE_FIELD.search(head) if _HEADER_FIELD.match(head) else None
     if field:
         return field.group(1)
+    if len(blocks) < 2 or not blocks[1].strip():
+        return ""
     line = _HEADING_MARK.sub("", _UNDERLINES.sub("", head)).strip()
     if not line[:1].isupper() and not line[:1].isdigit():
         return ""

@@ -8,11 +8,11 @@ triplets are taken in rounds, one per chunk at a time, so the context covers man
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from kenning.pipeline.linking import document_title
 from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
@@ -22,10 +22,6 @@ from kenning.retrieval.reference import chunk_nodes
 TOP_EDGES = 15
 NODE_TEXT_CHARS = 300
 TITLE_CHARS = 120
-_TITLE_WORDS = 16
-_TITLE_SEARCH_CHARS = 2000
-# A header field: `Title: ...` up to the next `Field:` (header lines are joined by the chunker).
-_TITLE_FIELD = re.compile(r"(?:^|\s)Title:[ \t]+(.+?)(?=\s+[A-Z][\w-]*:\s|\n|$)")
 
 
 @dataclass
@@ -129,7 +125,7 @@ def with_source(text: str, label: str) -> str:
 def source_labels(graph: GraphStore, scopes: Sequence[Scope], hits: Sequence[Hit]) -> dict[str, str]:
     """`document: title, chunk n` for each hit's chunk, by chunk id; two graph reads a scope.
 
-    The title is the one its document opens with (`_opening_title` of its first chunk).
+    The title is the one its document opens with (`document_title` of its first chunk).
     """
     labels: dict[str, str] = {}
     for scope in scopes:
@@ -153,24 +149,10 @@ def _first_chunk_id(scope: Scope, document_id: str) -> str:
 
 def _label(document: GraphNode | None, opening: GraphNode | None, chunk: GraphNode) -> str:
     name = str(document.properties.get("name") or "") if document is not None else ""
-    title = _opening_title(str(opening.properties.get("text") or "")) if opening is not None else ""
+    title = _clip(document_title(str(opening.properties.get("text") or ""))) if opening is not None else ""
     source = f"{name}: {title}" if name and title and title != name else name or title
     where = f"chunk {chunk.properties.get('index', '?')}"
     return f"{source}, {where}" if source else where
-
-
-def _opening_title(text: str) -> str:
-    """The title a document's text opens with: a `Title:` header field (PEPs, RFCs, mail), or a
-    first paragraph of one short line that ends no sentence (`Lloyd (film)`, a heading); else ""."""
-    head = text[:_TITLE_SEARCH_CHARS]
-    field_match = _TITLE_FIELD.search(head)
-    if field_match:
-        return _clip(" ".join(field_match.group(1).split()))
-    first, _, rest = head.strip().partition("\n\n")
-    line = " ".join(first.split())
-    if not rest.strip() or len(line) > TITLE_CHARS or len(line.split()) > _TITLE_WORDS:
-        return ""
-    return "" if line.endswith((".", "!", "?", ":", ";", ",")) else line
 
 
 def _clip(text: str) -> str:
