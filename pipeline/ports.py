@@ -229,6 +229,13 @@ class VectorStore(Protocol):
         payload holds only those keys (and the scope's), which is cheaper to read."""
         ...
 
+    def retrieve(
+        self, scope: Scope, collection: str, ids: Sequence[str], fields: Sequence[str] | None = None
+    ) -> list[VectorPoint]:
+        """The scope's points with these ids, with their stored (normalized) vectors; unknown ids,
+        other scopes' points and unknown collections are left out. `fields` as in `search`."""
+        ...
+
     def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
         """Remove the scope's points with these ids; unknown ids and collections are ignored."""
         ...

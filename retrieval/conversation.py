@@ -16,13 +16,16 @@ shares. Every hit is one message and cites that message's own item, never a neig
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kenning.pipeline.collection import CHUNKS
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
+from kenning.pipeline.ports import Embedder, VectorStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import reciprocal_rank_fusion
 from kenning.retrieval.reference import first
@@ -30,6 +33,8 @@ from kenning.retrieval.reference import first
 TURNS = "ConversationTurn_text"
 TURN_FIELDS = ("text", "data_ids", "document_id", "previous", "next")
 LANES = ("turns", "chunks", "lexical", "lexical_context")
+LINKS = ("previous", "next")
+TIME = re.compile(r"^\[[^\]]*\] ")  # the `[time] ` a message's text starts with
 
 
 class ConversationConfig(BaseModel):
@@ -66,6 +71,7 @@ class Turn:
     document_id: str
     text: str
     context: str = ""
+    spoken: str = ""
 
 
 @dataclass
@@ -95,6 +101,7 @@ def turn_points(turns: Sequence[Turn], vectors: Sequence[Sequence[float]]) -> li
         following = turns[index + 1].chunk_id if index + 1 < len(turns) else None
         payload = {
             "text": turn.text,
+            "spoken": turn.spoken,
             "data_ids": [turn.data_id],
             "document_id": turn.document_id,
             "chunk_id": turn.chunk_id,
@@ -103,6 +110,62 @@ def turn_points(turns: Sequence[Turn], vectors: Sequence[Sequence[float]]) -> li
         }
         points.append(VectorPoint(id=turn.chunk_id, vector=list(vectors[index]), payload=payload))
     return points
+
+
+def turns_of(vectors: VectorStore, scope: Scope, chunk_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The payloads of the TURNS points of these chunks (read before they are forgotten), by id."""
+    return {point.id: point.payload for point in vectors.retrieve(scope, TURNS, chunk_ids, LINKS)}
+
+
+def mend_turns(
+    vectors: VectorStore, embedder: Embedder, scope: Scope, gone: Mapping[str, Mapping[str, Any]]
+) -> int:
+    """Close the gaps that forgotten turns (`gone`, from `turns_of`) left in their conversations.
+
+    The turn after a gap is embedded again, read after the nearest surviving turn before it (or
+    alone), and the two are linked to each other: no vector or link keeps a forgotten message.
+    Returns the turns embedded again.
+    """
+    gaps = {(_survivor(gone, turn, "previous"), _survivor(gone, turn, "next")) for turn in gone}
+    wanted = sorted({turn for gap in gaps for turn in gap if turn})
+    found = {point.id: point for point in vectors.retrieve(scope, TURNS, wanted)} if wanted else {}
+    pairs = [(_kept(found, before), _kept(found, after)) for before, after in sorted(gaps, key=str)]
+    links = {before: {"next": after} for before, after in pairs if before}
+    if links:
+        vectors.set_payload(scope, TURNS, links)
+    mended = [(before, found[after]) for before, after in pairs if after]
+    if not mended:
+        return 0
+    texts = [
+        context_text(_spoken(found[before].payload) if before else "", str(point.payload.get("text", "")))
+        for before, point in mended
+    ]
+    points = [
+        VectorPoint(id=point.id, vector=list(vector), payload={**point.payload, "previous": before})
+        for (before, point), vector in zip(mended, embedder.embed(texts), strict=True)
+    ]
+    vectors.upsert(scope, TURNS, points)
+    return len(points)
+
+
+def _kept(found: Mapping[str, VectorPoint], turn: str | None) -> str | None:
+    return turn if turn in found else None
+
+
+def _survivor(gone: Mapping[str, Mapping[str, Any]], turn_id: str, side: str) -> str | None:
+    """The nearest turn on `side` of a forgotten one that is not forgotten itself, or None."""
+    step = _link(gone[turn_id].get(side))
+    for _ in range(len(gone)):
+        if step is None or step not in gone:
+            return step
+        step = _link(gone[step].get(side))
+    return None
+
+
+def _spoken(payload: Mapping[str, Any]) -> str:
+    """`speaker: text` of a turn: stored since turns kept it, else its text without its time."""
+    spoken = payload.get("spoken")
+    return str(spoken) if spoken else TIME.sub("", str(payload.get("text", "")), count=1)
 
 
 def in_context(

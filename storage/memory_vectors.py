@@ -105,6 +105,25 @@ class MemoryVectorStore:
             for i in order
         ]
 
+    def retrieve(
+        self, scope: Scope, collection: str, ids: Sequence[str], fields: Sequence[str] | None = None
+    ) -> list[VectorPoint]:
+        wanted = list(dict.fromkeys(map(_point_id, ids)))
+        with self._lock:
+            target = self._collections.get(collection)
+            if target is None:
+                return []
+            found = [(pid, target.points.get(pid)) for pid in wanted]
+            return [
+                VectorPoint(
+                    id=pid,
+                    vector=[float(x) for x in p.vector],
+                    payload=_selected(_json_copy(p.payload), fields),
+                )
+                for pid, p in found
+                if p is not None and _in_scope(p.payload, scope)
+            ]
+
     def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
         with self._lock:
             target = self._collections.get(collection)

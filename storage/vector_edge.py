@@ -148,6 +148,25 @@ class EdgeVectorStore:
             for hit in hits
         ]
 
+    def retrieve(
+        self, scope: Scope, collection: str, ids: Sequence[str], fields: Sequence[str] | None = None
+    ) -> list[VectorPoint]:
+        """The scope's points with these ids, `batch_size` ids at a time, vectors included."""
+        wanted = list(dict.fromkeys(_point_id(raw) for raw in ids))
+        if self._dimension_of(collection) is None or not wanted:
+            return []
+        selector: bool | list[str] = [*fields, "tenant", "dataset"] if fields is not None else True
+        records: list[qe.Record] = []
+        with self._using(collection, f"read points of {collection!r}") as shard:
+            for start in range(0, len(wanted), self._batch_size):
+                batch = wanted[start : start + self._batch_size]
+                where = qe.Filter(must=[*_scope_conditions(scope), qe.HasIdCondition(set(batch))])
+                request = qe.ScrollRequest(
+                    limit=len(batch), filter=where, with_payload=selector, with_vector=True
+                )
+                records += shard.scroll(request)[0]
+        return [_vector_point(record) for record in records]
+
     def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
         """Remove the scope's points with these ids, `batch_size` ids at a time."""
         wanted = [_point_id(raw) for raw in ids]
@@ -466,6 +485,21 @@ def _point_id(raw: str) -> str:
         return str(uuid.UUID(raw))
     except ValueError as exc:
         raise StoreError(f"point id {raw!r} is not a UUID") from exc
+
+
+def _vector_point(record: qe.Record) -> VectorPoint:
+    vector = record.vector
+    if not isinstance(vector, list):
+        raise StoreError(f"point {record.id} has no single unnamed vector; it was not stored here")
+    return VectorPoint(
+        id=str(record.id), vector=[_number(x) for x in vector], payload=dict(record.payload or {})
+    )
+
+
+def _number(value: object) -> float:
+    if not isinstance(value, float | int):
+        raise StoreError(f"a stored vector holds {value!r}, not a number")
+    return float(value)
 
 
 def _scope_filter(scope: Scope) -> qe.Filter:

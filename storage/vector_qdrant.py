@@ -110,6 +110,24 @@ class QdrantVectorStore:
             for hit in hits
         ]
 
+    def retrieve(
+        self, scope: Scope, collection: str, ids: Sequence[str], fields: Sequence[str] | None = None
+    ) -> list[VectorPoint]:
+        """The scope's points with these ids, `batch_size` ids at a time, vectors included."""
+        wanted = list(dict.fromkeys(ids))
+        selector: bool | list[str] = [*fields, "tenant", "dataset"] if fields is not None else True
+        records: list[qm.Record] = []
+        with self._session(f"read points of {collection!r}") as client:
+            if self._dimension_of(client, collection) is None:
+                return []
+            for start in range(0, len(wanted), self._batch_size):
+                batch = wanted[start : start + self._batch_size]
+                where = qm.Filter(must=[*_scope_conditions(scope), qm.HasIdCondition(has_id=list(batch))])
+                records += client.scroll(
+                    collection, where, limit=len(batch), with_payload=selector, with_vectors=True
+                )[0]
+        return [_vector_point(record) for record in records]
+
     def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
         """Remove the scope's points with these ids, `batch_size` ids at a time."""
         with self._session(f"delete from {collection!r}") as client:
@@ -289,6 +307,21 @@ def _query_local(
 def _in_scope(hit: qm.ScoredPoint, scope: Scope) -> bool:
     payload = hit.payload or {}
     return payload.get("tenant") == scope.tenant and payload.get("dataset") == scope.dataset
+
+
+def _vector_point(record: qm.Record) -> VectorPoint:
+    vector = record.vector
+    if not isinstance(vector, list):
+        raise StoreError(f"point {record.id} has no single unnamed vector; it was not stored here")
+    return VectorPoint(
+        id=str(record.id), vector=[_number(x) for x in vector], payload=dict(record.payload or {})
+    )
+
+
+def _number(value: object) -> float:
+    if not isinstance(value, float | int):
+        raise StoreError(f"a stored vector holds {value!r}, not a number")
+    return float(value)
 
 
 def _scope_filter(scope: Scope) -> qm.Filter:

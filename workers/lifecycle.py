@@ -28,6 +28,7 @@ from kenning.pipeline.models import RUNNING, Dataset
 from kenning.pipeline.ports import MetadataStore
 from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
+from kenning.retrieval.conversation import mend_turns, turns_of
 from kenning.workers.wiring import Wiring
 
 
@@ -100,8 +101,13 @@ def forget_held(
     """`forget_in_dataset` for a caller that already holds the dataset's lock."""
     job = forget_job(dataset)
     ids = [item.id for item in wiring.metadata.list_items(dataset.id)] if data_ids is None else data_ids
-    wiring.access.forget_access(dataset.id, [chunk.id for chunk in wiring.chunks.chunks_of(dataset.id, ids)])
+    chunk_ids = [chunk.id for chunk in wiring.chunks.chunks_of(dataset.id, ids)]
+    wiring.access.forget_access(dataset.id, chunk_ids)
+    # The turns beside a forgotten message embed its words: read its links before it goes.
+    gone = turns_of(wiring.vectors, dataset.scope, chunk_ids) if data_ids is not None else {}
     forgotten = forget_items(wiring, job, ids, memory_only)
+    if gone:
+        mend_turns(wiring.vectors, wiring.embedder, dataset.scope, gone)
     if data_ids is None and not _active_runs(wiring.metadata, dataset):
         # A run waiting for the lock keeps its dataset (now empty) and completes with nothing to do.
         wiring.metadata.delete_dataset(dataset.id)

@@ -195,7 +195,7 @@ class Kenning:
             first = first_chunks.get(item.id)
             if first is not None:
                 context = spoken(before) if before else ""
-                turns.append(Turn(item.id, first.id, first.document_id, m.as_text(), context))
+                turns.append(Turn(item.id, first.id, first.document_id, m.as_text(), context, spoken(m)))
                 before = m
         if not turns:
             return 0

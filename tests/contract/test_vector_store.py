@@ -417,3 +417,26 @@ def test_set_payload_merges_into_the_scopes_points_only(store: VectorStore, pref
     assert hit.payload["weight"] == 0.8 and hit.payload["text"] == "kept"
     [other] = store.search(OTHER, name, [1.0, 0.0], limit=5)
     assert "weight" not in other.payload
+
+
+def test_retrieve_reads_the_scopes_points_by_id(store: VectorStore, prefix: str) -> None:
+    # Given points in two scopes
+    name = prefix + "ConversationTurn_text"
+    store.ensure_collection(name, 2)
+    store.upsert(SCOPE, name, [point("a", [3.0, 4.0], text="mine", next="b"), point("b", [0.0, 1.0])])
+    store.upsert(OTHER, name, [point("c", [1.0, 0.0], text="theirs")])
+
+    # When one scope reads "a", an id it never had, and the other scope's "c"
+    ids = [stable_id("test", key) for key in ("a", "never", "c")]
+    found = store.retrieve(SCOPE, name, ids)
+    only_text = store.retrieve(SCOPE, name, ids, fields=["text"])
+
+    # Then only its own "a" comes back, with its (normalized) vector and payload
+    [mine] = found
+    assert mine.id == stable_id("test", "a")
+    assert np.allclose(mine.vector, [0.6, 0.8], atol=1e-6)
+    assert mine.payload["text"] == "mine" and mine.payload["next"] == "b"
+    assert mine.payload["tenant"] == SCOPE.tenant and mine.payload["dataset"] == SCOPE.dataset
+    assert [p.id for p in only_text] == [mine.id] and "next" not in only_text[0].payload
+    assert store.retrieve(SCOPE, prefix + "Unknown_text", ids) == []
+    assert store.retrieve(SCOPE, name, []) == []

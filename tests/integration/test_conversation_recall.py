@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from kenning.retrieval.conversation import TURNS
+import pytest
+
+from kenning.retrieval.conversation import TURN_FIELDS, TURNS, context_text
 from kenning.workers.lifecycle import Message
-from kenning.workers.memory import Kenning
+from kenning.workers.memory import Kenning, spoken
 from kenning.workers.settings import load_settings
 
 SAID = datetime(2023, 5, 8, 13, 56)
@@ -73,3 +75,50 @@ def test_a_dataset_without_turns_is_recalled_from_its_chunks(tmp_path: Path) -> 
         # Then CONVERSATION still finds it, through the chunk and lexical lanes
         recalled = kenning.recall("first program", ["notes"], type="CONVERSATION")
         assert [r.text for r in recalled.results] == ["Ada Lovelace wrote the first program."]
+
+
+def test_forgetting_a_message_takes_its_words_out_of_the_next_turn(tmp_path: Path) -> None:
+    with open_memory(tmp_path) as kenning:
+        # Given a remembered conversation
+        kenning.remember(CHAT, "chat")
+        names = message_ids(kenning, "chat")
+        item = {dia: data_id for data_id, dia in names.items()}
+        scope = kenning.scope("chat")
+        target = kenning.dataset("chat")
+        chunk = {names[c.data_id]: c.id for c in kenning.wiring.chunks.chunks_of(target.id, list(names))}
+
+        # When the saxophone message, in the middle, is forgotten
+        kenning.forget("chat", [item["D1:2"]])
+
+        # Then the turn after it is read after the turn before it, as if it had never been said
+        expected = kenning.wiring.embedder.embed([context_text(spoken(CHAT[0]), CHAT[2].as_text())])[0]
+        hits = kenning.wiring.vectors.search(scope, TURNS, expected, limit=10, fields=TURN_FIELDS)
+        by_id = {hit.id: hit for hit in hits}
+        assert set(by_id) == {chunk["D1:1"], chunk["D1:3"], chunk["D1:4"]}
+        assert by_id[chunk["D1:3"]].score == pytest.approx(0.0, abs=1e-5)
+        # And the neighbours are linked around the gap, never to the forgotten chunk
+        assert by_id[chunk["D1:1"]].payload["next"] == chunk["D1:3"]
+        assert by_id[chunk["D1:3"]].payload["previous"] == chunk["D1:1"]
+        assert chunk["D1:2"] not in {h.payload.get(k) for h in hits for k in ("previous", "next")}
+
+
+def test_forgetting_the_first_message_leaves_the_next_turn_without_context(tmp_path: Path) -> None:
+    with open_memory(tmp_path) as kenning:
+        # Given a remembered conversation
+        kenning.remember(CHAT, "chat")
+        names = message_ids(kenning, "chat")
+        item = {dia: data_id for data_id, dia in names.items()}
+        target = kenning.dataset("chat")
+        chunk = {names[c.data_id]: c.id for c in kenning.wiring.chunks.chunks_of(target.id, list(names))}
+
+        # When its first message is forgotten
+        kenning.forget("chat", [item["D1:1"]])
+
+        # Then the second turn embeds its own words only, and starts the conversation
+        alone = kenning.wiring.embedder.embed([CHAT[1].as_text()])[0]
+        hits = kenning.wiring.vectors.search(
+            kenning.scope("chat"), TURNS, alone, limit=10, fields=TURN_FIELDS
+        )
+        first = next(hit for hit in hits if hit.id == chunk["D1:2"])
+        assert first.score == pytest.approx(0.0, abs=1e-5)
+        assert first.payload["previous"] is None

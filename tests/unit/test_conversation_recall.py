@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from kenning.pipeline.models import Scope, stable_id
 from kenning.retrieval.conversation import (
+    TURNS,
     ConversationConfig,
     Turn,
     best_possible,
     context_text,
     in_context,
+    mend_turns,
     ranked,
     spread,
     turn_points,
+    turns_of,
 )
 from kenning.retrieval.fusion import FusionConfig, reciprocal_rank_fusion
+from kenning.storage.embedder import HashEmbedder
+from kenning.storage.memory_vectors import MemoryVectorStore
 
 
 def turns() -> list[Turn]:
@@ -102,3 +109,54 @@ def test_the_best_possible_score_bounds_every_fused_score() -> None:
     neighbours = {"a": ["b"], "b": ["a", "c"], "c": ["b"]}
 
     assert max(spread(fused, neighbours, config.neighbour_share).values()) <= best_possible(config)
+
+
+SAID = "[2023-05-08T13:56:00] "
+CHAT = ["Ada: Hi Ben", "Ben: I play the saxophone", "Ada: Since when?", "Ben: Last spring"]
+
+
+def remembered(scope: Scope, spoken: bool) -> tuple[MemoryVectorStore, HashEmbedder, list[str]]:
+    """A conversation's turns in a store; without `spoken`, as turns were stored before they kept it."""
+    store, embedder = MemoryVectorStore(), HashEmbedder(32)
+    ids = [stable_id("turn", str(n)) for n in range(len(CHAT))]
+    said = [
+        Turn(f"item-{n}", ids[n], "doc", SAID + text, CHAT[n - 1] if n else "", text if spoken else "")
+        for n, text in enumerate(CHAT)
+    ]
+    store.ensure_collection(TURNS, embedder.dimension)
+    store.upsert(
+        scope, TURNS, turn_points(said, embedder.embed([context_text(t.context, t.text) for t in said]))
+    )
+    return store, embedder, ids
+
+
+@pytest.mark.parametrize("spoken", [True, False])
+def test_forgotten_turns_in_a_row_leave_the_next_read_after_the_last_one_kept(spoken: bool) -> None:
+    scope, other = Scope(tenant="t", dataset="chat"), Scope(tenant="t", dataset="else")
+    store, embedder, ids = remembered(scope, spoken)
+
+    # When the two middle turns are forgotten (read first, then deleted, then mended)
+    gone = turns_of(store, scope, ids[1:3])
+    assert turns_of(store, other, ids[1:3]) == {}
+    store.delete(scope, TURNS, ids[1:3])
+    mended = mend_turns(store, embedder, scope, gone)
+
+    # Then the last turn is read after the first, and the two are linked to each other
+    assert mended == 1
+    first, last = store.retrieve(scope, TURNS, [ids[0], ids[3]])
+    expected = embedder.embed([context_text(CHAT[0], SAID + CHAT[3])])[0]
+    assert np.allclose(last.vector, np.asarray(expected) / np.linalg.norm(expected), atol=1e-6)
+    assert first.payload["next"] == ids[3] and last.payload["previous"] == ids[0]
+    assert last.payload["text"] == SAID + CHAT[3]
+
+
+def test_a_forgotten_last_turn_leaves_the_one_before_it_last() -> None:
+    scope = Scope(tenant="t", dataset="chat")
+    store, embedder, ids = remembered(scope, True)
+
+    gone = turns_of(store, scope, ids[3:])
+    store.delete(scope, TURNS, ids[3:])
+
+    assert mend_turns(store, embedder, scope, gone) == 0
+    [kept] = store.retrieve(scope, TURNS, [ids[2]])
+    assert kept.payload["next"] is None
