@@ -36,6 +36,7 @@ from tests.integration.faults import (
 )
 from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, write_corpus
 from tests.integration.test_distributed import lock_released
+from tests.integration.test_spend import assert_matches, status_of
 from tests.services import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -161,6 +162,8 @@ def test_both_workers_killed_mid_extraction_and_restarted_then_a_new_cognify_tak
     assert_recovered(outcome, workers, interrupted=True)
     assert second_code == 0, workers.logs()
     assert lock_released(faulty, "killed")
+    # And status counts every LLM call the provider saw: the killed tasks' and the retries too
+    assert_matches(status_of(faulty.env, "killed"), simulator.stats())
     # And the memory is the one an undisturbed run builds
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "killed")
@@ -188,6 +191,8 @@ def test_redis_restarted_without_its_data(
     # Then the run with no lease left is interrupted and resumed, and the resuming run completes
     assert_recovered(outcome, workers, interrupted=True)
     assert lock_released(faulty, "wiped")
+    # And status counts every LLM call the provider saw: the killed tasks' and the retries too
+    assert_matches(status_of(faulty.env, "wiped"), simulator.stats())
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "wiped")
 
@@ -212,5 +217,7 @@ def test_postgres_stopped_for_twenty_seconds(
     # Then the tasks and the follower ride it out: the one run completes, nothing interrupted
     assert_recovered(outcome, workers, interrupted=False)
     assert lock_released(faulty, "outage")
+    # And status counts every LLM call the provider saw: the killed tasks' and the retries too
+    assert_matches(status_of(faulty.env, "outage"), simulator.stats())
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "outage")
