@@ -174,6 +174,7 @@ class GraphStore(Protocol):
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
+        shape_only: bool = False,
     ) -> Neighbourhood:
         """The edges around `node_ids`, breadth first: a bounded subgraph to compute on.
 
@@ -184,7 +185,8 @@ class GraphStore(Protocol):
         returned nor followed. It stops before passing `limit` edges: a node's edges come
         whole or not at all. Degrees count distinct edges, skipped kinds left out; a loop
         counts once. Every node the edges touch has its degree, and so does every given node
-        that has edges.
+        that has edges. With `shape_only`, the same edges come with only their id, endpoints
+        and relationship (no properties, no `data_ids`): cheaper to read, enough to walk.
         """
         ...
 

@@ -116,7 +116,13 @@ def walk(
     if not seeds:
         return Walk(ranked=[], scores={})
     projected = ports.graph.neighbourhood(
-        scope, seeds, hops=config.hops, limit=config.max_edges, max_degree=config.max_degree, skip=SKIPPED
+        scope,
+        seeds,
+        hops=config.hops,
+        limit=config.max_edges,
+        max_degree=config.max_degree,
+        skip=SKIPPED,
+        shape_only=True,
     )
     restart = restart_weights(entity_seeds, chunk_seeds, projected, config.chunk_weight)
     scores = personalized_pagerank(walk_edges(projected.edges, config), projected.degrees, restart, config)

@@ -36,6 +36,7 @@ from kenning.storage.memory_graph import (
     over_stored_edges,
     over_stored_nodes,
     removal,
+    shape,
     take_support,
     union,
     unique_edges,
@@ -87,6 +88,11 @@ _FOLLOWED = "AND NOT r.relationship IN $skip "
 _EDGES_FOLLOWED = (
     f"{_EDGES_FROM}{_EDGE_IN_SCOPE}{_FOLLOWED}{_EDGE_COLUMNS} UNION "
     f"{_EDGES_TO}{_EDGE_IN_SCOPE}{_FOLLOWED}{_EDGE_COLUMNS}"
+)
+_EDGE_SHAPE = "RETURN r.id, a.id, b.id, coalesce(r.relationship, '')"
+_SHAPES_FOLLOWED = (
+    f"{_EDGES_FROM}{_EDGE_IN_SCOPE}{_FOLLOWED}{_EDGE_SHAPE} UNION "
+    f"{_EDGES_TO}{_EDGE_IN_SCOPE}{_FOLLOWED}{_EDGE_SHAPE}"
 )
 _DEGREES = (
     "UNWIND $ids AS id MATCH (n:Node " + _SCOPED_NODE % "id" + ")-[r]-(:Node) "
@@ -318,6 +324,7 @@ class CypherGraphStore:
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
+        shape_only: bool = False,
     ) -> Neighbourhood:
         skipped = sorted(set(skip))
 
@@ -336,7 +343,15 @@ class CypherGraphStore:
                 found.update((edge.id, edge) for edge in map(edge_from_row, rows))
             return list(found.values())
 
-        return expand(degrees, touching, node_ids, hops, limit, max_degree)
+        def shapes(ids: list[str]) -> list[GraphEdge]:
+            found: dict[str, GraphEdge] = {}
+            for batch in _batches(ids, self._batch_size):
+                statement = Statement(_SHAPES_FOLLOWED, _scoped(scope, ids=batch, skip=skipped))
+                for row in self._runner.read(scope, statement):
+                    found[str(row[0])] = shape(str(row[0]), str(row[1]), str(row[2]), str(row[3]))
+            return list(found.values())
+
+        return expand(degrees, shapes if shape_only else touching, node_ids, hops, limit, max_degree)
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         nodes_statement, edges_statement = export_statements(scope)

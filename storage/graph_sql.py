@@ -18,6 +18,7 @@ from kenning.storage.memory_graph import (
     over_stored_edges,
     over_stored_nodes,
     removal,
+    shape,
     take_support,
     unique_edges,
     unique_nodes,
@@ -133,9 +134,11 @@ class SqlGraphStore:
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
+        shape_only: bool = False,
     ) -> Neighbourhood:
         table = edges_table
         followed = sa.and_(_in_scope(table, scope), table.c.relationship.not_in(list(skip)))
+        columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
         with _translated(), self._engine.connect() as conn:
 
             def degrees(ids: list[str]) -> dict[str, int]:
@@ -160,7 +163,14 @@ class SqlGraphStore:
                 data_ids = _provenance(conn, scope, EDGE, list(found))
                 return [_edge(row, data_ids) for row in found.values()]
 
-            return expand(degrees, touching, node_ids, hops, limit, max_degree)
+            def shapes(ids: list[str]) -> list[GraphEdge]:
+                found: dict[str, GraphEdge] = {}
+                for batch in chunked(ids, BATCH_SIZE):
+                    for row in _touching_rows(conn, followed, batch, *columns):
+                        found[row.id] = shape(row.id, row.source_id, row.target_id, row.relationship)
+                return list(found.values())
+
+            return expand(degrees, shapes if shape_only else touching, node_ids, hops, limit, max_degree)
 
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         gone = set(data_ids)

@@ -171,6 +171,17 @@ def _with_degrees(
     return Neighbourhood(edges=list(found.values()), degrees=known)
 
 
+def edge_shape(edge: GraphEdge) -> GraphEdge:
+    """The edge's id, endpoints and relationship alone: what `neighbourhood(shape_only=True)` returns."""
+    return shape(edge.id, edge.source_id, edge.target_id, edge.relationship)
+
+
+def shape(edge_id: str, source_id: str, target_id: str, relationship: str) -> GraphEdge:
+    """An edge with no properties and no provenance. Built by validation, which pydantic does
+    faster than `model_construct` (that inspects the default factories on every call)."""
+    return GraphEdge(id=edge_id, source_id=source_id, target_id=target_id, relationship=relationship)
+
+
 def _edges_by_node(edges: Iterable[GraphEdge], nodes: Sequence[str]) -> dict[str, list[GraphEdge]]:
     """Each edge under the first of its endpoints among `nodes`, edges in id order."""
     order = {node: index for index, node in enumerate(nodes)}
@@ -239,23 +250,28 @@ class MemoryGraphStore:
         limit: int = 1000,
         max_degree: int = 200,
         skip: Sequence[str] = (),
+        shape_only: bool = False,
     ) -> Neighbourhood:
         skipped = set(skip)
+        copied = edge_shape if shape_only else _edge_copy
 
-        def touching(ids: list[str]) -> list[GraphEdge]:
+        def followed(ids: list[str]) -> list[GraphEdge]:
             wanted = set(ids)
             with self._lock:
                 edges = self._graph(scope).edges.values()
                 return [
-                    edge.model_copy(deep=True)
+                    edge
                     for edge in edges
                     if edge.relationship not in skipped and {edge.source_id, edge.target_id} & wanted
                 ]
 
+        def touching(ids: list[str]) -> list[GraphEdge]:
+            return [copied(edge) for edge in followed(ids)]
+
         def degrees(ids: list[str]) -> dict[str, int]:
             counts: dict[str, int] = {}
             wanted = set(ids)
-            for edge in touching(ids):
+            for edge in followed(ids):
                 for end in {edge.source_id, edge.target_id} & wanted:
                     counts[end] = counts.get(end, 0) + 1
             return counts
@@ -315,6 +331,10 @@ class MemoryGraphStore:
 
     def _graph(self, scope: Scope) -> _Graph:
         return self._graphs.get(scope) or _Graph()
+
+
+def _edge_copy(edge: GraphEdge) -> GraphEdge:
+    return edge.model_copy(deep=True)
 
 
 def _stored_node(node: GraphNode) -> GraphNode:

@@ -627,3 +627,38 @@ def test_neighbourhood_leaves_hubs_unexpanded_and_stops_at_the_limit(
     assert around(["z", "h"], 1, limit=1) == ["l0-knows-z"]
     assert around(["z", "h"], 1, limit=10) == ["l0-knows-z"]
     assert len(around(["z", "h"], 1, limit=11)) == 11
+
+
+def test_neighbourhood_shape_only_brings_the_same_edges_without_properties_or_provenance(
+    store: GraphStore, new_scope: NewScope
+) -> None:
+    # Given edges with properties and several data items, one of them of a skipped kind
+    scope = new_scope()
+    store.upsert_nodes(scope, [node(i) for i in "abcdx"])
+    edges = [
+        edge("a", "b", data_ids=("d1", "d2"), weight=0.5, note="a knows b"),
+        edge("b", "c", "works_with", data_ids=("d2",), since=1952),
+        edge("c", "d", data_ids=("d3",)),
+        edge("c", "c", "self"),
+        edge("b", "x", "is_a"),
+    ]
+    store.upsert_edges(scope, edges)
+
+    for ids, hops, bounds in ((["a"], 3, {}), (["d", "a"], 2, {}), (["b"], 2, {"limit": 2, "max_degree": 2})):
+        full = store.neighbourhood(scope, ids, hops=hops, skip=["is_a"], **bounds)
+        shape = store.neighbourhood(scope, ids, hops=hops, skip=["is_a"], shape_only=True, **bounds)
+        # Then the same edges come, in the same order, with the same degrees
+        assert [e.id for e in shape.edges] == [e.id for e in full.edges]
+        assert shape.degrees == full.degrees
+        # And each carries its endpoints and relationship, but no properties and no data ids
+        stored = by_id(edges)
+        for found in shape.edges:
+            assert (found.source_id, found.target_id, found.relationship) == (
+                stored[found.id].source_id,
+                stored[found.id].target_id,
+                stored[found.id].relationship,
+            )
+            assert found.properties == {} and found.data_ids == []
+    # And the full edges still carry both
+    full_ab = by_id(store.neighbourhood(scope, ["a"]).edges)["a-knows-b"]
+    assert full_ab.properties == {"weight": 0.5, "note": "a knows b"} and full_ab.data_ids == ["d1", "d2"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kenning.pipeline.ingest import Source, add
@@ -188,3 +190,29 @@ def test_graph_completion_gives_the_facts_of_the_walks_best_chunks_one_chunk_at_
     # And each is an edge of the graph drawn from its chunk, facts first
     assert result.results[0].kind == "edge" and "Grace Hopper" in result.results[0].text
     assert "Remington Rand" in result.context
+
+
+def test_the_walk_reads_only_the_graphs_shape_and_ranks_as_with_whole_edges(
+    services: TwinServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a store that records how the walk reads the neighbourhood, and can be made to read edges whole
+    graph = services.graph
+    read = graph.neighbourhood
+    asked: list[bool] = []
+    whole = False
+
+    def recording(*args: Any, shape_only: bool = False, **kwargs: Any) -> Neighbourhood:
+        asked.append(shape_only)
+        return read(*args, shape_only=shape_only and not whole, **kwargs)
+
+    monkeypatch.setattr(graph, "neighbourhood", recording)
+    query = "Where was the maker based where Grace Hopper built a compiler?"
+    # When the walk runs on the shape alone, then on whole edges
+    lean = ask(services, query)
+    whole = True
+    full = ask(services, query)
+    # Then it asked for the shape only, and ranks the same chunks with the same scores either way
+    assert asked == [True, True]
+    assert lean.results and [(h.chunk_id, h.extra["ppr"]) for h in lean.results] == [
+        (h.chunk_id, h.extra["ppr"]) for h in full.results
+    ]
