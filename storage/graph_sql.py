@@ -144,12 +144,13 @@ class SqlGraphStore:
             def degrees(ids: list[str]) -> dict[str, int]:
                 counts: dict[str, int] = {}
                 for batch in chunked(ids, BATCH_SIZE):
-                    ends = sa.union(
-                        sa.select(table.c.source_id.label("node"), table.c.id).where(
+                    # Each edge once per end among the batch, a loop once: no UNION to deduplicate.
+                    ends = sa.union_all(
+                        sa.select(table.c.source_id.label("node")).where(
                             followed, table.c.source_id.in_(batch)
                         ),
-                        sa.select(table.c.target_id.label("node"), table.c.id).where(
-                            followed, table.c.target_id.in_(batch)
+                        sa.select(table.c.target_id.label("node")).where(
+                            followed, table.c.target_id.in_(batch), table.c.source_id != table.c.target_id
                         ),
                     ).subquery()
                     query = sa.select(ends.c.node, sa.func.count()).group_by(ends.c.node)
