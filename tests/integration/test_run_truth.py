@@ -58,8 +58,9 @@ def test_the_cli_exits_non_zero_and_status_lists_the_failure(
 class DiesAfter:
     """The offline extractor, until its process "dies" (an exception no step handles) at call n."""
 
-    model = "dies"
-    prompt_version = "1"
+    # The extractor it stands for: what it extracted is cached for the run that resumes.
+    model = CountingExtractor.model
+    prompt_version = CountingExtractor.prompt_version
 
     def __init__(self, calls: int) -> None:
         self.left = calls
