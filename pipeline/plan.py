@@ -148,3 +148,9 @@ def merge_counts(results: Sequence[StepResult]) -> dict[str, int]:
         for name, value in result.counts.items():
             total[name] = total.get(name, 0) + value
     return total
+
+
+def successor_of(runs: list[PipelineRun], run: PipelineRun) -> PipelineRun | None:
+    """The run of the same dataset that took over from `run`: the first started after it."""
+    later = [other for other in runs if other.id != run.id and other.started_at >= run.started_at]
+    return min(later, key=lambda other: (other.started_at, other.id), default=None)

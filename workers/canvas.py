@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import NoWorker, TransientStoreError
 from kenning.pipeline.models import ENDED, ChunkStatus, PipelineRun, RunStatus, Scope
-from kenning.pipeline.plan import PLAN, fail_run, start_run
+from kenning.pipeline.plan import PLAN, fail_run, start_run, successor_of
 from kenning.retrieval.contract import SearchResult
 from kenning.workers import keys
 from kenning.workers.celery_app import app, configure_app
@@ -141,9 +141,6 @@ def _only(job: Job) -> Callable[[], list[Job]]:
 
 
 def _successor(services: Services, run: PipelineRun) -> PipelineRun | None:
-    # Imported here: the supervisor module registers tasks and worker hooks.
-    from kenning.workers.supervisor import successor_of
-
     return successor_of(services.metadata.list_runs(run.dataset_id), run)
 
 

@@ -38,7 +38,7 @@ from kenning.pipeline.context import Job
 from kenning.pipeline.lease import LeaseState, stall_reason
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, RunStatus, utcnow
-from kenning.pipeline.plan import fail_run, record_step, start_run
+from kenning.pipeline.plan import fail_run, record_step, start_run, successor_of
 from kenning.workers.celery_app import Resources, app
 from kenning.workers.local import EMBEDDED_PID
 
@@ -49,7 +49,7 @@ RESUMES = "resumes"
 
 Send = Callable[[Job], None]
 
-__all__ = ["run_leases", "stall_reason", "supervise", "supervise_dataset", "successor_of"]
+__all__ = ["run_leases", "stall_reason", "supervise", "supervise_dataset"]
 
 
 def run_leases(resources: Resources, run_id: str) -> LeaseState:
@@ -85,12 +85,6 @@ def supervise_dataset(resources: Resources, job: Job, send: Send | None = None) 
             if outcome:
                 done[run.id] = outcome
     return done
-
-
-def successor_of(runs: list[PipelineRun], run: PipelineRun) -> PipelineRun | None:
-    """The run of the same dataset that took over from `run`: the first started after it."""
-    later = [other for other in runs if other.id != run.id and other.started_at >= run.started_at]
-    return min(later, key=lambda other: (other.started_at, other.id), default=None)
 
 
 def _supervise_run(resources: Resources, dataset: Dataset, run: PipelineRun, send: Send) -> str:
