@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery import chain
+from celery import Celery, chain
 from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.exceptions import OperationalError
 from rich.console import Console
@@ -30,6 +31,9 @@ MAX_RESUMES_FOLLOWED = 10
 # How long the workers have to say which queues they consume; a busy worker still answers
 # at once, since its main thread (not its pool) replies.
 PING_TIMEOUT_S = 2.0
+# Broker URL -> the app that asks its workers what they consume (see `ping_app`).
+_PING_APPS: dict[str, Celery] = {}
+_PING_APPS_MUTEX = threading.Lock()
 
 
 def run_chain(job: Job) -> Any:
@@ -51,11 +55,29 @@ def run_chain(job: Job) -> Any:
 def require_workers(settings: Settings, kinds: Sequence[str]) -> None:
     """Raise `NoWorker` unless, for each queue of `kinds`, some worker says it consumes it.
 
-    The workers are asked over the broker and have `PING_TIMEOUT_S` to answer.
+    The workers are asked over the broker and have `PING_TIMEOUT_S` to answer. The process-wide
+    app is configured from `settings`: the caller is about to send it tasks.
     """
     configure_app(app, settings)
+    ask_workers(app, settings, kinds)
+
+
+def ping_app(broker_url: str) -> Celery:
+    """A Celery app of its own that only asks the workers on `broker_url` what they consume.
+
+    Looking at the workers (as listing runs does) must not configure the process-wide app:
+    a process that lists runs of one deployment may send tasks with settings of another.
+    """
+    with _PING_APPS_MUTEX:
+        if broker_url not in _PING_APPS:
+            _PING_APPS[broker_url] = Celery("kenning-ping", broker=broker_url, set_as_current=False)
+        return _PING_APPS[broker_url]
+
+
+def ask_workers(celery: Celery, settings: Settings, kinds: Sequence[str]) -> None:
+    """Raise `NoWorker` unless a worker reached through `celery` consumes each queue of `kinds`."""
     try:
-        replies = app.control.inspect(timeout=PING_TIMEOUT_S).active_queues() or {}
+        replies = celery.control.inspect(timeout=PING_TIMEOUT_S).active_queues() or {}
     except OperationalError as exc:
         raise TransientStoreError(f"the broker at {settings.broker_url} did not answer: {exc}") from exc
     consumed = {queue["name"] for queues in replies.values() for queue in queues or ()}

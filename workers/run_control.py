@@ -102,10 +102,10 @@ class StallDetector:
 def workers_reason(settings: Settings) -> str:
     """Why no worker can take a run's tasks: none consumes one of its queues, or the broker does
     not answer; "" when every queue has a consumer."""
-    from kenning.workers.canvas import require_workers
+    from kenning.workers.canvas import ask_workers, ping_app
 
     try:
-        require_workers(settings, RUN_QUEUES)
+        ask_workers(ping_app(settings.broker_url), settings, RUN_QUEUES)
     except StoreError as error:  # NoWorker, or the broker away (TransientStoreError)
         return str(error)
     return ""

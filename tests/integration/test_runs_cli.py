@@ -22,7 +22,6 @@ from click.testing import CliRunner, Result
 
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import ChunkStatus, RunStatus
-from kenning.workers.canvas import enqueue
 from kenning.workers.cli import main
 from kenning.workers.simulator import Simulator
 from tests.integration.cluster import ROOT, Deployment, Workers
@@ -99,6 +98,32 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.2)
 
 
+# Sends a cognify run of a dataset to the workers, from the settings in the environment.
+ENQUEUE = """
+import sys
+from kenning.workers.canvas import enqueue
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
+settings = load_settings()
+with Kenning(settings) as memory:
+    print(enqueue(memory.wiring, settings, memory.scope(sys.argv[1])).run_id)
+"""
+
+
+def enqueue_elsewhere(env: dict[str, str], dataset: str) -> str:
+    """The id of a run sent to the workers by a process of its own: one process, one Celery configuration."""
+    sent = subprocess.run(
+        [sys.executable, "-c", ENQUEUE, dataset],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert sent.returncode == 0, sent.stderr
+    return sent.stdout.strip().splitlines()[-1]
+
+
 def call_task(deployment: Deployment, name: str, payload: dict[str, Any]) -> Any:
     settings = deployment.settings
     client = Celery("client", broker=settings.broker_url, backend=settings.broker_url)
@@ -131,8 +156,7 @@ def test_a_run_with_no_worker_is_stalled_and_a_cancelled_run_stops_on_a_live_wor
         add_corpus(slow, corpus, "ops")
         ds = dataset_id(slow, "ops")
         # Given a run sent while no worker runs
-        with slow.memory() as memory:
-            run_id = enqueue(memory.wiring, slow.settings, memory.scope("ops")).run_id
+        run_id = enqueue_elsewhere(env, "ops")
         # Then status shows it stalled, saying that no worker consumes its queues
         [stalled] = status_runs(env, "ops")
         assert stalled["id"] == run_id and stalled["status"] == "started"
