@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ from tests.integration.faults import (
 )
 from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, write_corpus
 from tests.integration.test_distributed import lock_released
-from tests.integration.test_spend import assert_matches, status_of
+from tests.integration.test_spend import status_of
 from tests.services import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -114,6 +115,20 @@ def configured(deployment: Deployment, simulator: Simulator, **values: str) -> D
     return deployment.configured(llm_url=simulator.base_url, llm_api_key="test", **{**SHORT, **values})
 
 
+# A call cut short by a kill is recorded with estimated tokens: the provider bills an answer
+# the worker never read. Its completion tokens are the estimate's error (seen: 1% to 2.2%).
+KILLED_TOLERANCE = 0.05
+
+
+def assert_spend(status: dict[str, Any], billed: dict[str, Any], completion_tolerance: float = 0.01) -> None:
+    """Status shows every call the simulator answered, and its tokens within the tolerances."""
+    assert status["llm_calls"] == billed["calls"]["chat"], (status["llm_calls"], billed["calls"])
+    prompt, completion = status["tokens"]["prompt"], status["tokens"]["completion"]
+    assert abs(prompt - billed["prompt_tokens"]) <= 0.01 * billed["prompt_tokens"], (prompt, billed)
+    seen = billed["completion_tokens"]
+    assert abs(completion - seen) <= completion_tolerance * seen, (completion, seen)
+
+
 def assert_recovered(outcome: Outcome, workers: Workers, *, interrupted: bool) -> None:
     """The follower exited 0 within the bound; the last run completed with every chunk loaded,
     and a run before it, if any, was interrupted (visibly, naming its successor)."""
@@ -163,7 +178,7 @@ def test_both_workers_killed_mid_extraction_and_restarted_then_a_new_cognify_tak
     assert second_code == 0, workers.logs()
     assert lock_released(faulty, "killed")
     # And status counts every LLM call the provider saw: the killed tasks' and the retries too
-    assert_matches(status_of(faulty.env, "killed"), simulator.stats())
+    assert_spend(status_of(faulty.env, "killed"), simulator.stats(), completion_tolerance=KILLED_TOLERANCE)
     # And the memory is the one an undisturbed run builds
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "killed")
@@ -192,7 +207,7 @@ def test_redis_restarted_without_its_data(
     assert_recovered(outcome, workers, interrupted=True)
     assert lock_released(faulty, "wiped")
     # And status counts every LLM call the provider saw: the killed tasks' and the retries too
-    assert_matches(status_of(faulty.env, "wiped"), simulator.stats())
+    assert_spend(status_of(faulty.env, "wiped"), simulator.stats())
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "wiped")
 
@@ -218,6 +233,6 @@ def test_postgres_stopped_for_twenty_seconds(
     assert_recovered(outcome, workers, interrupted=False)
     assert lock_released(faulty, "outage")
     # And status counts every LLM call the provider saw: the killed tasks' and the retries too
-    assert_matches(status_of(faulty.env, "outage"), simulator.stats())
+    assert_spend(status_of(faulty.env, "outage"), simulator.stats())
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "outage")
