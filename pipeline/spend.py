@@ -13,12 +13,21 @@ completion) are not recorded here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
+
+from kenning.pipeline.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+HELD_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,103 @@ class Breaker:
         if self.state != "open":
             return "closed"
         return "open" if (at - self.changed_at).total_seconds() < self.cooldown_s else "half-open"
+
+
+Write = Callable[[SpendLedger], None]
+
+
+class HeldLedger:
+    """A `SpendLedger` that holds the writes its store refused, and writes them, in order, once
+    the store answers again: a request sent or answered while the metadata database is away is
+    still counted, with its billed tokens.
+
+    Each write first drains what is held (one try); `flush()` drains it all or raises
+    `StoreError`. A task flushes before it returns, so its run's spend is whole when the run
+    ends. A process killed while the store is away loses what it held. At most `limit` writes
+    are held: past that the oldest is dropped, with a warning, and counted in `dropped`.
+    """
+
+    def __init__(self, ledger: SpendLedger, limit: int = HELD_LIMIT) -> None:
+        self._ledger = ledger
+        self._limit = limit
+        self._held: deque[Write] = deque()
+        self._lock = threading.Lock()  # guards _held
+        self._draining = threading.Lock()  # one drainer at a time: only it pops
+        self.dropped = 0
+
+    @property
+    def held(self) -> int:
+        """How many writes wait for the store."""
+        with self._lock:
+            return len(self._held)
+
+    def sent(
+        self, attempt_id: str, charge: Charge, model: str, prompt_tokens: int = 0, completion_tokens: int = 0
+    ) -> None:
+        self._write(lambda ledger: ledger.sent(attempt_id, charge, model, prompt_tokens, completion_tokens))
+
+    def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self._write(lambda ledger: ledger.answered(attempt_id, prompt_tokens, completion_tokens))
+
+    def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
+        self._try_drain()
+        return self._ledger.totals(run_ids)
+
+    def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:
+        self._ledger.breaker_changed(endpoint, state, reason, cooldown_s)
+
+    def breaker(self, endpoint: str) -> Breaker | None:
+        return self._ledger.breaker(endpoint)
+
+    def flush(self) -> None:
+        """Write everything held; `StoreError` if the store is still away (what is left stays held)."""
+        with self._draining:
+            self._drain()
+
+    def _write(self, write: Write) -> None:
+        # An attempt's request and answer are written by one thread, one after the other: once
+        # anything is held, new writes queue behind it, so an answer never precedes its request.
+        with self._lock:
+            queued = bool(self._held)
+            if queued:
+                self._hold(write)
+        if not queued:
+            try:
+                write(self._ledger)
+                return
+            except StoreError as error:
+                log.warning("spend ledger away, the write is held until it is back: %s", error)
+                with self._lock:
+                    self._hold(write)
+        self._try_drain()
+
+    def _hold(self, write: Write) -> None:
+        if len(self._held) >= self._limit:
+            self._held.popleft()
+            self.dropped += 1
+            log.warning("spend ledger away: %d writes held, the oldest dropped", self._limit)
+        self._held.append(write)
+
+    def _try_drain(self) -> None:
+        if not self._draining.acquire(blocking=False):
+            return  # another thread drains
+        try:
+            self._drain()
+        except StoreError:
+            pass  # still away: held for the next write or the flush
+        finally:
+            self._draining.release()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._held:
+                    return
+                write = self._held[0]
+            write(self._ledger)
+            with self._lock:
+                if self._held and self._held[0] is write:
+                    self._held.popleft()
 
 
 _charge: ContextVar[Charge | None] = ContextVar("kenning_charge", default=None)

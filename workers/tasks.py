@@ -150,7 +150,9 @@ def register_step(step: Step) -> None:
                 with holding(resources, message, unit):
                     return step.run(resources.wiring, message.job, items).counts
 
-            return riding_out(resources, unit, work)
+            counts = riding_out(resources, unit, work)
+            flush_spend(resources, unit)
+            return counts
 
         app.task(run_batch, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
         return
@@ -165,7 +167,9 @@ def register_step(step: Step) -> None:
             update = {"token": token, "items": result.items, "counts": result.counts}
             return message.model_copy(update=update).encode()
 
-        return riding_out(resources, step.name, work)
+        done = riding_out(resources, step.name, work)
+        flush_spend(resources, step.name)
+        return done
 
     app.task(run_step, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
 
@@ -278,6 +282,16 @@ def riding_out(resources: Resources, what: str, work: Callable[[], T]) -> T:
             log.warning("%s: a store is away, tried again in %.1f s: %s", what, delay, error)
             time.sleep(delay)
             delay = min(delay * 2, RIDE_OUT_MAX_S)
+
+
+def flush_spend(resources: Resources, what: str) -> None:
+    """Write the LLM spend held while the metadata store was away before the task returns, so
+    the run's spend is whole when it ends; riding out an outage, then logging it: bookkeeping
+    does not fail work that is done."""
+    try:
+        riding_out(resources, f"{what}: spend ledger", resources.wiring.spend.flush)
+    except StoreError as error:
+        log.error("%s: LLM spend still held, not written (%d writes): %s", what, resources.wiring.spend.held, error)
 
 
 @contextmanager

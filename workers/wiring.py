@@ -31,7 +31,7 @@ from kenning.pipeline.ports import (
 )
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
 from kenning.pipeline.session import SessionRecords, SessionStore
-from kenning.pipeline.spend import SpendLedger
+from kenning.pipeline.spend import HeldLedger, SpendLedger
 from kenning.storage.access import SqlAccessLog
 from kenning.storage.blob import FileBlobStore
 from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
@@ -213,9 +213,10 @@ class Wiring:
         return self._once("session_records", lambda: SqlSessionRecords(self.engine))
 
     @property
-    def spend(self) -> SpendLedger:
-        """Every LLM request of a run, recorded as it is sent (`pipeline.spend`)."""
-        return self._once("spend", lambda: SqlSpendLedger(self.engine))
+    def spend(self) -> HeldLedger:
+        """Every LLM request of a run, recorded as it is sent (`pipeline.spend`); held while the
+        metadata database is away, and written once it is back."""
+        return self._once("spend", lambda: HeldLedger(SqlSpendLedger(self.engine)))
 
     @property
     def access(self) -> AccessLog:
