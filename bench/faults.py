@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kenning.pipeline.models import ChunkStatus
+from kenning.pipeline.spend import Spend
 from kenning.workers.simulator import Simulator
 from tests.integration.cluster import Deployment, RedisServer, Workers, kenning_env, settings_of
 from tests.integration.faults import (
@@ -116,10 +117,31 @@ def scenario(args: argparse.Namespace, name: str, fault: Fault | None) -> dict[s
                 outcome = run_with_fault(
                     target, DATASET, logs, fault(workers, postgres, redis_server), share=args.share
                 )
-                chat_calls = simulator.stats()["calls"]["chat"]
+                billed = simulator.stats()
+                spend = spend_shown(target, outcome)
             finally:
                 workers.stop()
-    return report(name, outcome) | {"chat_calls": chat_calls}
+    return report(name, outcome) | {"chat_calls": billed["calls"]["chat"], "spend": compared(spend, billed)}
+
+
+def spend_shown(target: Deployment, outcome: Outcome) -> Spend:
+    """The LLM spend that status shows for the runs of the dataset, summed."""
+    with target.memory() as memory:
+        totals = memory.wiring.spend.totals([run.id for run in outcome.runs])
+    return sum(totals.values(), Spend())
+
+
+def compared(shown: Spend, billed: dict[str, Any]) -> dict[str, Any]:
+    """Status's spend beside the simulator's, with the difference in % of what it billed."""
+    pairs = {
+        "calls": (shown.calls, billed["calls"]["chat"]),
+        "prompt_tokens": (shown.prompt_tokens, billed["prompt_tokens"]),
+        "completion_tokens": (shown.completion_tokens, billed["completion_tokens"]),
+    }
+    return {
+        name: {"status": mine, "simulator": seen, "diff_pct": round(100 * (mine - seen) / max(seen, 1), 2)}
+        for name, (mine, seen) in pairs.items()
+    }
 
 
 def undisturbed(target: Deployment, logs: Path) -> dict[str, Any]:

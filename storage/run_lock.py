@@ -14,6 +14,9 @@ from kenning.pipeline.errors import TransientStoreError
 # Keys of a dataset lock: <name> holds the fencing token of the latest take and expires unless
 # extended; <name>:fence the last token given (tokens only grow); <name>:run the id of the run
 # that took it, expiring with it. Each script checks and updates in one atomic step.
+# A counter that starts (first take, or Redis lost its data) starts at the server's clock in
+# ms, so tokens keep growing across a data loss while fewer than 1,000 takes a second were made
+# and the server's clock does not step back: a stale task's token is never given out again.
 _TAKE = """
 local holder = redis.call('get', KEYS[1])
 if holder then
@@ -23,6 +26,11 @@ if holder then
   return tonumber(holder)
 end
 local token = redis.call('incr', KEYS[2])
+if token == 1 then
+  local now = redis.call('time')
+  token = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('set', KEYS[2], token)
+end
 redis.call('set', KEYS[1], token, 'PX', ARGV[2])
 redis.call('set', KEYS[3], ARGV[1], 'PX', ARGV[2])
 return token

@@ -256,3 +256,23 @@ def test_holders_are_told_apart_by_id(run_locks: tuple[RunLock, RunLock]) -> Non
     assert second.take(NAME, runs[1], TTL_S) is None
     first.release_run(NAME, runs[0])
     assert second.take(NAME, runs[1], TTL_S) is not None
+
+
+@pytest.mark.redis
+def test_tokens_keep_growing_after_redis_loses_the_lock(
+    redis_locks: tuple[RedisRunLock, RedisRunLock], key_prefix: str, redis_url: str
+) -> None:
+    first, second = redis_locks
+    # Given a run that took the lock a few times, whose stale task still holds the last token
+    stale = 0
+    for _ in range(3):
+        stale = first.take(NAME, "run-a", TTL_S) or 0
+        first.release_run(NAME, "run-a")
+    # When Redis loses its data (restarted without its files): the lock and its counter are gone
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*[key_prefix + NAME + suffix for suffix in ("", ":fence", ":run")])
+    client.close()
+    # Then a run that takes the free lock gets a token the stale task never held: the fence
+    # tells them apart
+    fresh = second.take(NAME, "run-b", TTL_S)
+    assert fresh is not None and fresh > stale
