@@ -2,14 +2,21 @@
 
 `lexical_terms` holds the posting lists (one row per term and text, with the term's
 frequency), `lexical_docs` each text's length and payload, `lexical_stats` the text
-count and total length of each scope, so N and the average length cost one row read.
-A search is one SQL query over the posting lists of the query's terms.
+count and total length of each scope, so N and the average length cost one row read,
+and `lexical_revisions` a counter per scope that every write bumps.
+
+A search is answered from the scope's postings held in memory (`lexical_snapshot`) when they
+were read at the scope's current revision, else by one SQL query over the posting lists of
+the query's terms; then the postings are read again, in the background by default, for the
+searches that follow.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -21,9 +28,15 @@ from kenning.pipeline.errors import StoreError
 from kenning.pipeline.lexical import K1, B, LexicalEntry, bm25_distance, query_terms, term_frequencies
 from kenning.pipeline.models import Scope, ScoredPoint
 from kenning.pipeline.ports import chunked
+from kenning.storage.lexical_snapshot import Key, Snapshot, Snapshots
 from kenning.storage.sql_engine import create_tables, translated_sql
 
+log = logging.getLogger(__name__)
+
 BATCH_SIZE = 500
+# When a search finds the scope's snapshot missing or behind: `background` reads it in a
+# thread and answers from SQL meanwhile, `inline` reads it first, `off` never holds one.
+SNAPSHOT_MODES = ("background", "inline", "off")
 
 metadata = sa.MetaData()
 
@@ -57,6 +70,14 @@ stats_table = sa.Table(
     sa.Column("total_length", sa.BigInteger, nullable=False),
 )
 
+revisions_table = sa.Table(
+    "lexical_revisions",
+    metadata,
+    sa.Column("tenant", sa.String, primary_key=True),
+    sa.Column("dataset", sa.String, primary_key=True),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+)
+
 
 class _Staged:
     def __init__(self, doc_id: str, text: str, payload: dict[str, Any]) -> None:
@@ -69,13 +90,20 @@ class SqlLexicalIndex:
     """A `LexicalIndex` in `lexical_*` tables, created on construction when missing.
 
     Writes to one scope are serialised on its stats row, so concurrent indexing keeps
-    the text count and total length exact.
+    the text count and total length exact, and bump its revision. `snapshots` is one of
+    `SNAPSHOT_MODES`; `max_postings` bounds the postings held in memory.
     """
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(
+        self, engine: sa.Engine, snapshots: str = "background", max_postings: int | None = None
+    ) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql"):
             raise StoreError(f"the lexical index supports SQLite and PostgreSQL, not {engine.dialect.name}")
+        if snapshots not in SNAPSHOT_MODES:
+            raise ValueError(f"snapshots must be one of {SNAPSHOT_MODES}, not {snapshots!r}")
         self._engine = engine
+        self._mode = snapshots
+        self._snapshots = Snapshots() if max_postings is None else Snapshots(max_postings)
         with _translated():
             create_tables(engine, metadata)
             self._needs_ln = engine.dialect.name == "sqlite" and not _has_ln(engine)
@@ -92,25 +120,73 @@ class SqlLexicalIndex:
             _insert_rows(conn, terms_table, postings)
             new_length = sum(text.length for text in staged.values())
             _add_stats(conn, scope, len(staged) - old_count, new_length - old_length)
+            self._bump(conn, scope)
 
     def search(self, scope: Scope, query: str, limit: int) -> list[ScoredPoint]:
         terms = query_terms(query)
         if not terms or limit <= 0:
             return []
         with _translated(), self._engine.connect() as conn:
-            if self._needs_ln:
-                conn.connection.driver_connection.create_function(  # type: ignore[union-attr]
-                    "ln", 1, math.log, deterministic=True
-                )
-            rows = conn.execute(_bm25_query(scope, terms, limit)).all()
+            found = self._from_snapshot(conn, scope, terms, limit)
+            if found is None:
+                if self._needs_ln:
+                    conn.connection.driver_connection.create_function(  # type: ignore[union-attr]
+                        "ln", 1, math.log, deterministic=True
+                    )
+                rows = conn.execute(_bm25_query(scope, terms, limit)).all()
+                found = [(row.doc_id, float(row.bm25), row.payload) for row in rows]
         return [
-            ScoredPoint(
-                id=row.doc_id,
-                score=bm25_distance(float(row.bm25)),
-                payload={**json.loads(row.payload), "bm25": float(row.bm25)},
-            )
-            for row in rows
+            ScoredPoint(id=doc_id, score=bm25_distance(bm25), payload={**json.loads(payload), "bm25": bm25})
+            for doc_id, bm25, payload in found
         ]
+
+    def held(self, scope: Scope) -> int | None:
+        """The revision at which the scope's postings are held in memory; None when they are not."""
+        return self._snapshots.revision((scope.tenant, scope.dataset))
+
+    def _from_snapshot(
+        self, conn: sa.Connection, scope: Scope, terms: list[str], limit: int
+    ) -> list[tuple[str, float, str]] | None:
+        """(id, BM25, payload) of the best texts from the scope's snapshot at its current revision;
+        None when there is none (one is read, inline or in the background) or a text it names
+        is gone since."""
+        if self._mode == "off":
+            return None
+        key: Key = (scope.tenant, scope.dataset)
+        revision = _revision(conn, scope)
+        snapshot = self._snapshots.get(key, revision)
+        if snapshot is None:
+            if self._mode == "background":
+                self._read_later(scope)
+                return None
+            if not self._snapshots.begin_read(key):
+                return None
+            snapshot = _read_snapshot(conn, scope)
+            self._snapshots.end_read(key, snapshot)
+            if snapshot is None or snapshot.revision != revision:
+                return None
+        hits = snapshot.search(terms, limit)
+        payloads = _payloads(conn, scope, [doc_id for doc_id, _ in hits])
+        if len(payloads) < len(hits):
+            return None
+        return [(doc_id, bm25, payloads[doc_id]) for doc_id, bm25 in hits]
+
+    def _read_later(self, scope: Scope) -> None:
+        key: Key = (scope.tenant, scope.dataset)
+        if not self._snapshots.begin_read(key):
+            return
+
+        def read() -> None:
+            snapshot = None
+            try:
+                with _translated(), self._engine.connect() as conn:
+                    snapshot = _read_snapshot(conn, scope)
+            except Exception:
+                log.exception("lexical index: postings of %s/%s not read", scope.tenant, scope.dataset)
+            finally:
+                self._snapshots.end_read(key, snapshot)
+
+        threading.Thread(target=read, name="lexical-snapshot", daemon=True).start()
 
     def remove(self, scope: Scope, ids: Sequence[str]) -> None:
         unique = list(dict.fromkeys(ids))
@@ -120,6 +196,18 @@ class SqlLexicalIndex:
             self._lock_scope(conn, scope)
             count, length = _drop(conn, scope, unique)
             _add_stats(conn, scope, -count, -length)
+            self._bump(conn, scope)
+
+    def _bump(self, conn: sa.Connection, scope: Scope) -> None:
+        """One more revision of the scope: the snapshots read before it are behind."""
+        insert = (postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert)(
+            revisions_table
+        ).values(tenant=scope.tenant, dataset=scope.dataset, revision=1)
+        conn.execute(
+            insert.on_conflict_do_update(
+                index_elements=["tenant", "dataset"], set_={"revision": revisions_table.c.revision + 1}
+            )
+        )
 
     def _lock_scope(self, conn: sa.Connection, scope: Scope) -> None:
         """Create the scope's stats row if missing, then hold its row lock until commit."""
@@ -175,6 +263,38 @@ def _bm25_query(scope: Scope, terms: list[str], limit: int) -> sa.Select[Any]:
         .join(docs, sa.and_(_in_scope(docs, scope), docs.c.doc_id == ranked.c.doc_id))
         .order_by(ranked.c.bm25.desc(), ranked.c.doc_id)
     )
+
+
+def _revision(conn: sa.Connection, scope: Scope) -> int:
+    query = sa.select(revisions_table.c.revision).where(_in_scope(revisions_table, scope))
+    return int(conn.execute(query).scalar() or 0)
+
+
+def _read_snapshot(conn: sa.Connection, scope: Scope) -> Snapshot | None:
+    """The scope's postings as one snapshot; None if a write came in while they were read."""
+    before = _revision(conn, scope)
+    lengths = conn.execute(
+        sa.select(docs_table.c.doc_id, docs_table.c.length).where(_in_scope(docs_table, scope))
+    )
+    documents = [(row.doc_id, int(row.length)) for row in lengths]
+    postings = conn.execute(
+        sa.select(terms_table.c.term, terms_table.c.doc_id, terms_table.c.tf).where(
+            _in_scope(terms_table, scope)
+        )
+    )
+    rows = [(row.term, row.doc_id, int(row.tf)) for row in postings]
+    if _revision(conn, scope) != before:
+        return None
+    return Snapshot.read(before, documents, rows)
+
+
+def _payloads(conn: sa.Connection, scope: Scope, doc_ids: list[str]) -> dict[str, str]:
+    if not doc_ids:
+        return {}
+    query = sa.select(docs_table.c.doc_id, docs_table.c.payload).where(
+        _in_scope(docs_table, scope), docs_table.c.doc_id.in_(doc_ids)
+    )
+    return {row.doc_id: row.payload for row in conn.execute(query)}
 
 
 def _drop(conn: sa.Connection, scope: Scope, doc_ids: list[str]) -> tuple[int, int]:

@@ -291,7 +291,8 @@ def flush_spend(resources: Resources, what: str) -> None:
     try:
         riding_out(resources, f"{what}: spend ledger", resources.wiring.spend.flush)
     except StoreError as error:
-        log.error("%s: LLM spend still held, not written (%d writes): %s", what, resources.wiring.spend.held, error)
+        held = resources.wiring.spend.held
+        log.error("%s: LLM spend still held, not written (%d writes): %s", what, held, error)
 
 
 @contextmanager

@@ -1,8 +1,11 @@
-"""One contract for every LexicalIndex: the in-memory twin and the SQL inverted index (SQLite, PostgreSQL)."""
+"""One contract for every LexicalIndex: the in-memory twin and the SQL inverted index (SQLite, PostgreSQL),
+searched in SQL and from its postings held in memory (read inline, so every search uses them)."""
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +20,13 @@ from kenning.storage.lexical_sql import SqlLexicalIndex
 from kenning.storage.memory_lexical import MemoryLexicalIndex
 from kenning.storage.sql_engine import open_engine
 
-BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    "sqlite-inline",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("postgres-inline", marks=pytest.mark.postgres),
+]
 
 CORPUS = [
     ("ada", "Ada Lovelace wrote the first algorithm for the Analytical Engine."),
@@ -43,9 +52,10 @@ def index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LexicalInd
         yield MemoryLexicalIndex()
         return
     url = f"sqlite:///{tmp_path / 'lexical.db'}"
-    engine = open_engine(request.getfixturevalue("postgres_url") if request.param == "postgres" else url)
+    database, _, snapshots = request.param.partition("-")
+    engine = open_engine(request.getfixturevalue("postgres_url") if database == "postgres" else url)
     try:
-        yield SqlLexicalIndex(engine)
+        yield SqlLexicalIndex(engine, snapshots=snapshots or "off")
     finally:
         engine.dispose()
 
@@ -281,3 +291,73 @@ def test_tokenizer_folds_strips_and_drops_stop_words() -> None:
     assert tokenize("Café crème") == ["cafe", "creme"]
     assert query_terms("engine Engine engines") == ["engine"]
     assert max(len(term) for term in tokenize("x" * 500)) == 64
+
+
+# The SQL index's postings held in memory
+
+
+def sqlite_index(tmp_path: Path, snapshots: str) -> SqlLexicalIndex:
+    return SqlLexicalIndex(open_engine(f"sqlite:///{tmp_path / 'lexical.db'}"), snapshots=snapshots)
+
+
+def test_postings_held_in_memory_rank_as_the_sql_query_does(tmp_path: Path, new_scope: NewScope) -> None:
+    # Given texts over a small vocabulary, so that many share terms and many tie
+    rng = random.Random(7)
+    words = [f"word{n}" for n in range(40)]
+    corpus = [(f"t{n:04}", " ".join(rng.choices(words, k=rng.randint(1, 12)))) for n in range(300)]
+    scope = new_scope()
+    in_sql, in_memory = sqlite_index(tmp_path, "off"), sqlite_index(tmp_path, "inline")
+    in_sql.index(scope, entries(corpus))
+    for _ in range(40):
+        query = " ".join(rng.choices(words, k=rng.randint(1, 4)))
+        # When each searches
+        expected = in_sql.search(scope, query, 10)
+        found = in_memory.search(scope, query, 10)
+        # Then the same texts come in the same order, with the same scores and payloads
+        assert [hit.id for hit in found] == [hit.id for hit in expected], query
+        assert [hit.payload.pop("bm25") for hit in found] == pytest.approx(
+            [hit.payload.pop("bm25") for hit in expected], rel=1e-9
+        )
+        assert [hit.payload for hit in found] == [hit.payload for hit in expected]
+    assert in_memory.held(scope) is not None
+
+
+def test_a_search_after_a_write_never_answers_from_postings_read_before_it(
+    tmp_path: Path, new_scope: NewScope
+) -> None:
+    scope = new_scope()
+    index = sqlite_index(tmp_path, "background")
+    index.index(scope, entries(CORPUS))
+    # Given the scope's postings read in the background after a first search
+    assert ids(index, scope, "compiler") == ["hopper"]
+    assert held_at(index, scope, 1)
+    assert ids(index, scope, "compiler") == ["hopper"]
+    # When a text is replaced and another removed
+    index.index(scope, entries([("hopper", "Grace Hopper sailed with the navy.")]))
+    index.remove(scope, ["car"])
+    # Then the next searches see the writes at once
+    assert ids(index, scope, "compiler") == []
+    assert ids(index, scope, "navy") == ["hopper"]
+    assert "car" not in ids(index, scope, "engine fuel")
+    # And once the postings are read again (two writes: revision 3), they answer the same
+    assert held_at(index, scope, 3)
+    assert ids(index, scope, "compiler") == []
+    assert ids(index, scope, "navy") == ["hopper"]
+
+
+def held_at(index: SqlLexicalIndex, scope: Scope, revision: int) -> bool:
+    """Whether the scope's postings come to be held at `revision` (searching starts the read)."""
+    deadline = time.monotonic() + 30
+    while index.held(scope) != revision and time.monotonic() < deadline:
+        index.search(scope, "engine", 1)
+        time.sleep(0.05)
+    return index.held(scope) == revision
+
+
+def test_a_scope_past_the_bound_is_searched_in_sql(tmp_path: Path, new_scope: NewScope) -> None:
+    scope = new_scope()
+    engine = open_engine(f"sqlite:///{tmp_path / 'lexical.db'}")
+    index = SqlLexicalIndex(engine, snapshots="inline", max_postings=5)
+    index.index(scope, entries(CORPUS))
+    assert ids(index, scope, "engine") == ids(SqlLexicalIndex(engine, snapshots="off"), scope, "engine")
+    assert index.held(scope) is None
