@@ -114,7 +114,17 @@ class Snapshots:
         self._held: OrderedDict[Key, Snapshot] = OrderedDict()
         self._reading: set[Key] = set()
         self._oversized: set[Key] = set()
+        self._searched: set[Key] = set()
         self._lock = threading.Lock()
+
+    def searched_before(self, key: Key) -> bool:
+        """Whether the scope was searched before in this process (and note that it was now): a
+        process that searches a scope once, such as one `kenning search`, never reads it."""
+        with self._lock:
+            if key in self._searched:
+                return True
+            self._searched.add(key)
+            return False
 
     def get(self, key: Key, revision: int) -> Snapshot | None:
         """The scope's snapshot if it is at `revision`."""

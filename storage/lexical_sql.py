@@ -7,8 +7,8 @@ and `lexical_revisions` a counter per scope that every write bumps.
 
 A search is answered from the scope's postings held in memory (`lexical_snapshot`) when they
 were read at the scope's current revision, else by one SQL query over the posting lists of
-the query's terms; then the postings are read again, in the background by default, for the
-searches that follow.
+the query's terms; then, from the scope's second search in a process on, the postings are read
+again, in the background by default, for the searches that follow.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ class SqlLexicalIndex:
         snapshot = self._snapshots.get(key, revision)
         if snapshot is None:
             if self._mode == "background":
-                self._read_later(scope)
+                if self._snapshots.searched_before(key):
+                    self._read_later(scope)
                 return None
             if not self._snapshots.begin_read(key):
                 return None
