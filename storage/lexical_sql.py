@@ -277,13 +277,13 @@ def _read_snapshot(conn: sa.Connection, scope: Scope) -> Snapshot | None:
     lengths = conn.execute(
         sa.select(docs_table.c.doc_id, docs_table.c.length).where(_in_scope(docs_table, scope))
     )
-    documents = [(row.doc_id, int(row.length)) for row in lengths]
+    documents = [(doc_id, int(length)) for doc_id, length in lengths]
     postings = conn.execute(
         sa.select(terms_table.c.term, terms_table.c.doc_id, terms_table.c.tf).where(
             _in_scope(terms_table, scope)
         )
     )
-    rows = [(row.term, row.doc_id, int(row.tf)) for row in postings]
+    rows = [(term, doc_id, int(tf)) for term, doc_id, tf in postings]
     if _revision(conn, scope) != before:
         return None
     return Snapshot.read(before, documents, rows)
