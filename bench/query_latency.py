@@ -10,8 +10,9 @@ twowiki questions:
 - threads: `--clients` threads sharing one `Kenning` in this process;
 - processes: `--clients` processes, each with its own `Kenning` on the same home (what
   users running several `kenning` commands or agents at once do), all asking at once.
-Each client asks every question once per type, starting at its own offset. Query embeddings
-are never cached here (every query pays its embedding, as distinct questions would). Prints
+Each client asks every question once per type, starting at its own offset. A query's
+embeddings are cached for that query alone: its lanes embed the question once, as with the
+production cache, but no question is ever embedded by an earlier one. Prints
 p50/p95/queries per second per type and mode, the share of each store call in the
 single-client run, and the load average; writes bench/results/query_latency.json.
 """
@@ -34,6 +35,7 @@ from typing import Any
 
 from bench.ingest import documents
 from bench.latency import QUESTIONS, Timed, percentile
+from kenning.pipeline.ports import Embedder
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
 from kenning.workers.wiring import Wiring, open_embedder
@@ -43,10 +45,31 @@ TYPES = ("CHUNKS", "HYBRID_COMPLETION", "GRAPH_COMPLETION")
 START_TIMEOUT_S = 300.0
 
 
+class PerQuery:
+    """An embedder whose cache lasts one query of one thread (`new_query` starts the next)."""
+
+    _asked = threading.local()
+
+    def __init__(self, inner: Embedder) -> None:
+        self._inner = inner
+        self.dimension, self.model = inner.dimension, inner.model
+
+    @classmethod
+    def new_query(cls) -> None:
+        cls._asked.cache = {}
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        cache: dict[str, list[float]] = getattr(self._asked, "cache", {})
+        missing = list(dict.fromkeys(text for text in texts if text not in cache))
+        if missing:
+            cache.update(zip(missing, self._inner.embed(missing), strict=True))
+        return [cache[text] for text in texts]
+
+
 def open_memory(home: Path) -> Kenning:
-    """A `Kenning` on the home with local embeddings and no query-embedding cache."""
+    """A `Kenning` on the home with local embeddings, cached for one query at a time."""
     settings = load_settings(home=home, embedding_provider="local")
-    return Kenning(settings, Wiring(settings, {"embedder": open_embedder(settings)}))
+    return Kenning(settings, Wiring(settings, {"embedder": PerQuery(open_embedder(settings))}))
 
 
 def ingest(home: Path, count: int) -> dict[str, Any]:
@@ -82,6 +105,7 @@ def rotated(questions: list[str], client: int, clients: int) -> list[str]:
 def ask_all(memory: Kenning, kind: str, questions: Sequence[str]) -> list[float]:
     latencies = []
     for question in questions:
+        PerQuery.new_query()
         started = time.perf_counter()
         memory.search(question, kind, only_context=True)
         latencies.append(time.perf_counter() - started)
