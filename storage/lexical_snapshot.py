@@ -7,16 +7,11 @@ the postings of term i (text index and term frequency). A search adds each query
 weights into one score array and keeps the best. Scores are the formula of `pipeline.lexical`,
 term by term as the SQL query computes them.
 
-A snapshot is only ever used at the revision of the scope it was read at: the SQL index bumps
-a scope's revision with every write, and a search whose scope has moved on is answered from
-SQL while a new snapshot is read. `Snapshots` keeps the most recently used of them, within a
-bound on the postings held.
+A snapshot is only ever used at the revision of the scope it was read at (`storage.snapshots`).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -24,8 +19,6 @@ import numpy as np
 import numpy.typing as npt
 
 from kenning.pipeline.lexical import K1, B
-
-Key = tuple[str, str]
 
 # Postings held by all the snapshots of one index at most (8 bytes each in arrays, plus the
 # term and id strings): about 100 MB at the default.
@@ -45,7 +38,8 @@ class Snapshot:
     tfs: npt.NDArray[np.float64]
 
     @property
-    def postings(self) -> int:
+    def size(self) -> int:
+        """Postings held."""
         return len(self.docs)
 
     @classmethod
@@ -104,65 +98,3 @@ class Snapshot:
             found = found[scores[found] >= cut]
         order = found[np.lexsort((found, -scores[found]))][:limit]
         return [(self.doc_ids[index], float(scores[index])) for index in order]
-
-
-class Snapshots:
-    """The snapshots of an index's scopes, most recently used kept, within `max_postings`.
-
-    Thread-safe; a scope is read by one thread at a time (`begin_read` says whether this one),
-    and a scope found larger than the bound is not read again by this process.
-    """
-
-    def __init__(self, max_postings: int = MAX_POSTINGS) -> None:
-        self._max_postings = max_postings
-        self._held: OrderedDict[Key, Snapshot] = OrderedDict()
-        self._reading: set[Key] = set()
-        self._oversized: set[Key] = set()
-        self._searched: set[Key] = set()
-        self._lock = threading.Lock()
-
-    def searched_before(self, key: Key) -> bool:
-        """Whether the scope was searched before in this process (and note that it was now): a
-        process that searches a scope once, such as one `kenning search`, never reads it."""
-        with self._lock:
-            if key in self._searched:
-                return True
-            self._searched.add(key)
-            return False
-
-    def get(self, key: Key, revision: int) -> Snapshot | None:
-        """The scope's snapshot if it is at `revision`."""
-        with self._lock:
-            snapshot = self._held.get(key)
-            if snapshot is None or snapshot.revision != revision:
-                return None
-            self._held.move_to_end(key)
-            return snapshot
-
-    def revision(self, key: Key) -> int | None:
-        """The revision of the scope's snapshot held, None when none is."""
-        with self._lock:
-            snapshot = self._held.get(key)
-            return None if snapshot is None else snapshot.revision
-
-    def begin_read(self, key: Key) -> bool:
-        """Whether this thread is to read the scope (no other is reading it now)."""
-        with self._lock:
-            if key in self._reading or key in self._oversized:
-                return False
-            self._reading.add(key)
-            return True
-
-    def end_read(self, key: Key, snapshot: Snapshot | None) -> None:
-        """Keep what was read (None: nothing usable), dropping the least recently used beyond the bound."""
-        with self._lock:
-            self._reading.discard(key)
-            self._held.pop(key, None)
-            if snapshot is None:
-                return
-            if snapshot.postings > self._max_postings:
-                self._oversized.add(key)
-                return
-            self._held[key] = snapshot
-            while sum(held.postings for held in self._held.values()) > self._max_postings:
-                self._held.popitem(last=False)

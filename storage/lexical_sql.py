@@ -14,9 +14,7 @@ again, in the background by default, for the searches that follow.
 from __future__ import annotations
 
 import json
-import logging
 import math
-import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -28,15 +26,11 @@ from kenning.pipeline.errors import StoreError
 from kenning.pipeline.lexical import K1, B, LexicalEntry, bm25_distance, query_terms, term_frequencies
 from kenning.pipeline.models import Scope, ScoredPoint
 from kenning.pipeline.ports import chunked
-from kenning.storage.lexical_snapshot import Key, Snapshot, Snapshots
+from kenning.storage.lexical_snapshot import MAX_POSTINGS, Snapshot
+from kenning.storage.snapshots import Snapshots, bump, revision_of, revisions_table
 from kenning.storage.sql_engine import create_tables, translated_sql
 
-log = logging.getLogger(__name__)
-
 BATCH_SIZE = 500
-# When a search finds the scope's snapshot missing or behind: `background` reads it in a
-# thread and answers from SQL meanwhile, `inline` reads it first, `off` never holds one.
-SNAPSHOT_MODES = ("background", "inline", "off")
 
 metadata = sa.MetaData()
 
@@ -70,13 +64,7 @@ stats_table = sa.Table(
     sa.Column("total_length", sa.BigInteger, nullable=False),
 )
 
-revisions_table = sa.Table(
-    "lexical_revisions",
-    metadata,
-    sa.Column("tenant", sa.String, primary_key=True),
-    sa.Column("dataset", sa.String, primary_key=True),
-    sa.Column("revision", sa.BigInteger, nullable=False),
-)
+revisions = revisions_table("lexical_revisions", metadata)
 
 
 class _Staged:
@@ -91,19 +79,16 @@ class SqlLexicalIndex:
 
     Writes to one scope are serialised on its stats row, so concurrent indexing keeps
     the text count and total length exact, and bump its revision. `snapshots` is one of
-    `SNAPSHOT_MODES`; `max_postings` bounds the postings held in memory.
+    `storage.snapshots.MODES`; `max_postings` bounds the postings held in memory.
     """
 
     def __init__(
-        self, engine: sa.Engine, snapshots: str = "background", max_postings: int | None = None
+        self, engine: sa.Engine, snapshots: str = "background", max_postings: int = MAX_POSTINGS
     ) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql"):
             raise StoreError(f"the lexical index supports SQLite and PostgreSQL, not {engine.dialect.name}")
-        if snapshots not in SNAPSHOT_MODES:
-            raise ValueError(f"snapshots must be one of {SNAPSHOT_MODES}, not {snapshots!r}")
         self._engine = engine
-        self._mode = snapshots
-        self._snapshots = Snapshots() if max_postings is None else Snapshots(max_postings)
+        self._snapshots: Snapshots[Snapshot] = Snapshots(max_postings, snapshots)
         with _translated():
             create_tables(engine, metadata)
             self._needs_ln = engine.dialect.name == "sqlite" and not _has_ln(engine)
@@ -120,7 +105,7 @@ class SqlLexicalIndex:
             _insert_rows(conn, terms_table, postings)
             new_length = sum(text.length for text in staged.values())
             _add_stats(conn, scope, len(staged) - old_count, new_length - old_length)
-            self._bump(conn, scope)
+            bump(conn, revisions, scope)
 
     def search(self, scope: Scope, query: str, limit: int) -> list[ScoredPoint]:
         terms = query_terms(query)
@@ -142,52 +127,28 @@ class SqlLexicalIndex:
 
     def held(self, scope: Scope) -> int | None:
         """The revision at which the scope's postings are held in memory; None when they are not."""
-        return self._snapshots.revision((scope.tenant, scope.dataset))
+        return self._snapshots.revision(scope)
 
     def _from_snapshot(
         self, conn: sa.Connection, scope: Scope, terms: list[str], limit: int
     ) -> list[tuple[str, float, str]] | None:
-        """(id, BM25, payload) of the best texts from the scope's snapshot at its current revision;
-        None when there is none (one is read, inline or in the background) or a text it names
+        """(id, BM25, payload) of the best texts from the scope's postings in memory at its current
+        revision; None when they are not (they are read, as the mode says) or a text they name
         is gone since."""
-        if self._mode == "off":
-            return None
-        key: Key = (scope.tenant, scope.dataset)
-        revision = _revision(conn, scope)
-        snapshot = self._snapshots.get(key, revision)
+        snapshot = self._snapshots.usable(
+            scope, revision_of(conn, revisions, scope), lambda: self._read(scope)
+        )
         if snapshot is None:
-            if self._mode == "background":
-                if self._snapshots.searched_before(key):
-                    self._read_later(scope)
-                return None
-            if not self._snapshots.begin_read(key):
-                return None
-            snapshot = _read_snapshot(conn, scope)
-            self._snapshots.end_read(key, snapshot)
-            if snapshot is None or snapshot.revision != revision:
-                return None
+            return None
         hits = snapshot.search(terms, limit)
         payloads = _payloads(conn, scope, [doc_id for doc_id, _ in hits])
         if len(payloads) < len(hits):
             return None
         return [(doc_id, bm25, payloads[doc_id]) for doc_id, bm25 in hits]
 
-    def _read_later(self, scope: Scope) -> None:
-        key: Key = (scope.tenant, scope.dataset)
-        if not self._snapshots.begin_read(key):
-            return
-
-        def read() -> None:
-            snapshot = None
-            try:
-                with _translated(), self._engine.connect() as conn:
-                    snapshot = _read_snapshot(conn, scope)
-            except Exception:
-                log.exception("lexical index: postings of %s/%s not read", scope.tenant, scope.dataset)
-            finally:
-                self._snapshots.end_read(key, snapshot)
-
-        threading.Thread(target=read, name="lexical-snapshot", daemon=True).start()
+    def _read(self, scope: Scope) -> Snapshot | None:
+        with _translated(), self._engine.connect() as conn:
+            return _read_snapshot(conn, scope)
 
     def remove(self, scope: Scope, ids: Sequence[str]) -> None:
         unique = list(dict.fromkeys(ids))
@@ -197,18 +158,7 @@ class SqlLexicalIndex:
             self._lock_scope(conn, scope)
             count, length = _drop(conn, scope, unique)
             _add_stats(conn, scope, -count, -length)
-            self._bump(conn, scope)
-
-    def _bump(self, conn: sa.Connection, scope: Scope) -> None:
-        """One more revision of the scope: the snapshots read before it are behind."""
-        insert = (postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert)(
-            revisions_table
-        ).values(tenant=scope.tenant, dataset=scope.dataset, revision=1)
-        conn.execute(
-            insert.on_conflict_do_update(
-                index_elements=["tenant", "dataset"], set_={"revision": revisions_table.c.revision + 1}
-            )
-        )
+            bump(conn, revisions, scope)
 
     def _lock_scope(self, conn: sa.Connection, scope: Scope) -> None:
         """Create the scope's stats row if missing, then hold its row lock until commit."""
@@ -266,14 +216,9 @@ def _bm25_query(scope: Scope, terms: list[str], limit: int) -> sa.Select[Any]:
     )
 
 
-def _revision(conn: sa.Connection, scope: Scope) -> int:
-    query = sa.select(revisions_table.c.revision).where(_in_scope(revisions_table, scope))
-    return int(conn.execute(query).scalar() or 0)
-
-
 def _read_snapshot(conn: sa.Connection, scope: Scope) -> Snapshot | None:
     """The scope's postings as one snapshot; None if a write came in while they were read."""
-    before = _revision(conn, scope)
+    before = revision_of(conn, revisions, scope)
     lengths = conn.execute(
         sa.select(docs_table.c.doc_id, docs_table.c.length).where(_in_scope(docs_table, scope))
     )
@@ -284,7 +229,7 @@ def _read_snapshot(conn: sa.Connection, scope: Scope) -> Snapshot | None:
         )
     )
     rows = [(term, doc_id, int(tf)) for term, doc_id, tf in postings]
-    if _revision(conn, scope) != before:
+    if revision_of(conn, revisions, scope) != before:
         return None
     return Snapshot.read(before, documents, rows)
 
