@@ -13,6 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import Neighbourhood, chunked
+from kenning.storage.graph_shape import MAX_EDGES, Shape
 from kenning.storage.memory_graph import (
     expand,
     over_stored_edges,
@@ -23,6 +24,7 @@ from kenning.storage.memory_graph import (
     unique_edges,
     unique_nodes,
 )
+from kenning.storage.snapshots import Snapshots, bump, revision_of, revisions_table
 from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
@@ -68,14 +70,23 @@ provenance_table = sa.Table(
     sa.Index("ix_graph_provenance_data", "tenant", "dataset", "data_id"),
 )
 
+# Bumped by every write that adds, changes or removes edges: the shapes held in memory follow it.
+revisions = revisions_table("graph_revisions", metadata)
+
 
 class SqlGraphStore:
-    """A GraphStore in `graph_*` tables, created on construction when missing."""
+    """A GraphStore in `graph_*` tables, created on construction when missing.
 
-    def __init__(self, engine: sa.Engine) -> None:
+    The walk's subgraph (`neighbourhood(shape_only=True)`) comes from the scope's edges held in
+    memory (`graph_shape`) when they are current; `snapshots` is one of `storage.snapshots.MODES`
+    and `max_edges` bounds the edges held.
+    """
+
+    def __init__(self, engine: sa.Engine, snapshots: str = "background", max_edges: int = MAX_EDGES) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql"):
             raise StoreError(f"the SQL graph store supports SQLite and PostgreSQL, not {engine.dialect.name}")
         self._engine = engine
+        self._shapes: Snapshots[Shape] = Snapshots(max_edges, snapshots)
         with _translated():
             create_tables(engine, metadata)
 
@@ -98,6 +109,7 @@ class SqlGraphStore:
             update = ("source_id", "target_id", "relationship", "properties")
             self._upsert(conn, edges_table, rows, update=update)
             self._add_provenance(conn, _provenance_rows(scope, EDGE, kept))
+            bump(conn, revisions, scope)
 
     def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
         found: list[sa.Row[Any]] = []
@@ -140,6 +152,17 @@ class SqlGraphStore:
         followed = sa.and_(_in_scope(table, scope), table.c.relationship.not_in(list(skip)))
         columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
         with _translated(), self._engine.connect() as conn:
+            held = self._shape(conn, scope) if shape_only else None
+            if held is not None:
+                skipped = frozenset(skip)
+                return expand(
+                    lambda ids: held.degrees(ids, skipped),
+                    lambda ids: held.edges_of(ids, skipped),
+                    node_ids,
+                    hops,
+                    limit,
+                    max_degree,
+                )
 
             def degrees(ids: list[str]) -> dict[str, int]:
                 counts: dict[str, int] = {}
@@ -173,6 +196,26 @@ class SqlGraphStore:
 
             return expand(degrees, shapes if shape_only else touching, node_ids, hops, limit, max_degree)
 
+    def shape_held(self, scope: Scope) -> int | None:
+        """The revision at which the scope's edges are held in memory; None when they are not."""
+        return self._shapes.revision(scope)
+
+    def _shape(self, conn: sa.Connection, scope: Scope) -> Shape | None:
+        return self._shapes.usable(
+            scope, revision_of(conn, revisions, scope), lambda: self._read_shape(scope)
+        )
+
+    def _read_shape(self, scope: Scope) -> Shape | None:
+        """The scope's edges as one shape; None if a write came in while they were read."""
+        table = edges_table
+        columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
+        with _translated(), self._engine.connect() as conn:
+            before = revision_of(conn, revisions, scope)
+            rows = [tuple(row) for row in conn.execute(sa.select(*columns).where(_in_scope(table, scope)))]
+            if revision_of(conn, revisions, scope) != before:
+                return None
+        return Shape.read(before, rows)
+
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         gone = set(data_ids)
         with _translated(), self._engine.begin() as conn:
@@ -184,6 +227,7 @@ class SqlGraphStore:
             _delete_rows(conn, scope, nodes_table, nodes_table.c.id, result.deleted_nodes)
             _delete_rows(conn, scope, edges_table, edges_table.c.id, result.deleted_edges)
             _delete_rows(conn, scope, provenance_table, provenance_table.c.item_id, result.deleted)
+            bump(conn, revisions, scope)
         return result
 
     def supported_by(self, scope: Scope, data_ids: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -197,6 +241,7 @@ class SqlGraphStore:
             _delete_rows(conn, scope, nodes_table, nodes_table.c.id, list(node_ids))
             _delete_rows(conn, scope, edges_table, edges_table.c.id, edges)
             _delete_rows(conn, scope, provenance_table, provenance_table.c.item_id, [*node_ids, *edges])
+            bump(conn, revisions, scope)
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         with _translated(), self._engine.connect() as conn:

@@ -43,7 +43,10 @@ HOSTILE = [
 BACKENDS = [
     "memory",
     "sql-sqlite",
+    # The SQL graph with its edges held in memory, read inline: every shape comes from them.
+    "sql-sqlite-held",
     pytest.param("sql-postgres", marks=pytest.mark.postgres),
+    pytest.param("sql-postgres-held", marks=pytest.mark.postgres),
     pytest.param("falkordb", marks=pytest.mark.falkordb),
     pytest.param(
         "memgraph",
@@ -91,10 +94,10 @@ def _open_store(request: pytest.FixtureRequest, tmp_path: Path) -> GraphStore:
     backend = request.param
     if backend == "memory":
         return MemoryGraphStore()
-    if backend == "sql-sqlite":
-        return SqlGraphStore(open_engine(f"sqlite:///{tmp_path / 'graph.db'}"))
-    if backend == "sql-postgres":
-        return SqlGraphStore(open_engine(request.getfixturevalue("postgres_url")))
+    if backend.startswith("sql-"):
+        sqlite_url = f"sqlite:///{tmp_path / 'graph.db'}"
+        url = sqlite_url if backend.startswith("sql-sqlite") else request.getfixturevalue("postgres_url")
+        return SqlGraphStore(open_engine(url), snapshots="inline" if backend.endswith("-held") else "off")
     if backend == "falkordb":
         return FalkorGraphStore(request.getfixturevalue("falkordb_url"), graph_name="kenning_contract")
     user = os.environ.get("KENNING_MEMGRAPH_USER", "")
@@ -662,3 +665,26 @@ def test_neighbourhood_shape_only_brings_the_same_edges_without_properties_or_pr
     # And the full edges still carry both
     full_ab = by_id(store.neighbourhood(scope, ["a"]).edges)["a-knows-b"]
     assert full_ab.properties == {"weight": 0.5, "note": "a knows b"} and full_ab.data_ids == ["d1", "d2"]
+
+
+def test_neighbourhood_shapes_follow_every_write(store: GraphStore, new_scope: NewScope) -> None:
+    # Given a chain a - b - c whose shape was asked for once
+    scope = new_scope()
+    store.upsert_nodes(scope, [node("a", data_ids=("d1",)), node("b"), node("c", data_ids=("d2",))])
+    store.upsert_edges(scope, [edge("a", "b"), edge("b", "c", data_ids=("d2",))])
+
+    def shape_ids() -> list[str]:
+        return sorted(e.id for e in store.neighbourhood(scope, ["b"], hops=2, shape_only=True).edges)
+
+    assert shape_ids() == ["a-knows-b", "b-knows-c"]
+    # When an edge is added, then a data item forgotten, then an element deleted
+    store.upsert_nodes(scope, [node("e")])
+    store.upsert_edges(scope, [edge("b", "e")])
+    after_upsert = shape_ids()
+    store.remove_data(scope, ["d2"])
+    after_removal = shape_ids()
+    store.delete_elements(scope, [], ["a-knows-b"])
+    # Then each shape asked for next shows it at once
+    assert after_upsert == ["a-knows-b", "b-knows-c", "b-knows-e"]
+    assert after_removal == ["a-knows-b", "b-knows-e"]
+    assert shape_ids() == ["b-knows-e"]
