@@ -5,14 +5,17 @@ transaction as every write that changes what it holds in memory. A read compares
 revision with the one its snapshot was read at: equal, it answers from memory; else from SQL,
 while a new snapshot is read (`background`: in a thread, from the scope's second read in the
 process on, so that a one-shot command never pays for it; `inline`: first; `off`: never).
-Snapshots are kept most recently used first, within a bound on their total size; a scope
-larger than the bound is never held.
+In the background, a scope's next read waits as long as its last one took, so that a scope
+written without pause (a cognify running) costs a reader at most half its time. Snapshots
+are kept most recently used first, within a bound on their total size; a scope larger than
+the bound is never held.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
@@ -42,7 +45,9 @@ T = TypeVar("T", bound=Snapshot)
 class Snapshots(Generic[T]):
     """The snapshots of one store's scopes. Thread-safe; one thread reads a scope at a time."""
 
-    def __init__(self, max_size: int, mode: str = "background") -> None:
+    def __init__(
+        self, max_size: int, mode: str = "background", clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"snapshots must be one of {MODES}, not {mode!r}")
         self.mode = mode
@@ -51,6 +56,8 @@ class Snapshots(Generic[T]):
         self._reading: set[Key] = set()
         self._oversized: set[Key] = set()
         self._searched: set[Key] = set()
+        self._next_read: dict[Key, float] = {}
+        self._clock = clock
         self._lock = threading.Lock()
 
     def usable(self, scope: Scope, revision: int, read: Callable[[], T | None]) -> T | None:
@@ -63,7 +70,7 @@ class Snapshots(Generic[T]):
         if held is not None:
             return held
         if self.mode == "background":
-            if self._searched_before(key) and self._begin_read(key):
+            if self._searched_before(key) and self._due(key) and self._begin_read(key):
                 threading.Thread(target=self._read, args=(key, read), name="snapshot", daemon=True).start()
             return None
         if not self._begin_read(key):
@@ -79,13 +86,21 @@ class Snapshots(Generic[T]):
 
     def _read(self, key: Key, read: Callable[[], T | None]) -> T | None:
         snapshot = None
+        started = self._clock()
         try:
             snapshot = read()
         except Exception:
             log.exception("%s/%s not read into memory: answered from SQL", *key)
         finally:
+            ended = self._clock()
+            with self._lock:
+                self._next_read[key] = ended + (ended - started)
             self._end_read(key, snapshot)
         return snapshot
+
+    def _due(self, key: Key) -> bool:
+        with self._lock:
+            return self._clock() >= self._next_read.get(key, 0.0)
 
     def _get(self, key: Key, revision: int) -> T | None:
         with self._lock:
