@@ -118,15 +118,22 @@ def configured(deployment: Deployment, simulator: Simulator, **values: str) -> D
 # A call cut short by a kill is recorded with estimated tokens: the provider bills an answer
 # the worker never read. Its completion tokens are the estimate's error (seen: 1% to 2.2%).
 KILLED_TOLERANCE = 0.05
+# A request recorded in the milliseconds before its worker was killed, but never sent, is
+# counted: at most one per request in flight (2 workers, 2 processes each, 2 units a batch).
+KILLED_UNSENT = 8
 
 
-def assert_spend(status: dict[str, Any], billed: dict[str, Any], completion_tolerance: float = 0.01) -> None:
-    """Status shows every call the simulator answered, and its tokens within the tolerances."""
-    assert status["llm_calls"] == billed["calls"]["chat"], (status["llm_calls"], billed["calls"])
-    prompt, completion = status["tokens"]["prompt"], status["tokens"]["completion"]
-    assert abs(prompt - billed["prompt_tokens"]) <= 0.01 * billed["prompt_tokens"], (prompt, billed)
-    seen = billed["completion_tokens"]
-    assert abs(completion - seen) <= completion_tolerance * seen, (completion, seen)
+def assert_spend(
+    status: dict[str, Any], billed: dict[str, Any], tolerance: float = 0.01, unsent: int = 0
+) -> None:
+    """Status shows every call the simulator answered, and its tokens within the tolerance;
+    `unsent` more calls at most: requests recorded by a task killed before the provider got them
+    (the client cannot tell them from requests the provider got), never fewer."""
+    extra = status["llm_calls"] - billed["calls"]["chat"]
+    assert 0 <= extra <= unsent, (status["llm_calls"], billed["calls"])
+    for name in ("prompt", "completion"):
+        shown, seen = status["tokens"][name], billed[f"{name}_tokens"]
+        assert abs(shown - seen) <= tolerance * seen, (name, shown, seen)
 
 
 def assert_recovered(outcome: Outcome, workers: Workers, *, interrupted: bool) -> None:
@@ -178,7 +185,7 @@ def test_both_workers_killed_mid_extraction_and_restarted_then_a_new_cognify_tak
     assert second_code == 0, workers.logs()
     assert lock_released(faulty, "killed")
     # And status counts every LLM call the provider saw: the killed tasks' and the retries too
-    assert_spend(status_of(faulty.env, "killed"), simulator.stats(), completion_tolerance=KILLED_TOLERANCE)
+    assert_spend(status_of(faulty.env, "killed"), simulator.stats(), KILLED_TOLERANCE, unsent=KILLED_UNSENT)
     # And the memory is the one an undisturbed run builds
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "killed")
