@@ -24,7 +24,7 @@ from kenning.storage.memory_graph import (
     unique_edges,
     unique_nodes,
 )
-from kenning.storage.snapshots import Snapshots, bump, revision_of, revisions_table
+from kenning.storage.snapshots import Snapshots, bump, read_at_revision, revision_of, revisions_table
 from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
@@ -209,12 +209,12 @@ class SqlGraphStore:
         """The scope's edges as one shape; None if a write came in while they were read."""
         table = edges_table
         columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
+        query = sa.select(*columns).where(_in_scope(table, scope))
         with _translated(), self._engine.connect() as conn:
-            before = revision_of(conn, revisions, scope)
-            rows = [tuple(row) for row in conn.execute(sa.select(*columns).where(_in_scope(table, scope)))]
-            if revision_of(conn, revisions, scope) != before:
-                return None
-        return Shape.read(before, rows)
+            found = read_at_revision(
+                conn, revisions, scope, lambda: [tuple(row) for row in conn.execute(query)]
+            )
+        return None if found is None else Shape.read(*found)
 
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         gone = set(data_ids)

@@ -27,7 +27,7 @@ from kenning.pipeline.lexical import K1, B, LexicalEntry, bm25_distance, query_t
 from kenning.pipeline.models import Scope, ScoredPoint
 from kenning.pipeline.ports import chunked
 from kenning.storage.lexical_snapshot import MAX_POSTINGS, Snapshot
-from kenning.storage.snapshots import Snapshots, bump, revision_of, revisions_table
+from kenning.storage.snapshots import Snapshots, bump, read_at_revision, revision_of, revisions_table
 from kenning.storage.sql_engine import create_tables, translated_sql
 
 BATCH_SIZE = 500
@@ -218,20 +218,18 @@ def _bm25_query(scope: Scope, terms: list[str], limit: int) -> sa.Select[Any]:
 
 def _read_snapshot(conn: sa.Connection, scope: Scope) -> Snapshot | None:
     """The scope's postings as one snapshot; None if a write came in while they were read."""
-    before = revision_of(conn, revisions, scope)
-    lengths = conn.execute(
-        sa.select(docs_table.c.doc_id, docs_table.c.length).where(_in_scope(docs_table, scope))
-    )
-    documents = [(doc_id, int(length)) for doc_id, length in lengths]
-    postings = conn.execute(
-        sa.select(terms_table.c.term, terms_table.c.doc_id, terms_table.c.tf).where(
-            _in_scope(terms_table, scope)
+
+    def read() -> tuple[list[tuple[str, int]], list[tuple[str, str, int]]]:
+        docs, terms = docs_table, terms_table
+        lengths = conn.execute(sa.select(docs.c.doc_id, docs.c.length).where(_in_scope(docs, scope)))
+        documents = [(doc_id, int(length)) for doc_id, length in lengths]
+        postings = conn.execute(
+            sa.select(terms.c.term, terms.c.doc_id, terms.c.tf).where(_in_scope(terms, scope))
         )
-    )
-    rows = [(term, doc_id, int(tf)) for term, doc_id, tf in postings]
-    if revision_of(conn, revisions, scope) != before:
-        return None
-    return Snapshot.read(before, documents, rows)
+        return documents, [(term, doc_id, int(tf)) for term, doc_id, tf in postings]
+
+    found = read_at_revision(conn, revisions, scope, read)
+    return None if found is None else Snapshot.read(found[0], *found[1])
 
 
 def _payloads(conn: sa.Connection, scope: Scope, doc_ids: list[str]) -> dict[str, str]:

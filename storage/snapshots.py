@@ -40,6 +40,7 @@ class Snapshot(Protocol):
 
 
 T = TypeVar("T", bound=Snapshot)
+R = TypeVar("R")
 
 
 class Snapshots(Generic[T]):
@@ -166,3 +167,12 @@ def revision_of(conn: sa.Connection, table: sa.Table, scope: Scope) -> int:
         table.c.tenant == scope.tenant, table.c.dataset == scope.dataset
     )
     return int(conn.execute(query).scalar() or 0)
+
+
+def read_at_revision(
+    conn: sa.Connection, table: sa.Table, scope: Scope, read: Callable[[], R]
+) -> tuple[int, R] | None:
+    """`read()` and the scope's revision it read at; None if a write came in while it ran."""
+    before = revision_of(conn, table, scope)
+    found = read()
+    return None if revision_of(conn, table, scope) != before else (before, found)
