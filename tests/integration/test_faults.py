@@ -37,7 +37,7 @@ from tests.integration.faults import (
 )
 from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, write_corpus
 from tests.integration.test_distributed import lock_released
-from tests.integration.test_spend import status_of
+from tests.integration.test_spend import KILLED_TOLERANCE, status_of
 from tests.services import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -115,9 +115,6 @@ def configured(deployment: Deployment, simulator: Simulator, **values: str) -> D
     return deployment.configured(llm_url=simulator.base_url, llm_api_key="test", **{**SHORT, **values})
 
 
-# A call cut short by a kill is recorded with estimated tokens: the provider bills an answer
-# the worker never read. Its completion tokens are the estimate's error (seen: 1% to 2.2%).
-KILLED_TOLERANCE = 0.05
 # A request recorded in the milliseconds before its worker was killed, but never sent, is
 # counted: at most one per request in flight (2 workers, 2 processes each, 2 units a batch).
 KILLED_UNSENT = 8

@@ -33,6 +33,9 @@ from tests.integration.test_distributed import runs_of
 
 SEED = 4242
 TOLERANCE = 0.01
+# A call cut short by a kill is recorded with estimated completion tokens: the provider bills an
+# answer the worker never read, so they are the estimate's error (seen: 1% to 2.2%).
+KILLED_TOLERANCE = 0.05
 
 
 def status_of(env: dict[str, str], dataset: str) -> dict[str, Any]:
@@ -47,14 +50,16 @@ def status_of(env: dict[str, str], dataset: str) -> dict[str, Any]:
 STATUS = [sys.executable, "-m", "kenning.workers.cli", "status"]
 
 
-def assert_matches(status: dict[str, Any], billed: dict[str, Any]) -> None:
+def assert_matches(
+    status: dict[str, Any], billed: dict[str, Any], completion_tolerance: float = TOLERANCE
+) -> None:
     calls = billed["calls"]["chat"]
     shown = (status["llm_calls"], status["tokens"]["prompt"], status["tokens"]["completion"])
     print(f"status: {shown}; simulator: {(calls, billed['prompt_tokens'], billed['completion_tokens'])}")
     assert abs(status["llm_calls"] - calls) <= TOLERANCE * calls, (status["llm_calls"], calls)
-    for name in ("prompt", "completion"):
+    for name, tolerance in (("prompt", TOLERANCE), ("completion", completion_tolerance)):
         seen = billed[f"{name}_tokens"]
-        assert abs(status["tokens"][name] - seen) <= TOLERANCE * seen, (name, status["tokens"][name], seen)
+        assert abs(status["tokens"][name] - seen) <= tolerance * seen, (name, status["tokens"][name], seen)
 
 
 def embedded_env(tmp_path: Path, simulator: Simulator) -> dict[str, str]:
@@ -129,7 +134,7 @@ def test_attempts_of_a_worker_killed_mid_call_are_counted(
     assert code == 0 and outcome.status == RunStatus.COMPLETED, (outcome.error, workers.logs())
     # Then status counts the killed worker's calls too, as the simulator saw them
     status = status_of(chaos.env, "spend")
-    assert_matches(status, billed)
+    assert_matches(status, billed, completion_tolerance=KILLED_TOLERANCE)
     # And the run's own counters (what finished tasks reported) missed them
     assert outcome.stats.get("llm_calls", 0) < billed["calls"]["chat"], (killed_at, outcome.stats, billed)
 
