@@ -37,7 +37,7 @@ from tests.integration.faults import (
 )
 from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, write_corpus
 from tests.integration.test_distributed import lock_released
-from tests.integration.test_spend import KILLED_TOLERANCE, status_of
+from tests.integration.test_spend import KILLED_TOLERANCE, KILLED_UNSENT, assert_spend, status_of
 from tests.services import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -115,24 +115,6 @@ def configured(deployment: Deployment, simulator: Simulator, **values: str) -> D
     return deployment.configured(llm_url=simulator.base_url, llm_api_key="test", **{**SHORT, **values})
 
 
-# A request recorded in the milliseconds before its worker was killed, but never sent, is
-# counted: at most one per request in flight (2 workers, 2 processes each, 2 units a batch).
-KILLED_UNSENT = 8
-
-
-def assert_spend(
-    status: dict[str, Any], billed: dict[str, Any], tolerance: float = 0.01, unsent: int = 0
-) -> None:
-    """Status shows every call the simulator answered, and its tokens within the tolerance;
-    `unsent` more calls at most: requests recorded by a task killed before the provider got them
-    (the client cannot tell them from requests the provider got), never fewer."""
-    extra = status["llm_calls"] - billed["calls"]["chat"]
-    assert 0 <= extra <= unsent, (status["llm_calls"], billed["calls"])
-    for name in ("prompt", "completion"):
-        shown, seen = status["tokens"][name], billed[f"{name}_tokens"]
-        assert abs(shown - seen) <= tolerance * seen, (name, shown, seen)
-
-
 def assert_recovered(outcome: Outcome, workers: Workers, *, interrupted: bool) -> None:
     """The follower exited 0 within the bound; the last run completed with every chunk loaded,
     and a run before it, if any, was interrupted (visibly, naming its successor)."""
@@ -182,7 +164,8 @@ def test_both_workers_killed_mid_extraction_and_restarted_then_a_new_cognify_tak
     assert second_code == 0, workers.logs()
     assert lock_released(faulty, "killed")
     # And status counts every LLM call the provider saw: the killed tasks' and the retries too
-    assert_spend(status_of(faulty.env, "killed"), simulator.stats(), KILLED_TOLERANCE, unsent=KILLED_UNSENT)
+    killed = status_of(faulty.env, "killed")
+    assert_spend(killed, simulator.stats(), unsent=KILLED_UNSENT, completion_tolerance=KILLED_TOLERANCE)
     # And the memory is the one an undisturbed run builds
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "killed")

@@ -1,7 +1,8 @@
 """Every LLM attempt is counted as it happens: `status` shows what the provider (the simulator) saw.
 
 Retries are attempts of their own, and the calls of a task killed mid-call were recorded before
-it died: status totals match the simulator's count of chat requests within 1%.
+it died: status counts the simulator's chat requests exactly, plus at most the requests a killed
+task recorded but never sent, and their tokens within 1% (5% for a killed call's completion).
 """
 
 from __future__ import annotations
@@ -50,16 +51,32 @@ def status_of(env: dict[str, str], dataset: str) -> dict[str, Any]:
 STATUS = [sys.executable, "-m", "kenning.workers.cli", "status"]
 
 
-def assert_matches(
-    status: dict[str, Any], billed: dict[str, Any], completion_tolerance: float = TOLERANCE
+# A request recorded in the milliseconds before its worker was killed, but never sent, is
+# counted: at most one per request in flight (2 workers, 2 processes each, 2 units a batch).
+KILLED_UNSENT = 8
+
+
+def assert_spend(
+    status: dict[str, Any],
+    billed: dict[str, Any],
+    tolerance: float = TOLERANCE,
+    unsent: int = 0,
+    completion_tolerance: float | None = None,
 ) -> None:
+    """Status shows every call the simulator answered, and its tokens within the tolerance;
+    `unsent` more calls at most: requests recorded by a task killed before the provider got them
+    (the client cannot tell them from requests the provider got), never fewer. Each such request
+    may add up to twice a mean call's tokens."""
     calls = billed["calls"]["chat"]
     shown = (status["llm_calls"], status["tokens"]["prompt"], status["tokens"]["completion"])
     print(f"status: {shown}; simulator: {(calls, billed['prompt_tokens'], billed['completion_tokens'])}")
-    assert abs(status["llm_calls"] - calls) <= TOLERANCE * calls, (status["llm_calls"], calls)
-    for name, tolerance in (("prompt", TOLERANCE), ("completion", completion_tolerance)):
+    extra = status["llm_calls"] - calls
+    assert 0 <= extra <= unsent, (status["llm_calls"], billed["calls"])
+    tolerances = {"prompt": tolerance, "completion": completion_tolerance or tolerance}
+    for name, share in tolerances.items():
         seen = billed[f"{name}_tokens"]
-        assert abs(status["tokens"][name] - seen) <= tolerance * seen, (name, status["tokens"][name], seen)
+        allowed = share * seen + extra * 2 * seen / max(calls, 1)
+        assert abs(status["tokens"][name] - seen) <= allowed, (name, status["tokens"][name], seen, extra)
 
 
 def embedded_env(tmp_path: Path, simulator: Simulator) -> dict[str, str]:
@@ -90,7 +107,7 @@ def test_retried_attempts_are_counted_as_the_provider_saw_them(tmp_path: Path) -
     status = status_of(env, "faulty")
     # Then there were retries, and status counts every attempt and every token billed
     assert billed["server_errors"] + billed["malformed"] > 0, (billed, cognify.stderr)
-    assert_matches(status, billed)
+    assert_spend(status, billed)
     [run] = status["runs"]
     assert run["llm_calls"] == status["llm_calls"] > run["stats"]["llm_calls"], run
 
@@ -134,7 +151,7 @@ def test_attempts_of_a_worker_killed_mid_call_are_counted(
     assert code == 0 and outcome.status == RunStatus.COMPLETED, (outcome.error, workers.logs())
     # Then status counts the killed worker's calls too, as the simulator saw them
     status = status_of(chaos.env, "spend")
-    assert_matches(status, billed, completion_tolerance=KILLED_TOLERANCE)
+    assert_spend(status, billed, unsent=KILLED_UNSENT, completion_tolerance=KILLED_TOLERANCE)
     # And the run's own counters (what finished tasks reported) missed them
     assert outcome.stats.get("llm_calls", 0) < billed["calls"]["chat"], (killed_at, outcome.stats, billed)
 
