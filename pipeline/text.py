@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import inflect
@@ -15,13 +16,33 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 _PARAGRAPH = re.compile(r"\n\s*\n")
 
 
+_IMPORTING = threading.Lock()
+_T = TypeVar("_T")
+
+
 @cache
 def inflector() -> inflect.engine:
-    """The inflect engine (singulars and plurals), imported on first use: the import alone costs
-    seconds of CPU, which no command that never inflects should pay."""
-    import inflect
+    """The inflect engine (singulars and plurals), imported on first use, and imported without
+    inflect's run-time type checks: typeguard rebuilds every checked function from its source as
+    the module loads, about 3 s of CPU per process (a tenth of a 1,000-paragraph cognify), to
+    check argument types that here are always `str`."""
+    with _IMPORTING:
+        import typeguard
 
+        checked = typeguard.typechecked
+        typeguard.typechecked = _unchecked
+        try:
+            import inflect
+        finally:
+            typeguard.typechecked = checked
     return inflect.engine()
+
+
+def _unchecked(target: _T | None = None, **_options: Any) -> _T | Callable[[_T], _T]:
+    """`typeguard.typechecked` that checks nothing: the target itself, bare or with options."""
+    if target is None:
+        return lambda function: function
+    return target
 
 
 def count_tokens(text: str) -> int:

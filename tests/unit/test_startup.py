@@ -89,3 +89,20 @@ def test_a_database_at_the_newest_revision_is_opened_without_alembic(tmp_path: P
     # Then it reads the revision and goes on, without loading alembic
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_inflect_loads_without_rebuilding_its_functions_and_typeguard_is_left_as_found() -> None:
+    script = (
+        "import typeguard\n"
+        "checked = typeguard.typechecked\n"
+        "from kenning.pipeline.text import inflector\n"
+        "engine = inflector()\n"
+        "import inflect\n"
+        "print(engine.singular_noun('films'), engine.plural('city'), typeguard.typechecked is checked,\n"
+        "      'typeguard' not in inflect.engine.singular_noun.__code__.co_names)\n"
+    )
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["film", "cities", "True", "True"]
