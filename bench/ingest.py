@@ -10,7 +10,8 @@ rate can be compared with the embedder's raw rate.
 With `--llm simulator` the project's LLM simulator (0 ms, in a process of its own, so its
 work is not counted here) extracts, and with `--embeddings simulator` it embeds too: the
 pipeline's own overhead. Either way it reports chunks/s, each step's time as a share of
-the wall time (`step_share`: load streams behind extraction, so shares overlap), the
+the wall time (`step_share`: load streams behind extraction, so shares overlap; `wall_share`:
+what each step adds to the wall, the load's part being what runs on after extraction), the
 seconds spent inside each store and client (`busy_s`, summed over threads) and the peak
 RSS of this process; `--tracemalloc N` adds the N source lines holding the most memory at
 the end of the run (tracing slows the run: do not read its speed).
@@ -178,6 +179,31 @@ def simulator_process() -> Iterator[str]:
         server.wait(timeout=30)
 
 
+class StepTimes:
+    """When each step reported its first and last progress, from the start of the run.
+
+    `step_share` sums each step's busy time over threads and over the load passes that stream
+    behind extraction; `wall_share` is what each step adds to the wall: from the end of the
+    step before it (or its own start, if later) to its own end, over the wall time.
+    """
+
+    def __init__(self, started: float) -> None:
+        self._started = started
+        self._span: dict[str, list[float]] = {}
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        now = time.perf_counter() - self._started
+        self._span.setdefault(step, [now, now])[1] = now
+
+    def shares(self, wall_s: float) -> dict[str, float]:
+        shares: dict[str, float] = {}
+        previous_end = 0.0
+        for step, (first, last) in sorted(self._span.items(), key=lambda item: item[1][1]):
+            shares[step] = round(max(0.0, last - max(first, previous_end)) / wall_s, 3)
+            previous_end = max(previous_end, last)
+        return shares
+
+
 PORTS = ("vectors", "graph", "lexical", "embedder", "extractor", "metadata", "chunks", "cache")
 
 
@@ -214,7 +240,8 @@ def overhead(count: int, llm: str, embeddings: str, trace: int) -> dict[str, Any
             if trace:
                 tracemalloc.start()
             started = time.perf_counter()
-            pipeline_run = memory.cognify()
+            steps = StepTimes(started)
+            pipeline_run = memory.cognify(progress=steps)
             wall_s = time.perf_counter() - started
             top = tracemalloc.take_snapshot().statistics("lineno")[:trace] if trace else []
             tracemalloc.stop()
@@ -232,6 +259,7 @@ def overhead(count: int, llm: str, embeddings: str, trace: int) -> dict[str, Any
         "cognify_s": round(wall_s, 2),
         "chunks_per_s": round(chunks / wall_s, 1),
         "step_share": {k[3:]: round(v / 1000 / wall_s, 3) for k, v in stats.items() if k.startswith("ms_")},
+        "wall_share": steps.shares(wall_s),
         "busy_s": {name: round(seconds, 2) for name, seconds in sorted(by_port.items())},
         "busy_s_by_call": {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])[:12]},
         "nodes": stats.get("nodes", 0),

@@ -347,8 +347,10 @@ def _write(services: Services, job: Job, assembly: Assembly, vectors: dict[str, 
     by_collection: dict[str, list[VectorPoint]] = {}
     entries = index_entries(assembly)
     for entry in entries:
-        # Built from the batch's own fields, unchecked: checking 384 floats a point costs more than writing it.
-        point = VectorPoint.model_construct(id=entry.point_id, vector=vectors[entry.text], payload=entry.payload)
+        # Unchecked: built from the batch's own fields; checking 384 floats costs more than writing them.
+        point = VectorPoint.model_construct(
+            id=entry.point_id, vector=vectors[entry.text], payload=entry.payload
+        )
         by_collection.setdefault(entry.collection, []).append(point)
     for name, points in by_collection.items():
         services.vectors.ensure_collection(name, services.embedder.dimension)

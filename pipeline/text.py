@@ -30,7 +30,7 @@ def inflector() -> inflect.engine:
         import typeguard
 
         checked = typeguard.typechecked
-        typeguard.typechecked = _unchecked
+        typeguard.typechecked = _unchecked  # type: ignore[assignment]
         try:
             import inflect
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -58,6 +59,8 @@ from kenning.workers.tracing import traced
 from kenning.workers.wiring import Wiring
 
 SPEND_COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens")
+
+log = logging.getLogger(__name__)
 
 
 class Kenning:
@@ -145,7 +148,18 @@ class Kenning:
             lock_ttl_s=self.settings.lock_ttl_s,
             progress=(clock := StepClock(progress, self.settings.otel_endpoint)),
         )
-        return clock.ended(runner.run(self.scope(dataset)))
+        try:
+            return clock.ended(runner.run(self.scope(dataset)))
+        finally:
+            self._flush_spend()
+
+    def _flush_spend(self) -> None:
+        """Write the spend held while the metadata database was away: a run's spend is whole when
+        it returns. Still away: logged, not raised; bookkeeping does not fail work that is done."""
+        try:
+            self.wiring.flush_spend()
+        except StoreError as error:
+            log.error("LLM spend still held, not written (%d writes): %s", self.wiring.spend.held, error)
 
     # Memory for agents
 
@@ -548,6 +562,7 @@ class Kenning:
             bridge.join()
         self._bridges.clear()
         self._accessed.flush()
+        self._flush_spend()
         self.wiring.close()
 
     def __enter__(self) -> Kenning:

@@ -240,6 +240,14 @@ class Wiring:
         cannot be created or written."""
         return self._once("home", lambda: usable_home(self.settings.home))
 
+    def flush_spend(self) -> None:
+        """Write the LLM spend held while the metadata database was away, if any was recorded;
+        `StoreError` if it is still away (what is left stays held)."""
+        with self._mutex:
+            spend = self._made.get("spend")
+        if isinstance(spend, HeldLedger):
+            spend.flush()
+
     def close(self) -> None:
         with self._mutex:
             for close in reversed(self._closers):

@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.ingest import Source
 from kenning.pipeline.models import ChunkStatus, RunStatus
+from kenning.pipeline.spend import HeldLedger, SpendLedger
+from kenning.storage.spend_sql import SqlSpendLedger
+from kenning.workers.memory import Kenning
+from kenning.workers.settings import load_settings
 from kenning.workers.simulator import Simulator
 from tests.integration.cluster import ROOT, Deployment, Workers
 from tests.integration.test_chaos import (
@@ -203,3 +209,54 @@ def test_status_shows_the_llm_breaker_that_a_run_opened(tmp_path: Path) -> None:
     opened = Breaker("open", after["reason"], 30.0, utcnow())
     assert opened.now(opened.changed_at + timedelta(seconds=31)) == "half-open"
     assert Breaker("closed", "", 30.0, utcnow()).now(utcnow()) == "closed"
+
+
+class AwayUntilLoad:
+    """A spend ledger whose store refuses every write until the load step begins: by then
+    every LLM call of the run was made, so no later write drains what was held."""
+
+    def __init__(self, ledger: SpendLedger) -> None:
+        self.ledger = ledger
+        self.away = True
+
+    def progress(self, step: str, done: int, total: int) -> None:
+        if step == "load":
+            self.away = False
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("sent", "answered") and self.away:
+            raise StoreError("the metadata database is away")
+        return getattr(self.ledger, name)
+
+
+def test_spend_held_while_the_store_was_away_is_written_before_an_embedded_cognify_returns(
+    tmp_path: Path,
+) -> None:
+    # Given an embedded home whose spend store refuses writes while the LLM calls are made
+    corpus = write_corpus(tmp_path / "corpus", documents=3, sentences=6)
+    with Simulator(seed=SEED) as simulator:
+        env = embedded_env(tmp_path, simulator)
+        settings = load_settings(
+            home=Path(env["KENNING_HOME"]),
+            embedding_provider="hash",
+            llm_url=simulator.base_url,
+            llm_api_key="test",
+            chunk_size=48,
+            chunk_overlap=4,
+            extraction_unit_tokens=0,
+        )
+        with Kenning(settings) as memory:
+            store = AwayUntilLoad(SqlSpendLedger(memory.wiring.engine))
+            memory.wiring._made["spend"] = HeldLedger(store)  # type: ignore[arg-type]
+            files = sorted(corpus.iterdir())
+            memory.add(
+                [Source(name=f.name, uri=f.as_uri(), data=f.read_bytes()) for f in files], dataset="away"
+            )
+            # When the store is back only once the calls are done, and the run ends
+            run = memory.cognify("away", progress=store.progress)
+            held = memory.wiring.spend.held
+        billed = simulator.stats()
+    # Then nothing is left held, and status counts every call the provider saw
+    assert run.status == RunStatus.COMPLETED and billed["calls"]["chat"] > 0, run.error
+    assert held == 0
+    assert_spend(status_of(env, "away"), billed)
