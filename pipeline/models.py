@@ -26,9 +26,12 @@ def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_SPACES = re.compile(r"\s+")
+
+
 def normalize_name(name: str) -> str:
     """The identity form of a name: case-folded, single-spaced, stripped."""
-    return re.sub(r"\s+", " ", name).strip().casefold()
+    return _SPACES.sub(" ", name).strip().casefold()
 
 
 # The weight of a node nobody rated: improve moves it with feedback, retrieval leans on it.

@@ -47,7 +47,8 @@ def unique_edges(edges: Sequence[GraphEdge]) -> list[GraphEdge]:
 
 
 def _sorted_ids(item: Element) -> Element:
-    return item.model_copy(update={"data_ids": union(item.data_ids)})
+    data_ids = union(item.data_ids)
+    return item if data_ids == item.data_ids else item.model_copy(update={"data_ids": data_ids})
 
 
 def over_node(node: GraphNode, stored: GraphNode) -> GraphNode:
