@@ -9,7 +9,8 @@ twowiki questions:
 - single: one client in this process, one question at a time;
 - threads: `--clients` threads sharing one `Kenning` in this process;
 - processes: `--clients` processes, each with its own `Kenning` on the same home (what
-  users running several `kenning` commands or agents at once do), all asking at once.
+  users running several `kenning` commands or agents at once do), all asking at once;
+- cold: `kenning search` in a new process, timed from its start to its printed result.
 Each client asks every question once per type, starting at its own offset. A query's
 embeddings are cached for that query alone: its lanes embed the question once, as with the
 production cache, but no question is ever embedded by an earlier one. Prints
@@ -25,6 +26,8 @@ import multiprocessing as mp
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -192,6 +195,33 @@ def processes(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
     return results
 
 
+COLD_SEARCHES = 5
+SEARCH = [sys.executable, "-m", "kenning.workers.cli", "search"]
+
+
+def cold(home: Path, questions: list[str]) -> dict[str, Any]:
+    """`kenning search` in a new process, as a user types it: the seconds from the command's
+    start to its printed result (start-up, opening the stores, loading the model, the query),
+    for the first COLD_SEARCHES questions, one type each in turn."""
+    env = {**os.environ, "KENNING_HOME": str(home), "KENNING_EMBEDDING_PROVIDER": "local"}
+    results: dict[str, list[float]] = defaultdict(list)
+    for index, question in enumerate(questions[:COLD_SEARCHES]):
+        kind = TYPES[index % len(TYPES)]
+        command = [*SEARCH, question, "--type", kind.lower(), "--only-context", "--json"]
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"kenning search failed: {done.stderr.decode()[-2000:]}")
+        results[kind].append(time.perf_counter() - started)
+    every = [seconds for part in results.values() for seconds in part]
+    return {
+        "searches": len(every),
+        "p50_s": round(statistics.median(every), 2),
+        "max_s": round(max(every), 2),
+        "by_type_s": {kind: [round(t, 2) for t in part] for kind, part in results.items()},
+    }
+
+
 def load_average() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
 
@@ -205,8 +235,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--modes",
         nargs="+",
-        choices=["single", "threads", "processes"],
-        default=["single", "threads", "processes"],
+        choices=["single", "threads", "processes", "cold"],
+        default=["single", "threads", "processes", "cold"],
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "query_latency.json")
     args = parser.parse_args(argv)
@@ -218,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "single": lambda: single(args.home, questions),
         "threads": lambda: threads(args.home, questions, args.clients),
         "processes": lambda: processes(args.home, questions, args.clients),
+        "cold": lambda: cold(args.home, questions),
     }
     for mode in args.modes:
         before = load_average()
