@@ -114,14 +114,21 @@ class _OneBlasThread:
         self._lock = threading.Lock()
         self._inside = 0
         self._limit: Any = None
+        self._libraries: Any = None
+
+    def _controller(self) -> Any:
+        """The process's BLAS libraries, found once (finding them reads every loaded library)."""
+        if self._libraries is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._libraries = ThreadpoolController()
+        return self._libraries
 
     @contextmanager
     def held(self) -> Iterator[None]:
         with self._lock:
             if not self._inside:
-                from threadpoolctl import threadpool_limits
-
-                self._limit = threadpool_limits(limits=1, user_api="blas")
+                self._limit = self._controller().limit(limits=1, user_api="blas")
             self._inside += 1
         try:
             yield
