@@ -289,7 +289,7 @@ def flush_spend(resources: Resources, what: str) -> None:
     the run's spend is whole when it ends; riding out an outage, then logging it: bookkeeping
     does not fail work that is done."""
     try:
-        riding_out(resources, f"{what}: spend ledger", resources.wiring.spend.flush)
+        riding_out(resources, f"{what}: spend ledger", resources.wiring.flush_spend)
     except StoreError as error:
         held = resources.wiring.spend.held
         log.error("%s: LLM spend still held, not written (%d writes): %s", what, held, error)
