@@ -3,9 +3,10 @@
 Every task of a distributed run holds a lease on its unit of work (`begin`, a step, one batch
 of a fan-out) while it runs, renewed by a heartbeat every third of the lease, and left to
 expire after it ends: the lease covers the hand-over to the run's next message too. A run
-is alive while one of its leases is; once every lease has expired (workers killed, broker
-state lost, a batch that nobody will ever acknowledge), no task is working on it and none is
-coming, and a supervisor interrupts it and resumes its work in a new run. Chunk and item
+is alive while one of its leases is, or while one of its messages waits in the broker for a
+worker; once every lease has expired and no message waits (workers killed, broker state lost,
+a batch that nobody will ever acknowledge), no task is working on it and none is coming, and a
+supervisor interrupts it and resumes its work in a new run. Chunk and item
 statuses, in the metadata store, say which work is left; the lease only says whether anyone
 still works on it.
 """

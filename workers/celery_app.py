@@ -49,12 +49,12 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
+from celery.signals import before_task_publish, worker_process_init, worker_process_shutdown, worker_shutdown
 
 from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.ports import RunLock
 from kenning.storage.lease_redis import RedisLeases
-from kenning.storage.queue_depth import queue_depths
+from kenning.storage.queue_depth import queue_depths, waiting_with
 from kenning.storage.run_lock import Deliveries, RedisRunLock
 from kenning.workers import keys
 from kenning.workers.metrics import metrics, serve_worker_metrics
@@ -80,6 +80,7 @@ class Resources:
         self._lock: RunLock | None = None
         self._deliveries: Deliveries | None = None
         self._leases: RedisLeases | None = None
+        self._broker: redis.Redis | None = None
         self._mutex = threading.Lock()
 
     @property
@@ -104,6 +105,15 @@ class Resources:
                 self._leases = RedisLeases(self._redis(), prefix)
             return self._leases
 
+    def waiting(self, run_id: str) -> int:
+        """How many of the run's tasks wait in the broker's queues (0 if the broker is not Redis)."""
+        if not self.settings.broker_url.startswith("redis"):
+            return 0
+        with self._mutex:
+            if self._broker is None:
+                self._broker = redis.Redis.from_url(self.settings.broker_url)
+        return waiting_with(self._broker, run_queues(self.settings), run_id)
+
     def _redis(self) -> redis.Redis:
         if self._client is None:
             self._client = redis.Redis.from_url(self.settings.redis_url)
@@ -112,9 +122,11 @@ class Resources:
     def close(self) -> None:
         self.wiring.close()
         with self._mutex:
-            if self._client is not None:
-                self._client.close()
+            for client in (self._client, self._broker):
+                if client is not None:
+                    client.close()
             self._client, self._lock, self._deliveries, self._leases = None, None, None, None
+            self._broker = None
 
 
 def open_lock(client: redis.Redis, settings: Settings) -> RunLock:
@@ -187,6 +199,33 @@ def configure_app(celery: KenningCelery, settings: Settings) -> None:
 
 def queue_name(settings: Settings, kind: str) -> str:
     return keys.queue_name(settings.queue_prefix, kind)
+
+
+def run_queues(settings: Settings) -> list[str]:
+    """The queues a run's tasks go to."""
+    return [queue_name(settings, kind) for kind in keys.QUEUE_KINDS if kind != "query"]
+
+
+def tag_run(
+    sender: str | None = None, body: Any = None, headers: dict[str, Any] | None = None, **_: Any
+) -> None:
+    """Name the run in the header of each of its task messages, so that the supervisor can tell
+    a run whose tasks wait in the broker from a dead one (`Resources.waiting`)."""
+    if headers is None or not (sender or "").startswith("kenning."):
+        return
+    run_id = run_of(body[0] if isinstance(body, (list, tuple)) and body else ())
+    if run_id:
+        headers[keys.RUN_HEADER] = run_id
+
+
+def run_of(args: Any) -> str:
+    """The run id a task's arguments carry: the first that is a job (`run_id`) or a message
+    (`job.run_id`); a chord's body gets the results of its header before its message."""
+    for value in args if isinstance(args, (list, tuple)) else ():
+        job = value.get("job", value) if isinstance(value, dict) else None
+        if isinstance(job, dict) and isinstance(job.get("run_id"), str):
+            return str(job["run_id"])
+    return ""
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -301,6 +340,7 @@ def _on_worker_exit(**_: object) -> None:
     app.close_resources()
 
 
+before_task_publish.connect(tag_run, weak=False)
 worker_process_init.connect(_on_process_start)
 worker_process_shutdown.connect(_on_process_exit)
 worker_shutdown.connect(_on_worker_exit)

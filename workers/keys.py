@@ -55,3 +55,7 @@ def unacked_keys(prefix: str) -> dict[str, str]:
         "unacked_index_key": f"{prefix}.unacked_index",
         "unacked_mutex_key": f"{prefix}.unacked_mutex",
     }
+
+
+# The task message header naming the run a task belongs to.
+RUN_HEADER = "kenning_run"

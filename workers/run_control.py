@@ -122,10 +122,21 @@ class _Coordination:
         self._settings = settings
         self._lock = open_lock(client, settings)
         self._leases = RedisLeases(client, lease_prefix(settings.queue_prefix))
+        self.broker = broker_client(settings, client)
 
     def reason(self, dataset: Dataset, run: PipelineRun) -> str:
-        """Why nobody works on the run by its leases, or by its dataset lock; "" when it may progress."""
-        return lease_reason(self._leases.state(run.id)) or self._lock_reason(dataset, run)
+        """Why nobody works on the run by its leases, or by its dataset lock; "" when it may progress,
+        as it does while some of its tasks wait in the broker."""
+        why = lease_reason(self._leases.state(run.id)) or self._lock_reason(dataset, run)
+        return "" if why and self._waiting(run.id) else why
+
+    def _waiting(self, run_id: str) -> int:
+        from kenning.storage.queue_depth import waiting_with
+        from kenning.workers.celery_app import run_queues
+
+        if self.broker is None:
+            return 0
+        return waiting_with(self.broker, run_queues(self._settings), run_id)
 
     def _lock_reason(self, dataset: Dataset, run: PipelineRun) -> str:
         if run.status != RunStatus.STARTED or not run.step:
@@ -138,16 +149,32 @@ class _Coordination:
         )
 
 
+def broker_client(settings: Settings, client: Any) -> Any:
+    """A client of the broker's Redis: `client` when it is the same server, None when the broker
+    is not Redis."""
+    import redis
+
+    if not settings.broker_url.startswith("redis"):
+        return None
+    if settings.broker_url == settings.redis_url:
+        return client
+    return redis.Redis.from_url(settings.broker_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+
+
 @contextmanager
 def _coordination(settings: Settings) -> Iterator[_Coordination]:
     import redis
 
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    coordination = None
     try:
-        yield _Coordination(settings, client)
+        coordination = _Coordination(settings, client)
+        yield coordination
     except redis.RedisError as error:
         raise StoreError(f"redis at {settings.redis_url}: {error}") from error
     finally:
+        if coordination is not None and coordination.broker not in (None, client):
+            coordination.broker.close()
         client.close()
 
 

@@ -4,7 +4,9 @@ Progress is owned by the data: chunk and item statuses in the metadata store say
 to do, and the leases of the run's tasks (`pipeline.lease`, in Redis: `storage.lease_redis`)
 say whether anyone still does it. A run that has not ended and whose leases have all expired
 is dead, whatever became of its messages (a Redis that lost its data, killed workers, batches
-left unacknowledged until the broker's visibility timeout). The supervisor then
+left unacknowledged until the broker's visibility timeout), unless some of its task messages
+still wait in the broker's queues (each names its run in a header): those are behind other
+runs' work, not lost. The supervisor then
 
 1. releases the dataset lock the run holds, so nothing waits out the lock's ttl behind it;
 2. marks the run `interrupted`, saying why and which run resumes it;
@@ -91,6 +93,9 @@ def _supervise_run(resources: Resources, dataset: Dataset, run: PipelineRun, sen
     if EMBEDDED_PID in run.stats:
         return ""
     if not run_leases(resources, run.id).dead:
+        return ""
+    if resources.waiting(run.id):
+        # Its tasks wait in the broker (behind other runs' work): nobody holds them yet.
         return ""
     if not resources.leases.claim(run.id, resources.settings.lease_s):
         return ""

@@ -13,12 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+from celery import Celery
 
 from kenning.pipeline.context import Job
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import record_step, start_run
-from kenning.workers.celery_app import Resources
+from kenning.workers.celery_app import Resources, queue_name
 from kenning.workers.local import EMBEDDED_PID
 from kenning.workers.settings import load_settings
 from kenning.workers.supervisor import RESUMES, run_leases, stall_reason, supervise, supervise_dataset
@@ -187,3 +189,28 @@ def test_a_run_failed_while_its_metadata_store_was_away_is_ended_errored_once_it
     assert supervise(resources, list[Job]().append) == {job.run_id: "errored"}
     run = run_of(resources, job)
     assert run.status == RunStatus.ERRORED and "connection refused" in run.error
+
+
+def test_a_run_whose_tasks_wait_in_the_broker_is_not_dead(resources: Resources) -> None:
+    # Given a run whose leases expired while one of its task messages waits in the broker (no
+    # worker consumes this deployment's queues): a chord's body, whose long results come first,
+    # sent by another service's Celery app
+    job, sent = started(resources), list[Job]()
+    settings = resources.settings
+    message = {"job": job.model_dump(mode="json"), "items": [], "counts": {}}
+    results = [{"extractions": 1, "note": "x" * 4000}]
+    sender = Celery("elsewhere", broker=settings.broker_url, set_as_current=False)
+    queue = queue_name(settings, "pipeline")
+    sender.send_task("kenning.gather", args=(results, message), kwargs={"step": "extract"}, queue=queue)
+    expire()
+
+    # Then the message names its run, and the supervisor leaves the run alone
+    assert resources.waiting(job.run_id) == 1
+    assert resources.waiting(str(uuid.uuid4())) == 0
+    assert supervise(resources, sent.append) == {}
+    assert run_of(resources, job).status == RunStatus.STARTED and not sent
+
+    # When the broker loses the message, the run is dead and resumed
+    redis.Redis.from_url(settings.broker_url).delete(queue)
+    assert resources.waiting(job.run_id) == 0
+    assert job.run_id in supervise(resources, sent.append)
