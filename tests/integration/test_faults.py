@@ -28,7 +28,9 @@ from tests.integration.cluster import Deployment, RedisServer, Workers
 from tests.integration.faults import (
     Outcome,
     PostgresServer,
+    chunk_counts,
     cognifying,
+    dataset_id,
     kill_both,
     run_with_fault,
     stop_postgres,
@@ -222,3 +224,43 @@ def test_postgres_stopped_for_twenty_seconds(
     assert_spend(status_of(faulty.env, "outage"), simulator.stats())
     workers.stop()
     assert_same_as_embedded(faulty, tmp_path, shared, corpus, "outage")
+
+
+def test_postgres_away_longer_than_the_ride_out_fails_the_run_visibly_and_a_new_cognify_completes_it(
+    deployment: Deployment,
+    simulator: Simulator,
+    private_postgres: PostgresServer,
+    start_workers: Callable[[Deployment], Workers],
+    tmp_path: Path,
+    shared: dict[str, str],
+) -> None:
+    # Given workers that ride out an unreachable metadata store for 3 s only
+    corpus = write_corpus(tmp_path / "corpus", documents=8, sentences=12)
+    faulty = configured(deployment, simulator, metadata_url=private_postgres.url, store_retry_s="3")
+    add_corpus(faulty, corpus, "long-outage")
+    workers = start_workers(faulty)
+
+    # When PostgreSQL stops mid-extraction for 20 s
+    outcome = run_with_fault(faulty, "long-outage", tmp_path, stop_postgres(private_postgres, OUTAGE_S))
+
+    # Then the follower does not report success, and names the store
+    detail = f"{outcome.output[-3000:]}\n{[(r.id[:8], r.status, r.error) for r in outcome.runs]}"
+    assert outcome.code != 0, detail
+    assert "metadata" in outcome.output.lower(), detail
+
+    # And a new cognify, once the store is back, does not wait out the failed run's lock: the
+    # failed run is ended errored, naming the store, and the new run completes what it left
+    again = faulty.cognify("long-outage")
+    assert again.returncode == 0, f"{again.stdout[-2000:]}\n{again.stderr[-2000:]}\n{workers.logs()}"
+    with faulty.memory() as memory:
+        of_dataset = dataset_id(faulty, "long-outage")
+        runs = sorted(memory.wiring.metadata.list_runs(of_dataset), key=lambda run: run.started_at)
+        counts = chunk_counts(memory, of_dataset)
+    *before, last = runs
+    assert last.status == RunStatus.COMPLETED, [(r.status, r.error) for r in runs]
+    assert [run.status for run in before] == [RunStatus.ERRORED], [(r.status, r.error) for r in runs]
+    assert "metadata" in before[0].error.lower() or "postgres" in before[0].error.lower(), before[0].error
+    assert 0 < counts[ChunkStatus.LOADED] == sum(counts.values()), counts
+    assert lock_released(faulty, "long-outage")
+    workers.stop()
+    assert_same_as_embedded(faulty, tmp_path, shared, corpus, "long-outage")
