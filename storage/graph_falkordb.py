@@ -80,7 +80,7 @@ class FalkorGraphStore(CypherGraphStore):
         bounded = f"CALL {{\n{query}\n}}\nRETURN * LIMIT {max(int(max_rows), 0)}"
         bound = {**(params or {}), "tenant": scope.tenant, "dataset": scope.dataset}
         columns, rows = self._falkor.read_bounded(scope, Statement(bounded, bound), timeout_ms)
-        return [dict(zip(columns, map(plain_value, row), strict=True)) for row in rows[:max_rows]]
+        return [dict(zip(columns, map(plain_value, row), strict=True)) for row in rows]
 
 
 def graph_key(graph_name: str, scope: Scope) -> str:
