@@ -37,6 +37,14 @@ class TransientLLMError(LLMError):
     """The LLM call failed in a way that a later retry may fix (429, 5xx, timeout)."""
 
 
+class LLMUnreachable(TransientLLMError):
+    """The LLM endpoint failed to connect or answer too many times in a row: its circuit breaker
+    is open, and calls fail at once until its cooldown ends. Its text holds `BREAKER_OPEN`."""
+
+
+BREAKER_OPEN = "circuit breaker open"
+
+
 class NoLLMConfigured(KenningError):
     """A completion was asked for but no LLM endpoint is configured."""
 

@@ -10,7 +10,17 @@ from pydantic import BaseModel, Field
 
 from kenning.pipeline import tasks
 from kenning.pipeline.context import Job, PipelineConfig, Services
-from kenning.pipeline.models import RUNNING, Dataset, PipelineRun, RunStatus, Scope, stable_id, utcnow
+from kenning.pipeline.errors import BREAKER_OPEN
+from kenning.pipeline.models import (
+    RUNNING,
+    ChunkStatus,
+    Dataset,
+    PipelineRun,
+    RunStatus,
+    Scope,
+    stable_id,
+    utcnow,
+)
 from kenning.pipeline.spend import charged_to
 
 
@@ -116,7 +126,8 @@ def record_step(services: Services, job: Job, step: str, counts: dict[str, int])
 
 
 def finish_run(services: Services, job: Job) -> PipelineRun:
-    """End the run: completed, or completed with errors when some items or chunks failed."""
+    """End the run: completed, or completed with errors when some items or chunks failed. When
+    the LLM's circuit breaker failed chunks, the error says so first, in one line."""
     run = _run(services, job)
     run.status, run.finished_at = RunStatus.COMPLETED, utcnow()
     failures = {name: run.stats.get(name, 0) for name in ("failed_items", "failed_chunks")}
@@ -124,8 +135,17 @@ def finish_run(services: Services, job: Job) -> PipelineRun:
         run.status = RunStatus.COMPLETED_WITH_ERRORS
         counts = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in failures.items() if n)
         run.error = f"{counts}: `kenning status` lists each with its reason"
+        if run.stats.get("unreachable_chunks"):
+            run.error = f"{breaker_cause(services, job)}; {run.error}"
     services.metadata.save_run(run)
     return run
+
+
+def breaker_cause(services: Services, job: Job) -> str:
+    """Why the LLM's breaker opened, as a chunk it failed says (`LLMUnreachable`)."""
+    chunks = services.chunks
+    failed = chunks.get_chunks(chunks.list_chunk_ids(job.dataset_id, ChunkStatus.FAILED))
+    return next((c.error for c in failed if c.error and BREAKER_OPEN in c.error), f"LLM {BREAKER_OPEN}")
 
 
 def fail_run(services: Services, job: Job, error: str) -> PipelineRun:

@@ -96,6 +96,36 @@ class Breaker:
         return "open" if (at - self.changed_at).total_seconds() < self.cooldown_s else "half-open"
 
 
+@dataclass(frozen=True)
+class Tally:
+    """An endpoint's circuit breaker as a `FailureTally` holds it: `closed`, `open` (calls fail
+    fast) or `half-open` (its cooldown is over: a call may try), the connection failures in a row,
+    and the last one's cause."""
+
+    state: str = "closed"
+    in_a_row: int = 0
+    last: str = ""
+
+
+class FailureTally(Protocol):
+    """Connection failures in a row of each LLM endpoint, and its breaker: held by one process
+    (`storage.breaker_memory`), or shared through Redis by every worker of a deployment
+    (`storage.breaker_redis`), so that their failures add up and one opening stops them all."""
+
+    def tally(self, key: str) -> Tally:
+        """The breaker of the endpoint `key` (`breaker_key`) now."""
+        ...
+
+    def failed(self, key: str, cause: str, failures: int, cooldown_s: float) -> bool:
+        """Count one failure in a row; from `failures` in a row, (re)open the breaker for
+        `cooldown_s`. Whether this failure opened a breaker that was not open."""
+        ...
+
+    def succeeded(self, key: str) -> bool:
+        """The endpoint answered: no failures in a row, the breaker closed. Whether it was not."""
+        ...
+
+
 Write = Callable[[SpendLedger], None]
 
 

@@ -16,7 +16,7 @@ from kenning.pipeline import collection
 from kenning.pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
 from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
-from kenning.pipeline.errors import InputError, LLMError
+from kenning.pipeline.errors import InputError, LLMError, LLMUnreachable
 from kenning.pipeline.forget import forget_superseded
 from kenning.pipeline.linking import document_title
 from kenning.pipeline.loaders import detect_kind, extract_rows, extract_text
@@ -195,6 +195,7 @@ def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int
                 done |= _extract_unit(services, unit, keys, done, spent)
             except LLMError as error:
                 spent["failed_chunks"] += len(chunks)
+                spent["unreachable_chunks"] += len(chunks) if isinstance(error, LLMUnreachable) else 0
                 check_fence()
                 services.chunks.set_chunk_status([r.id for r in chunks], ChunkStatus.FAILED, str(error))
                 continue
@@ -209,6 +210,8 @@ def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int
         "failed_chunks": spent["failed_chunks"],
         "prompt_tokens": spent["prompt_tokens"],
         "completion_tokens": spent["completion_tokens"],
+        # Only when the LLM's breaker failed some: `finish_run` then says so.
+        **({"unreachable_chunks": spent["unreachable_chunks"]} if spent["unreachable_chunks"] else {}),
     }
 
 

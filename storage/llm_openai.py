@@ -9,9 +9,10 @@ something unusable, or rejected the request).
 
 Each call also has one deadline for all its attempts together (`deadline_s`), so an
 endpoint that accepts connections and never answers costs at most that per call. A
-circuit breaker counts connection failures and timeouts in a row across calls: after
-`breaker_failures` of them every call fails at once with `CircuitOpen` for
-`breaker_cooldown_s`, then one call may try again (a success closes it).
+circuit breaker counts connection failures and timeouts in a row across calls (and, with a
+shared `FailureTally`, across every worker of a deployment): after `breaker_failures` of them
+every call fails at once with `CircuitOpen` for `breaker_cooldown_s`, then one call may try
+again (a success closes it).
 
 With a shared `RateLimiter`, every attempt first waits for its turn under `limit_key`
 (at most `rate_limit_wait_s`, else `TransientLLMError`), and a 429 penalizes the key
@@ -36,10 +37,11 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kenning.pipeline.errors import LLMError, StoreError, TransientLLMError
+from kenning.pipeline.errors import BREAKER_OPEN, LLMError, LLMUnreachable, StoreError, TransientLLMError
 from kenning.pipeline.models import Extraction, TokenUsage
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
-from kenning.pipeline.spend import SpendLedger, breaker_key, current_charge
+from kenning.pipeline.spend import FailureTally, SpendLedger, breaker_key, current_charge
+from kenning.storage.breaker_memory import MemoryFailureTally
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +128,12 @@ class OpenAIExtractor:
         limiter: RateLimiter | None = None,
         limit_key: str = "",
         ledger: SpendLedger | None = None,
+        tally: FailureTally | None = None,
     ) -> None:
         """`limit_key` defaults to `host/model` of the config; with a `ledger`, every request sent
-        within a run (`pipeline.spend.charged_to`) is recorded there as it happens."""
-        self._chat = _ChatCaller(config, limiter, limit_key, ledger)
+        within a run (`pipeline.spend.charged_to`) is recorded there as it happens. `tally` counts
+        the endpoint's failures for its breaker (default: this caller's own)."""
+        self._chat = _ChatCaller(config, limiter, limit_key, ledger, tally)
         self._response_format: ResponseFormat = {
             "type": "json_schema",
             "json_schema": {"name": "extraction", "schema": Extraction.model_json_schema(), "strict": False},
@@ -173,9 +177,10 @@ class OpenAICompleter:
         limiter: RateLimiter | None = None,
         limit_key: str = "",
         ledger: SpendLedger | None = None,
+        tally: FailureTally | None = None,
     ) -> None:
-        """`limit_key` defaults to `host/model` of the config; `ledger` as the extractor's."""
-        self._chat = _ChatCaller(config, limiter, limit_key, ledger)
+        """`limit_key` defaults to `host/model` of the config; `ledger` and `tally` as the extractor's."""
+        self._chat = _ChatCaller(config, limiter, limit_key, ledger, tally)
 
     @property
     def model(self) -> str:
@@ -195,12 +200,17 @@ class OpenAICompleter:
 T = TypeVar("T")
 
 
-class CircuitOpen(TransientLLMError):
+class CircuitOpen(LLMUnreachable):
     """The endpoint failed to connect or answer too many times in a row: calls fail at once for a while."""
 
 
 class CircuitBreaker:
-    """Connection failures in a row, shared by every call of one caller; open after `failures`."""
+    """Connection failures in a row of one endpoint, across calls, counted in a `FailureTally`:
+    this process's own, or one shared by every worker; open after `failures`.
+
+    While a shared tally is away (Redis down), the breaker counts in this process alone: an LLM
+    call never fails because the tally could not be reached.
+    """
 
     def __init__(
         self,
@@ -208,47 +218,45 @@ class CircuitBreaker:
         cooldown_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[str, str], None] | None = None,
+        tally: FailureTally | None = None,
+        key: str = "",
     ) -> None:
         """`on_change(state, reason)` is told each time it opens, and when it closes again."""
-        self._failures, self._cooldown_s, self._clock = failures, cooldown_s, clock
+        self._failures, self._cooldown_s = failures, cooldown_s
         self._on_change = on_change
-        self._in_a_row = 0
-        self._opened_at: float | None = None
-        self._last = ""
-        self._lock = threading.Lock()
+        self._own = MemoryFailureTally(clock)
+        self._tally: FailureTally = tally or self._own
+        self._key = key
 
     @property
     def state(self) -> str:
         """"closed", "open" (failing fast) or "half-open" (the next call may try)."""
-        with self._lock:
-            if self._opened_at is None:
-                return "closed"
-            return "open" if self._clock() - self._opened_at < self._cooldown_s else "half-open"
+        return self._ask(lambda tally: tally.tally(self._key)).state
 
     def check(self, endpoint: str) -> None:
-        if self.state == "open":
+        now = self._ask(lambda tally: tally.tally(self._key))
+        if now.state == "open":
             raise CircuitOpen(
-                f"LLM endpoint {endpoint} unavailable: {self._in_a_row} connection failures in a row "
-                f"(last: {self._last}); failing fast for {self._cooldown_s:g} s"
+                f"LLM at {endpoint} unreachable: {BREAKER_OPEN} after {now.in_a_row} "
+                f"failures in a row (last: {now.last})"
             )
 
     def failed(self, cause: str) -> None:
-        with self._lock:
-            self._in_a_row += 1
-            self._last = cause
-            opened = self._in_a_row >= self._failures
-            if opened:
-                self._opened_at = self._clock()
-            in_a_row = self._in_a_row
+        opened = self._ask(lambda tally: tally.failed(self._key, cause, self._failures, self._cooldown_s))
         if opened and self._on_change is not None:
+            in_a_row = self._ask(lambda tally: tally.tally(self._key)).in_a_row
             self._on_change("open", f"{in_a_row} connection failures in a row (last: {cause})")
 
     def succeeded(self) -> None:
-        with self._lock:
-            was_open = self._opened_at is not None
-            self._in_a_row, self._opened_at = 0, None
-        if was_open and self._on_change is not None:
+        if self._ask(lambda tally: tally.succeeded(self._key)) and self._on_change is not None:
             self._on_change("closed", "")
+
+    def _ask(self, question: Callable[[FailureTally], T]) -> T:
+        try:
+            return question(self._tally)
+        except StoreError as error:
+            log.warning("LLM breaker counted in this process alone, its shared tally is away: %s", error)
+            return question(self._own)
 
 
 class _Retry(Exception):
@@ -270,6 +278,7 @@ class _ChatCaller:
         limiter: RateLimiter | None,
         limit_key: str,
         ledger: SpendLedger | None = None,
+        tally: FailureTally | None = None,
     ) -> None:
         self.config = config
         self._limiter = limiter
@@ -286,7 +295,11 @@ class _ChatCaller:
         self._lock = threading.Lock()
         self._random = random.Random()
         self.breaker = CircuitBreaker(
-            config.breaker_failures, config.breaker_cooldown_s, on_change=self._breaker_changed
+            config.breaker_failures,
+            config.breaker_cooldown_s,
+            on_change=self._breaker_changed,
+            tally=tally,
+            key=breaker_key(config.base_url, config.model),
         )
 
     @property

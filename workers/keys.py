@@ -43,6 +43,11 @@ def ratelimit_prefix(prefix: str) -> str:
     return f"{prefix}:ratelimit:"
 
 
+def breaker_prefix(prefix: str) -> str:
+    """Keys of the LLM endpoints' failures in a row and open breakers, shared by the workers."""
+    return f"{prefix}:breaker:"
+
+
 def session_prefix(prefix: str) -> str:
     """Keys of the session memory."""
     return f"{prefix}:session:"

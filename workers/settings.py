@@ -67,7 +67,12 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(default=4, ge=0)
     llm_deadline_s: float = Field(default=300.0, gt=0, description="One LLM call, all its retries included")
     llm_breaker_failures: int = Field(
-        default=5, ge=1, description="Connection failures in a row after which LLM calls fail fast"
+        default=5,
+        ge=1,
+        description="Connection failures in a row, all workers together, after which LLM calls fail fast",
+    )
+    llm_breaker_cooldown_s: float = Field(
+        default=30.0, ge=0, description="How long an open LLM breaker fails calls before one may try"
     )
     llm_price_prompt_per_1k: float = Field(
         default=0.0, ge=0, description="Currency units per 1k prompt tokens"

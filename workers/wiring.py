@@ -31,9 +31,10 @@ from kenning.pipeline.ports import (
 )
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
 from kenning.pipeline.session import SessionRecords, SessionStore
-from kenning.pipeline.spend import HeldLedger, SpendLedger
+from kenning.pipeline.spend import FailureTally, HeldLedger, SpendLedger
 from kenning.storage.access import SqlAccessLog
 from kenning.storage.blob import FileBlobStore
+from kenning.storage.breaker_memory import MemoryFailureTally
 from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
 from kenning.storage.lexical_sql import SqlLexicalIndex
 from kenning.storage.lock import FileLock
@@ -45,10 +46,12 @@ from kenning.storage.session_sql import SqlSessionRecords
 from kenning.storage.spend_sql import SqlSpendLedger
 from kenning.storage.sql_engine import open_engine
 from kenning.workers.extras import needs_extra
-from kenning.workers.keys import ratelimit_prefix, session_prefix
+from kenning.workers.keys import breaker_prefix, ratelimit_prefix, session_prefix
 from kenning.workers.settings import Settings
 
 T = TypeVar("T")
+# A Redis that does not answer costs an LLM call this much before its breaker counts alone.
+BREAKER_REDIS_TIMEOUT_S = 2.0
 
 
 class Wiring:
@@ -161,11 +164,35 @@ class Wiring:
 
     @property
     def extractor(self) -> Extractor:
-        return self._once("extractor", lambda: open_extractor(self.settings, self.limiter, self.spend))
+        return self._once(
+            "extractor", lambda: open_extractor(self.settings, self.limiter, self.spend, self.breakers)
+        )
 
     @property
     def completer(self) -> Completer:
-        return self._once("completer", lambda: open_completer(self.settings, self.limiter, self.spend))
+        return self._once(
+            "completer", lambda: open_completer(self.settings, self.limiter, self.spend, self.breakers)
+        )
+
+    @property
+    def breakers(self) -> FailureTally:
+        """The LLM endpoint's failures in a row: this process's, or (distributed) every worker's."""
+        return self._once("breakers", self._open_breakers)
+
+    def _open_breakers(self) -> FailureTally:
+        if not self._distributed:
+            return MemoryFailureTally()
+        with needs_extra("the shared LLM breaker"):
+            import redis
+
+            from kenning.storage.breaker_redis import RedisFailureTally
+
+        timeout = BREAKER_REDIS_TIMEOUT_S
+        client = redis.Redis.from_url(
+            self.settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        self._closers.append(client.close)
+        return RedisFailureTally(client, prefix=breaker_prefix(self.settings.queue_prefix))
 
     @property
     def limiter(self) -> RateLimiter | None:
@@ -306,17 +333,23 @@ def open_embedder(settings: Settings, limiter: RateLimiter | None = None) -> Emb
 
 
 def open_extractor(
-    settings: Settings, limiter: RateLimiter | None = None, ledger: SpendLedger | None = None
+    settings: Settings,
+    limiter: RateLimiter | None = None,
+    ledger: SpendLedger | None = None,
+    breakers: FailureTally | None = None,
 ) -> Extractor:
     if not settings.llm_url:
         return OfflineExtractor()
     from kenning.storage.llm_openai import OpenAIExtractor
 
-    return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings), ledger)
+    return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings), ledger, breakers)
 
 
 def open_completer(
-    settings: Settings, limiter: RateLimiter | None = None, ledger: SpendLedger | None = None
+    settings: Settings,
+    limiter: RateLimiter | None = None,
+    ledger: SpendLedger | None = None,
+    breakers: FailureTally | None = None,
 ) -> Completer:
     if not settings.llm_url:
         raise NoLLMConfigured(
@@ -325,7 +358,7 @@ def open_completer(
         )
     from kenning.storage.llm_openai import OpenAICompleter
 
-    return OpenAICompleter(llm_config(settings), limiter, llm_limit_key(settings), ledger)
+    return OpenAICompleter(llm_config(settings), limiter, llm_limit_key(settings), ledger, breakers)
 
 
 def embeddings_share_llm_limit(settings: Settings) -> bool:
@@ -353,6 +386,7 @@ def llm_config(settings: Settings) -> Any:
         max_retries=settings.llm_max_retries,
         deadline_s=settings.llm_deadline_s,
         breaker_failures=settings.llm_breaker_failures,
+        breaker_cooldown_s=settings.llm_breaker_cooldown_s,
     )
 
 

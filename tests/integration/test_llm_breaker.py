@@ -74,7 +74,7 @@ def test_one_deadline_bounds_every_call_and_the_breaker_then_fails_fast(hole: Bl
     seen = len(hole.connections)
     # Then calls fail at once, without touching the endpoint
     for text in ("three", "four", "five"):
-        with pytest.raises(CircuitOpen, match="unavailable"):
+        with pytest.raises(CircuitOpen, match="unreachable: circuit breaker open"):
             extractor.extract(text)
     assert len(hole.connections) == seen
     extractor.close()
@@ -99,7 +99,11 @@ def test_a_run_against_a_black_hole_ends_with_every_chunk_failed_and_says_why(
         [status] = memory.status("d")
 
     assert run.status.value == "completed_with_errors" and run.stats["failed_chunks"] == 6
+    # The run's error says, in one line, that the breaker opened, why, and what was not done
+    assert run.error.startswith(f"LLM at {hole.url} unreachable: circuit breaker open after "), run.error
+    assert "(last: no answer within " in run.error and "\n" not in run.error
+    assert " s); 6 failed chunks: `kenning status` lists each" in run.error, run.error
     errors = [chunk["error"] for chunk in status["failed_chunks"]]
-    assert sum("unavailable" in error for error in errors) >= 4
+    assert sum("circuit breaker open" in error for error in errors) >= 4
     # At most a couple of calls ever reached the endpoint before the breaker opened
     assert len(hole.connections) <= 2 * (1.0 / 0.3 + 1)
