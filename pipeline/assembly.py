@@ -64,6 +64,9 @@ class Assembly:
     def add_edge(self, edge: Edge, chunk_id: str) -> None:
         existing = self.edges.setdefault(edge.id, edge)
         if existing is not edge:
+            # The edge from the smallest chunk keeps its properties, as in the stores.
+            if chunk_id < self.chunk_of[edge.id]:
+                self.edges[edge.id], edge, existing = edge, existing, edge
             _merge_sources(existing.data_ids, edge.data_ids)
         self._seen_in(edge.id, chunk_id)
 

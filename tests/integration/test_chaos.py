@@ -184,6 +184,40 @@ def assert_same_as_embedded(
     assert set(distributed[1]) == set(expected[1]), "edge ids differ from the embedded run's"
     assert distributed == expected, "node types or provenance differ from the embedded run's"
     assert vector_ids(deployment.settings) == vector_ids(embedded)
+    with deployment.memory() as memory:
+        distributed_properties = properties_of(memory, dataset)
+    with Kenning(embedded) as memory:
+        expected_properties = properties_of(memory, dataset)
+    assert_same_properties(distributed_properties, expected_properties)
+
+
+Properties = dict[str, dict[str, object]]
+
+
+def assert_same_properties(found: Properties, expected: Properties) -> None:
+    differing = {
+        element: {
+            key: (found.get(element, {}).get(key), value)
+            for key, value in properties.items()
+            if found.get(element, {}).get(key) != value
+        }
+        for element, properties in expected.items()
+        if found.get(element) != properties
+    }
+    assert not differing, f"{len(differing)} elements differ, e.g. {list(differing.items())[:3]}"
+
+
+# Properties that say when and by which run, not what: they differ between any two runs.
+WHEN = frozenset({"created_at", "updated_at", "last_accessed_at", "accessed_at", "source_run"})
+
+
+def properties_of(memory: Kenning, dataset: str) -> dict[str, dict[str, object]]:
+    """Node and edge id -> its properties (without timestamps), whatever order they were loaded in."""
+    nodes, edges = memory.wiring.graph.export(memory.scope(dataset))
+    return {
+        element.id: {key: value for key, value in element.properties.items() if key not in WHEN}
+        for element in [*nodes, *edges]
+    }
 
 
 def fencing_token(deployment: Deployment, dataset: str) -> int:
