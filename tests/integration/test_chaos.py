@@ -214,9 +214,10 @@ WHEN = frozenset({"created_at", "updated_at", "last_accessed_at", "accessed_at",
 def properties_of(memory: Kenning, dataset: str) -> dict[str, dict[str, object]]:
     """Node and edge id -> its properties (without timestamps), whatever order they were loaded in."""
     nodes, edges = memory.wiring.graph.export(memory.scope(dataset))
+    found = {node.id: node.properties for node in nodes} | {edge.id: edge.properties for edge in edges}
     return {
-        element.id: {key: value for key, value in element.properties.items() if key not in WHEN}
-        for element in [*nodes, *edges]
+        element: {key: value for key, value in properties.items() if key not in WHEN}
+        for element, properties in found.items()
     }
 
 
