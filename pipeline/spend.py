@@ -40,18 +40,28 @@ class Charge:
 
 @dataclass(frozen=True)
 class Spend:
-    """Requests sent, and tokens billed for those answered."""
+    """Requests sent, tokens billed for those answered, and the requests that failed: ended with
+    nothing billed (no answer in time, no connection, a 429 or 5xx), each retried unless its
+    call gave up."""
 
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    failed: int = 0
 
     def __add__(self, other: Spend) -> Spend:
         return Spend(
             self.calls + other.calls,
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
+            self.failed + other.failed,
         )
+
+    @property
+    def label(self) -> str:
+        """What a progress bar of these requests (not failed, of sent) says: how many failed. Each
+        failed request is retried, unless its call gave up (attempts or deadline spent, breaker open)."""
+        return f"LLM requests, {self.failed} failed"
 
 
 class SpendLedger(Protocol):
@@ -68,7 +78,8 @@ class SpendLedger(Protocol):
         ...
 
     def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
-        """The spend of each run that has any attempt recorded."""
+        """The spend of each run that has any attempt recorded; an attempt answered with no
+        tokens billed is one `failed`."""
         ...
 
     def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:

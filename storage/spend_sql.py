@@ -50,6 +50,7 @@ class SqlSpendLedger:
 
     def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
         table = llm_attempts
+        nothing_billed = (table.c.prompt_tokens == 0) & (table.c.completion_tokens == 0)
         found: dict[str, Spend] = {}
         with translated_sql("spend ledger"), self._engine.connect() as conn:
             for batch in chunked(list(dict.fromkeys(run_ids)), BATCH):
@@ -59,12 +60,13 @@ class SqlSpendLedger:
                         sa.func.count(),
                         sa.func.sum(table.c.prompt_tokens),
                         sa.func.sum(table.c.completion_tokens),
+                        sa.func.count().filter(nothing_billed),
                     )
                     .where(table.c.run_id.in_(batch))
                     .group_by(table.c.run_id)
                 )
-                for run_id, calls, prompt, completion in conn.execute(query):
-                    found[run_id] = Spend(int(calls), int(prompt or 0), int(completion or 0))
+                for run_id, calls, prompt, completion, failed in conn.execute(query):
+                    found[run_id] = Spend(int(calls), int(prompt or 0), int(completion or 0), int(failed))
         return found
 
     def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:
@@ -118,7 +120,8 @@ class MemorySpendLedger:
         with self._lock:
             if attempt_id in self._attempts:
                 run_id, _ = self._attempts[attempt_id]
-                self._attempts[attempt_id] = (run_id, Spend(1, prompt_tokens, completion_tokens))
+                failed = int(prompt_tokens == completion_tokens == 0)
+                self._attempts[attempt_id] = (run_id, Spend(1, prompt_tokens, completion_tokens, failed))
 
     def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
         wanted = set(run_ids)

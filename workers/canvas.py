@@ -18,6 +18,7 @@ from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import NoWorker, TransientStoreError
 from kenning.pipeline.models import ENDED, ChunkStatus, PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import PLAN, fail_run, start_run, successor_of
+from kenning.pipeline.spend import Spend
 from kenning.retrieval.contract import SearchResult
 from kenning.workers import keys
 from kenning.workers.celery_app import app, configure_app
@@ -202,7 +203,8 @@ def watch(
                 why = stalled([(job, runs[run_id]) for run_id, job in jobs.items()]) if stalled else {}
                 for run_id, job in jobs.items():
                     counts = chunk_counts(services, job)
-                    draw(bars, bars_of[run_id], runs[run_id], counts, why.get(run_id, ""))
+                    spent = spend_of(services, job)
+                    draw(bars, bars_of[run_id], runs[run_id], counts, why.get(run_id, ""), spent)
                 away_since = None
             except TransientStoreError as error:
                 now = time.monotonic()
@@ -226,6 +228,7 @@ class Bars:
     chunks: TaskID
     loaded: TaskID
     label: str = ""
+    llm: TaskID | None = None
 
 
 def add_bars(bars: Progress, job: Job, labelled: bool) -> Bars:
@@ -233,7 +236,8 @@ def add_bars(bars: Progress, job: Job, labelled: bool) -> Bars:
     steps = bars.add_task(f"{label}starting", total=len(PLAN))
     chunks = bars.add_task(f"{label}chunks extracted", total=None)
     loaded = bars.add_task(f"{label}chunks loaded", total=None)
-    return Bars(steps, chunks, loaded, label)
+    llm = bars.add_task(f"{label}{Spend().label}", total=None)
+    return Bars(steps, chunks, loaded, label, llm)
 
 
 def current_run(services: Services, job: Job) -> PipelineRun:
@@ -248,9 +252,15 @@ def chunk_counts(services: Services, job: Job) -> dict[ChunkStatus, int]:
 
 
 def draw(
-    bars: Progress, run_bars: Bars, run: PipelineRun, counts: dict[ChunkStatus, int], stalled: str = ""
+    bars: Progress,
+    run_bars: Bars,
+    run: PipelineRun,
+    counts: dict[ChunkStatus, int],
+    stalled: str = "",
+    spent: Spend | None = None,
 ) -> None:
-    """Move a run's bars; a run not ended that nothing works on (`stalled` says why) is drawn so."""
+    """Move a run's bars; a run not ended that nothing works on (`stalled` says why) is drawn so.
+    `spent`: the run's LLM requests so far (the spend ledger's), those that failed named."""
     names = [step.name for step in PLAN]
     done = names.index(run.step) + 1 if run.step in names else 0
     upcoming = names[done] if done < len(names) else "finish"
@@ -263,6 +273,17 @@ def draw(
     bars.update(run_bars.chunks, completed=extracted, total=total or None)
     # The load task marks each batch's chunks loaded once written: this bar moves during it.
     bars.update(run_bars.loaded, completed=counts[ChunkStatus.LOADED], total=total or None)
+    if spent is not None and run_bars.llm is not None:
+        answered = spent.calls - spent.failed
+        description = run_bars.label + spent.label
+        bars.update(run_bars.llm, completed=answered, total=spent.calls or None, description=description)
+
+
+def spend_of(services: Services, job: Job) -> Spend | None:
+    """The run's LLM requests so far, from the spend ledger of a `Wiring` (None for other services)."""
+    if not isinstance(services, Wiring):
+        return None
+    return services.spend.totals([job.run_id]).get(job.run_id, Spend())
 
 
 def search_remote(

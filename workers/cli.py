@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,14 +14,15 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from kenning import __version__
 from kenning.pipeline.context import Job
-from kenning.pipeline.errors import InputError, KenningError
+from kenning.pipeline.errors import InputError, KenningError, StoreError
 from kenning.pipeline.models import PipelineRun
+from kenning.pipeline.spend import SpendLedger, current_charge
 from kenning.retrieval.contract import SearchResult, SearchType
 from kenning.workers.access_cli import COMMANDS as ACCESS_COMMANDS
 from kenning.workers.agent_cli import COMMANDS as AGENT_COMMANDS
@@ -45,18 +48,65 @@ def open_memory(**overrides: Any) -> Kenning:
 
 
 @contextmanager
-def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
-    """A progress callback drawing one bar per pipeline step."""
+def progress_bars(
+    ledger: SpendLedger | None = None, output: Console | None = None
+) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress callback drawing one bar per pipeline step; with a `ledger`, one more for the
+    run's LLM requests (`LLMBar`), its failed ones (retried unless their call gave up) named."""
     columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as bars:
+    with Progress(*columns, console=output or console, transient=False) as bars:
         tasks: dict[str, Any] = {}
+        llm = LLMBar(bars, ledger)
 
         def advance(step: str, done: int, total: int) -> None:
             if step not in tasks:
                 tasks[step] = bars.add_task(step, total=max(total, 1))
             bars.update(tasks[step], completed=done if total else 1, total=max(total, 1))
+            llm.update()
 
         yield advance
+        llm.finish()
+
+
+class LLMBar:
+    """The LLM requests of the run a step reports for (its charge), from the spend ledger: those
+    not failed of those sent, and how many failed. Read at most every `every_s`; a ledger that
+    is away is skipped."""
+
+    def __init__(self, bars: Progress, ledger: SpendLedger | None, every_s: float = 0.5) -> None:
+        self._bars, self._ledger, self._every_s = bars, ledger, every_s
+        self._task: TaskID | None = None
+        self._run_id = ""
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def update(self) -> None:
+        charge = current_charge()
+        with self._lock:
+            if charge is None or time.monotonic() < self._next:
+                return
+            self._next = time.monotonic() + self._every_s
+            self._run_id = charge.run_id
+            self._draw()
+
+    def finish(self) -> None:
+        """Draw the run's last figures, however recently it was read."""
+        with self._lock:
+            self._draw()
+
+    def _draw(self) -> None:
+        if self._ledger is None or not self._run_id:
+            return
+        try:
+            spent = self._ledger.totals([self._run_id]).get(self._run_id)
+        except StoreError:
+            return
+        if spent is None:
+            return
+        if self._task is None:
+            self._task = self._bars.add_task("LLM", total=None)
+        answered = spent.calls - spent.failed
+        self._bars.update(self._task, description=spent.label, completed=answered, total=spent.calls)
 
 
 @click.group()
@@ -101,7 +151,7 @@ def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, tempo
 
             run = cognify_distributed(memory, dataset, console)
         else:
-            with progress_bars() as advance:
+            with progress_bars(memory.wiring.spend) as advance:
                 run = memory.cognify(dataset, progress=advance)
     print_run(run)
     if run.status.value != "completed":
