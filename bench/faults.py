@@ -9,11 +9,15 @@ in the background; once `--share` of the chunks are extracted, the fault lands:
 
 - `kill`: both workers SIGKILLed and started again at once (batches left unacknowledged);
 - `redis`: Redis SIGKILLed and started again without its data (queues, chords, lock, leases);
-- `postgres`: PostgreSQL stopped for `--outage` seconds, then started again.
+- `postgres`: PostgreSQL stopped for `--outage` seconds, then started again;
+- `blackhole`: the LLM accepts connections and never answers (those in flight included). The
+  run ends visibly, its chunks not extracted failed; then the LLM answers again, and once its
+  breaker's cooldown is over a new `kenning cognify --distributed` does what is left.
 
 Reported for each: seconds from the fault to the follower's exit, its exit code, the runs'
 statuses (an interrupted run and the run that resumed it), the chunks loaded, the simulator's
-chat calls; and the undisturbed run's seconds on the same corpus, for scale.
+chat calls; and the undisturbed run's seconds on the same corpus, for scale. For `blackhole`
+also: seconds from the LLM's return to the retry's completion, and from the fault to it.
 
     python -m bench.faults --documents 20 --sentences 20
 """
@@ -37,11 +41,14 @@ from tests.integration.cluster import Deployment, RedisServer, Workers, kenning_
 from tests.integration.faults import (
     Outcome,
     PostgresServer,
+    black_hole,
+    chunk_counts,
     cognifying,
     dataset_id,
     kill_both,
     run_with_fault,
     stop_postgres,
+    wait_for_breaker,
     wipe_redis,
 )
 from tests.integration.test_chaos import add_corpus, write_corpus
@@ -96,11 +103,62 @@ def faults(outage_s: float) -> dict[str, Fault]:
         "kill": lambda workers, _pg, _redis: kill_both(workers),
         "redis": lambda _workers, _pg, redis_server: wipe_redis(redis_server),
         "postgres": lambda _workers, postgres, _redis: stop_postgres(postgres, outage_s),
+        "blackhole": lambda _workers, _pg, _redis: lambda: None,  # see `blackhole_scenario`
     }
+
+
+def blackhole_scenario(args: argparse.Namespace) -> dict[str, Any]:
+    """The LLM goes black mid-extraction: the run's visible end; then the LLM back and a retry."""
+    with tempfile.TemporaryDirectory(prefix="kenning-bench-faults-") as tmp:
+        folder = Path(tmp)
+        corpus = write_corpus(folder / "corpus", documents=args.documents, sentences=args.sentences)
+        with servers(folder) as (postgres, redis_server), Simulator(latency_ms=LATENCY_MS) as simulator:
+            target = deployment(folder, postgres, redis_server, simulator.base_url)
+            add_corpus(target, corpus, DATASET)
+            logs = folder / "logs"
+            logs.mkdir()
+            workers = Workers(target, logs)
+            workers.start()
+            try:
+                outcome = run_with_fault(target, DATASET, logs, black_hole(simulator), share=args.share)
+                simulator.black_hole = False
+                restored = time.monotonic()
+                wait_for_breaker(target, timeout_s=TIMEOUT_S)
+                waited = time.monotonic() - restored
+                with cognifying(target, DATASET, logs) as (run, _log):
+                    code = run.wait(timeout=TIMEOUT_S)
+                retried = time.monotonic() - restored
+                billed = simulator.stats()
+                final = settled(target, outcome)
+                spend = spend_shown(target, final)
+            finally:
+                workers.stop()
+    return report("blackhole", outcome) | {
+        "breaker_wait_s": round(waited, 1),
+        "retry_exit_code": code,
+        "restore_to_completion_s": round(retried, 1),
+        "fault_to_completion_s": round(outcome.fault_to_end_s + retried, 1),
+        "final_runs": [{"status": run.status.value, "error": run.error[:300]} for run in final.runs],
+        "final_chunks_loaded": final.chunks[ChunkStatus.LOADED],
+        "chat_calls": billed["calls"]["chat"],
+        "held_by_black_hole": billed["held"],
+        "spend": compared(spend, billed),
+    }
+
+
+def settled(target: Deployment, outcome: Outcome) -> Outcome:
+    """The outcome with the dataset's runs and chunks as they stand now."""
+    of_dataset = dataset_id(target, DATASET)
+    with target.memory() as memory:
+        runs = sorted(memory.wiring.metadata.list_runs(of_dataset), key=lambda run: run.started_at)
+        chunks = chunk_counts(memory, of_dataset)
+    return Outcome(outcome.code, outcome.output, outcome.fault_to_end_s, runs, chunks)
 
 
 def scenario(args: argparse.Namespace, name: str, fault: Fault | None) -> dict[str, Any]:
     """One deployment, one run, one fault (None: undisturbed)."""
+    if name == "blackhole":
+        return blackhole_scenario(args)
     with tempfile.TemporaryDirectory(prefix="kenning-bench-faults-") as tmp:
         folder = Path(tmp)
         corpus = write_corpus(folder / "corpus", documents=args.documents, sentences=args.sentences)

@@ -14,11 +14,14 @@ latency, requests and tokens per minute (429 with `Retry-After` beyond them, ove
 sliding window), and random 500s, stalls past the client's timeout and malformed
 JSON, drawn from a seeded generator so that a sequential run is reproducible. With
 `fail_on`, every chat request whose messages contain that text is refused with a 400:
-a permanent failure, as a provider's refusal of some content would be.
+a permanent failure, as a provider's refusal of some content would be. With `black_hole`, the
+endpoint accepts connections and reads requests but never answers them: each request received
+then, and each one in its latency when it is set, is held until the simulator stops; set it
+back and new requests are answered again.
 
 `/stats` answers `calls` (per endpoint), `prompt_tokens`, `completion_tokens`,
-`rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `in_flight` and
-`max_in_flight`.
+`rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `held` (never answered:
+counted as calls, billed nothing), `in_flight` and `max_in_flight`.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class Simulator:
     `port` 0 picks a free port. `rpm`/`tpm` 0 mean unlimited; `rpm_scope` says whether
     chat calls alone, or chat and embedding calls, count toward them. `stall_s` bounds how long a
     simulated timeout holds its request before answering 504. `fail_on` (None: off) is read
-    at each request, so it may be set or cleared while the simulator serves.
+    at each request, so it may be set or cleared while the simulator serves; so is `black_hole`.
     """
 
     port: int = 0
@@ -88,6 +91,7 @@ class Simulator:
     window_s: float = 60.0
     seed: int | None = None
     fail_on: str | None = None
+    black_hole: bool = False
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -205,6 +209,14 @@ class Simulator:
         if seconds > 0:
             self._stopping.wait(seconds)
 
+    def swallowed(self) -> bool:
+        """In `black_hole` mode: hold the request, unanswered, until the simulator stops."""
+        if not self.black_hole:
+            return False
+        self._stats.add("held")
+        self._stopping.wait()
+        return True
+
     def bill(self, reply: _Reply) -> None:
         self._stats.add("prompt_tokens", reply.prompt_tokens)
         self._stats.add("completion_tokens", reply.completion_tokens)
@@ -284,6 +296,7 @@ class _Stats:
         "timeouts",
         "malformed",
         "refused",
+        "held",
     )
 
     def __init__(self) -> None:
@@ -552,11 +565,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve_model_call(self, endpoint: str, reply: _Reply) -> None:
         simulator = self.server.simulator
         with simulator.in_flight(endpoint):
+            if simulator.swallowed():
+                return
             wait = simulator.admit(endpoint, reply.prompt_tokens + reply.completion_tokens)
             if wait is not None:
                 self._send_rate_limited(wait)
                 return
             simulator.pause(simulator.latency_ms / 1000)
+            if simulator.swallowed():
+                return
             fault = simulator.draw_fault(endpoint)
             if fault is Fault.ERROR:
                 self._send_error(500, "simulated server error", "server_error")

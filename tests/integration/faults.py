@@ -3,7 +3,8 @@
 Each scenario starts the two usual workers, adds a corpus, runs `kenning cognify --distributed`
 in the background, waits until a share of the chunks is extracted, injects its fault, and
 waits (bounded) for the follower to exit. Servers that a fault stops or wipes are private:
-their own port, folder and files (`PostgresServer` here, `cluster.RedisServer`).
+their own port, folder and files (`PostgresServer` here, `cluster.RedisServer`). A black-holed
+LLM is the simulator's `black_hole` mode (`black_hole` here), on 127.0.0.1 like the others.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from kenning.pipeline.models import ChunkStatus, Dataset, PipelineRun, Scope
+from kenning.pipeline.models import ChunkStatus, Dataset, PipelineRun, Scope, utcnow
+from kenning.pipeline.spend import breaker_key
 from kenning.workers.memory import Kenning
+from kenning.workers.simulator import Simulator
 from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers
 
 POLL_S = 0.1
@@ -224,3 +227,29 @@ def stop_postgres(server: PostgresServer, outage_s: float) -> Callable[[], None]
         server.start()
 
     return fault
+
+
+def black_hole(simulator: Simulator) -> Callable[[], None]:
+    """Turn the LLM endpoint into a black hole: connections accepted, requests (those in flight
+    too) never answered, until `simulator.black_hole` is set back."""
+
+    def fault() -> None:
+        simulator.black_hole = True
+
+    return fault
+
+
+def wait_for_breaker(deployment: Deployment, timeout_s: float = READY_TIMEOUT_S) -> str:
+    """Until the LLM breaker, as status shows it, is no longer open (its cooldown is over): its state."""
+    settings = deployment.settings
+    key = breaker_key(settings.llm_url, settings.llm_model)
+    deadline = time.monotonic() + timeout_s
+    state = "open"
+    with deployment.memory() as memory:
+        while time.monotonic() < deadline:
+            breaker = memory.wiring.spend.breaker(key)
+            state = "closed" if breaker is None else breaker.now(utcnow())
+            if state != "open":
+                return state
+            time.sleep(POLL_S)
+    raise AssertionError(f"the LLM breaker was still open after {timeout_s:.0f} s")
