@@ -31,7 +31,10 @@ from kenning.pipeline.temporal import Event, Timestamp, extract_events
 _RELATION = re.compile(r"[^a-z0-9]+")
 MAX_RELATION_CHARS = 64
 # Edges the pipeline itself draws between a document, its chunks, summaries, entities and types.
-STRUCTURAL_RELATIONSHIPS = frozenset({"is_part_of", "contains", "is_a", "made_from"})
+STRUCTURAL_RELATIONSHIPS = frozenset({"is_part_of", "contains", "is_a", "made_from", "is_about"})
+# A titled document's chunk -> its title's entity, beside `contains`: the entity's own document,
+# where a walk from a mention of it should go, apart from every other chunk that names it.
+ABOUT_RELATIONSHIP = "is_about"
 # A document's title entity -> the entities of its first sentence: a paragraph is about its title.
 TITLE_RELATIONSHIP = "mentions"
 _MAX_TITLE_LINKS = 8
@@ -253,6 +256,7 @@ def _add_title(
     if not title_id:
         title_id = assembly.add_node(Entity(name=name, **common), chunk_id)
     _link(assembly, scope, source, chunk_id, title_id, "contains", chunk_id)
+    _link(assembly, scope, source, chunk_id, title_id, ABOUT_RELATIONSHIP, chunk_id)
     if record.index != 0:
         return
     sentence = first_sentence(record.text)

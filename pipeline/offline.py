@@ -239,7 +239,10 @@ _ALIAS_ADVERBS = {
 }  # fmt: skip
 _COMMA_ALIAS_CUES = {("known", "as"), ("called",), ("nicknamed",), ("a.k.a.",), ("aka",)}
 # Relation names the pipeline keeps for its own edges (chunk contains entity, entity is_a type).
-_STRUCTURAL = {"contains": "includes", "is_a": "is", "is_part_of": "part_of", "made_from": "made_of"}
+_STRUCTURAL = {
+    "contains": "includes", "is_a": "is", "is_part_of": "part_of", "made_from": "made_of",
+    "is_about": "about",
+}  # fmt: skip
 ALIAS_RELATIONSHIP = "also_known_as"
 _MAX_NAME_WORDS = 6
 _MAX_GAP_WORDS = 8

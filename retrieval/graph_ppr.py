@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from kenning.pipeline import collection
-from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from kenning.pipeline.assembly import ABOUT_RELATIONSHIP, STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.models import Entity, GraphEdge, Scope
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import Neighbourhood
@@ -27,7 +27,11 @@ from kenning.retrieval.reference import best_first, chunk_hit
 
 CONTAINS = "contains"
 # Structure the walk does not follow: documents, summaries, entity types and dated events.
-SKIPPED = sorted((STRUCTURAL_RELATIONSHIPS - {CONTAINS}) | {"mentions_event", "happened_at"})
+SKIPPED = sorted(
+    (STRUCTURAL_RELATIONSHIPS - {CONTAINS, ABOUT_RELATIONSHIP}) | {"mentions_event", "happened_at"}
+)
+# Edges from a chunk to its entities: every entity it contains, and the one it is about.
+CHUNK_EDGES = frozenset({CONTAINS, ABOUT_RELATIONSHIP})
 
 
 class WalkConfig(BaseModel):
@@ -45,6 +49,11 @@ class WalkConfig(BaseModel):
     max_edges: int = Field(default=4000, ge=1, le=100_000, description="Edges projected at most")
     max_degree: int = Field(default=100, ge=1, description="A node with more edges is not expanded")
     fact_weight: float = Field(default=0.5, ge=0.0, description="A fact edge's weight; `contains` weighs 1")
+    about_weight: float = Field(
+        default=4.0,
+        ge=0.0,
+        description="Weight of the edge from a titled chunk to its title's entity, beside `contains`",
+    )
 
 
 @dataclass(frozen=True)
@@ -178,10 +187,12 @@ def restart_weights(
 
 
 def walk_edges(edges: Iterable[GraphEdge], config: WalkConfig) -> list[tuple[str, str, float]]:
-    """(source, target, weight) of the edges the walk follows: `contains` weighs 1, a fact `fact_weight`."""
+    """(source, target, weight) of the edges the walk follows: `contains` weighs 1, `is_about`
+    `about_weight`, a fact `fact_weight`."""
     found: list[tuple[str, str, float]] = []
+    weights = {CONTAINS: 1.0, ABOUT_RELATIONSHIP: config.about_weight}
     for edge in edges:
-        weight = 1.0 if edge.relationship == CONTAINS else config.fact_weight
+        weight = weights.get(edge.relationship, config.fact_weight)
         if weight > 0 and edge.source_id != edge.target_id:
             found.append((edge.source_id, edge.target_id, weight))
     return found
@@ -219,7 +230,7 @@ def _edge_counts(sources: np.ndarray, size: int) -> np.ndarray:
 
 
 def _chunk_ids(edges: Iterable[GraphEdge]) -> set[str]:
-    return {edge.source_id for edge in edges if edge.relationship == CONTAINS}
+    return {edge.source_id for edge in edges if edge.relationship in CHUNK_EDGES}
 
 
 def _normalised(weights: dict[str, float]) -> dict[str, float]:

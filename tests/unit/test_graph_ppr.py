@@ -216,3 +216,49 @@ def test_the_walk_reads_only_the_graphs_shape_and_ranks_as_with_whole_edges(
     assert lean.results and [(h.chunk_id, h.extra["ppr"]) for h in lean.results] == [
         (h.chunk_id, h.extra["ppr"]) for h in full.results
     ]
+
+
+TITLED = Scope(tenant="t1", dataset="ppr-titled")
+FILMS = [
+    ("blood.txt", "Blood Street\n\nBlood Street is a 1988 film directed by Leo Fong."),
+    (
+        "fong.txt",
+        "Leo Fong\n\nLeo Fong is a Chinese-American martial artist and director born in Canton. "
+        "He trained with Bruce Lee in Oakland and with Ed Parker in Pasadena, and taught in Sacramento.",
+    ),
+    ("killpoint.txt", "Killpoint\n\nKillpoint is a 1984 action film starring Leo Fong."),
+    ("lowblow.txt", "Low Blow\n\nLow Blow is a 1986 film starring Leo Fong."),
+    ("showdown.txt", "Showdown\n\nShowdown is a 1993 film starring Leo Fong."),
+]
+
+
+@pytest.fixture(scope="module")
+def titled() -> TwinServices:
+    made = TwinServices()
+    add(made.metadata, made.blobs, TITLED, [Source(name=n, uri=f"t:{n}", data=t.encode()) for n, t in FILMS])
+    run = LocalRunner(made, made.lock, concurrency=2).run(TITLED)
+    assert run.status.value == "completed", run.error
+    return made
+
+
+def test_graph_ppr_goes_from_a_mention_to_the_document_about_it(titled: TwinServices) -> None:
+    # When asking about the director of a film, with no dense seeds: three documents name him,
+    # one is about him
+    def ranked(**options: object) -> list[str]:
+        request = SearchRequest(
+            query="What nationality is the director of film Blood Street?",
+            type=SearchType.GRAPH_PPR,
+            scopes=[TITLED],
+            only_context=True,
+            options={"chunk_seeds": 0, **options},
+        )
+        dataset = titled.metadata.get_dataset(TITLED)
+        assert dataset is not None
+        names = {d.id: d.name for d in titled.chunks.list_documents(dataset.id)}
+        return [names[hit.document_id or ""] for hit in search(titled, request).results]
+
+    # Then the film's document comes first, and the director's own document next, before the
+    # films that also name him
+    assert ranked()[:2] == ["blood.txt", "fong.txt"]
+    # And without the edge from a document to its title's entity, it would not
+    assert ranked(about_weight=0)[:2] != ["blood.txt", "fong.txt"]

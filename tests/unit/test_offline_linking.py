@@ -176,9 +176,11 @@ def test_every_chunk_of_a_document_contains_its_title_entity_across_load_batches
     nodes, edges = cognify({"harbour.md": f"# Harrow Point\n\n{body}"}, config)
     chunks = {n.id for n in nodes if n.type == "DocumentChunk"}
     title = next(n.id for n in nodes if n.type == "Entity" and n.properties["name"] == "Harrow Point")
-    # Then every chunk contains the title's entity
+    # Then every chunk contains the title's entity, and is about it
     assert len(chunks) > 2
     assert {e.source_id for e in edges if e.target_id == title and e.relationship == "contains"} == chunks
+    about = [(e.source_id, e.target_id) for e in edges if e.relationship == "is_about"]
+    assert sorted(about) == sorted((chunk, title) for chunk in chunks)
 
 
 def test_the_title_entity_mentions_the_first_sentence_entities_no_fact_reaches() -> None:
