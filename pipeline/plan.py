@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from kenning.pipeline import tasks
 from kenning.pipeline.context import Job, PipelineConfig, Services
 from kenning.pipeline.errors import BREAKER_OPEN
+from kenning.pipeline.locking import check_fence
 from kenning.pipeline.models import (
     RUNNING,
     ChunkStatus,
@@ -121,6 +122,7 @@ def record_step(services: Services, job: Job, step: str, counts: dict[str, int])
     for name, value in counts.items():
         run.stats[name] = run.stats.get(name, 0) + value
     run.step = step
+    check_fence()
     services.metadata.save_run(run)
     return run
 
@@ -137,6 +139,7 @@ def finish_run(services: Services, job: Job) -> PipelineRun:
         run.error = f"{counts}: `kenning status` lists each with its reason"
         if run.stats.get("unreachable_chunks"):
             run.error = f"{breaker_cause(services, job)}; {run.error}"
+    check_fence()
     services.metadata.save_run(run)
     return run
 

@@ -308,7 +308,8 @@ def holding(resources: Resources, message: Message, unit: str) -> Iterator[int]:
     ever takes a free lock, never one that another run holds, and a run that has ended never
     takes it again.
 
-    Each store write batch of the step is fenced: right before it, the lock must still be held
+    Each store write batch of the step, and the step's record in its run (and the run's end), is
+    fenced: right before it, the lock must still be held
     by the task's run (under the task's token, or one its run took since), or be free and be
     taken again for the run, else the batch is not written and the task raises `LockLost`. So
     a task whose process stopped past the ttl (SIGSTOP, a long pause, a partitioned host) while
