@@ -11,6 +11,7 @@ rather than pulling every chunk that mentions it to the top.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,10 @@ from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_f
 from kenning.retrieval.reference import best_first, chunk_hit
 
 CONTAINS = "contains"
+_WORD = re.compile(r"\w[\w'’-]*")
+MAX_SPAN_WORDS = 8
+# A name does not run across these.
+_BREAKS = frozenset("()[]{},;?!\"")
 # Structure the walk does not follow: documents, summaries, entity types and dated events.
 SKIPPED = sorted(
     (STRUCTURAL_RELATIONSHIPS - {CONTAINS, ABOUT_RELATIONSHIP}) | {"mentions_event", "happened_at"}
@@ -112,7 +117,10 @@ def walk(
     """Personalized PageRank from the query's entities and closest chunks over the scope's graph
     around them; `vector` is the query's embedding, when the caller has it already."""
     names = question_names(query)
-    embedded = ports.embedder.embed([*([] if vector is not None else [query]), *names])
+    exact = exact_entities(ports, scope, [*names, *question_spans(query)])
+    unmatched = [name for name in names if not _within(name, exact)] if config.entity_links else []
+    texts = [*([] if vector is not None else [query]), *unmatched]
+    embedded = ports.embedder.embed(texts) if texts else []
     query_vector = vector if vector is not None else embedded.pop(0)
     chunk_points = (
         ports.vectors.search(scope, collection.CHUNKS, query_vector, config.chunk_seeds)
@@ -120,7 +128,8 @@ def walk(
         else []
     )
     chunk_seeds = {point.id: max(1.0 - point.score, 0.0) for point in chunk_points}
-    entity_seeds = link_entities(ports, scope, names, embedded, config)
+    linked = link_entities(ports, scope, embedded, config)
+    entity_seeds = linked | {entity_id: 1.0 for entity_id in exact.values()}
     seeds = [*entity_seeds, *chunk_seeds]
     if not seeds:
         return Walk(ranked=[], scores={})
@@ -146,19 +155,57 @@ def question_names(query: str) -> list[str]:
     return list(dict.fromkeys(node.name for node in found if node.name.strip()))
 
 
+def question_spans(query: str) -> list[str]:
+    """Every run of 2 to `MAX_SPAN_WORDS` words of the question that starts and ends with a capital
+    or a digit, within one clause (no bracket, comma or question mark in it), as written
+    ("Guidelines for Language Evolution", "Gaby: A True Story"): the names, titles above all,
+    that the extractor cuts at their small words."""
+    words = [
+        match for match in _WORD.finditer(query) if match.group()[0].isupper() or match.group()[0].isdigit()
+    ]
+    everything = list(_WORD.finditer(query))
+    position = {match.start(): index for index, match in enumerate(everything)}
+    spans = []
+    for first in words:
+        for last in words:
+            count = position[last.start()] - position[first.start()] + 1
+            span = query[first.start() : last.end()]
+            if 2 <= count <= MAX_SPAN_WORDS and not _BREAKS.intersection(span):
+                spans.append(span)
+    return spans
+
+
+def exact_entities(ports: SearchPorts, scope: Scope, names: Sequence[str]) -> dict[str, str]:
+    """The names that are entities of the scope (by normalised name), name -> entity id; a name
+    within a longer one that is an entity too is left out (the longer says which is meant)."""
+    ids = {name: Entity(name=name, tenant=scope.tenant, dataset=scope.dataset).id for name in names}
+    found = {node.id for node in ports.graph.get_nodes(scope, list(set(ids.values())))}
+    matched = {name: entity_id for name, entity_id in ids.items() if entity_id in found}
+    return {
+        name: entity_id for name, entity_id in matched.items() if not _within(name, matched, strictly=True)
+    }
+
+
+def _within(name: str, names: Mapping[str, str], strictly: bool = False) -> bool:
+    """Whether `name` is one of `names`, or (`strictly`: only) part of a longer one, word for word."""
+    padded = f" {name.casefold()} "
+    return any(
+        padded in f" {other.casefold()} " and (len(other) > len(name) or (not strictly and other == name))
+        for other in names
+    )
+
+
 def link_entities(
     ports: SearchPorts,
     scope: Scope,
-    names: Sequence[str],
     vectors: Sequence[Sequence[float]],
     config: WalkConfig,
 ) -> dict[str, float]:
-    """Entity ids for the question's names, with a link strength in (0, 1]: 1 for an entity of the
-    same normalised name, 1 - cosine distance for each name's nearest Entity_name vectors."""
+    """Entity ids for the question's names that are no entity's name, by their embeddings
+    (`vectors`): each name's nearest Entity_name vectors within `link_distance`, with a link
+    strength of 1 - cosine distance. A name that is an entity means that entity (strength 1),
+    not the ones whose names embed near it: those are not looked up."""
     links: dict[str, float] = {}
-    exact = [Entity(name=name, tenant=scope.tenant, dataset=scope.dataset).id for name in names]
-    for node in ports.graph.get_nodes(scope, exact):
-        links[node.id] = 1.0
     for vector in vectors if config.entity_links else ():
         for point in ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_links):
             if point.score <= config.link_distance:

@@ -10,7 +10,7 @@ from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import DocumentRecord, Entity, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
-from kenning.retrieval.graph_ppr import WalkConfig, personalized_pagerank, restart_weights
+from kenning.retrieval.graph_ppr import WalkConfig, personalized_pagerank, question_spans, restart_weights
 from kenning.retrieval.registry import search
 from kenning.storage.memory_graph import MemoryGraphStore
 from kenning.workers.local import LocalRunner
@@ -229,6 +229,7 @@ FILMS = [
     ("killpoint.txt", "Killpoint\n\nKillpoint is a 1984 action film starring Leo Fong."),
     ("lowblow.txt", "Low Blow\n\nLow Blow is a 1986 film starring Leo Fong."),
     ("showdown.txt", "Showdown\n\nShowdown is a 1993 film starring Leo Fong."),
+    ("rules.txt", "Rules for Stage Combat\n\nRules for Stage Combat is a 1970 manual on fights in plays."),
 ]
 
 
@@ -262,3 +263,42 @@ def test_graph_ppr_goes_from_a_mention_to_the_document_about_it(titled: TwinServ
     assert ranked()[:2] == ["blood.txt", "fong.txt"]
     # And without the edge from a document to its title's entity, it would not
     assert ranked(about_weight=0)[:2] != ["blood.txt", "fong.txt"]
+
+
+def test_question_spans_keep_titles_whole_within_a_clause() -> None:
+    spans = question_spans(
+        "What does PEP 5 (Guidelines for Language Evolution) specify, and Gaby: A True Story?"
+    )
+    assert "Guidelines for Language Evolution" in spans and "Gaby: A True Story" in spans
+    assert "PEP 5" in spans and not [span for span in spans if "(" in span or "," in span]
+    assert all(span.split()[-1][0].isupper() or span.split()[-1][0].isdigit() for span in spans)
+
+
+def test_a_title_with_small_words_is_linked_whole_and_its_parts_are_not_embedded(
+    titled: TwinServices,
+) -> None:
+    # Given an embedder that records what it is asked to embed
+    asked: list[list[str]] = []
+    embed = titled.embedder.embed
+
+    def recording(texts: list[str]) -> list[list[float]]:
+        asked.append(list(texts))
+        return embed(texts)
+
+    titled.embedder.embed = recording  # type: ignore[method-assign]
+    try:
+        # When a question names a title the extractor cuts at "for", with no dense seeds
+        request = SearchRequest(
+            query="What does Rules for Stage Combat teach?",
+            type=SearchType.GRAPH_PPR,
+            scopes=[TITLED],
+            only_context=True,
+            options={"chunk_seeds": 0},
+        )
+        result = search(titled, request)
+    finally:
+        titled.embedder.embed = embed  # type: ignore[method-assign]
+    # Then the walk starts at the title's entity and finds its document first
+    assert result.results and "Rules for Stage Combat is a 1970 manual" in result.results[0].text
+    # And the parts of the title are not looked up by embedding: the whole title is an entity
+    assert asked == [["What does Rules for Stage Combat teach?"]]
