@@ -10,7 +10,14 @@ from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import DocumentRecord, Entity, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
-from kenning.retrieval.graph_ppr import WalkConfig, personalized_pagerank, question_spans, restart_weights
+from kenning.retrieval.graph_ppr import (
+    WalkConfig,
+    exact_entities,
+    personalized_pagerank,
+    question_names,
+    question_spans,
+    restart_weights,
+)
 from kenning.retrieval.registry import search
 from kenning.storage.memory_graph import MemoryGraphStore
 from kenning.workers.local import LocalRunner
@@ -285,7 +292,7 @@ def test_a_title_with_small_words_is_linked_whole_and_its_parts_are_not_embedded
         asked.append(list(texts))
         return embed(texts)
 
-    titled.embedder.embed = recording  # type: ignore[method-assign]
+    titled.embedder.embed = recording  # type: ignore[method-assign,assignment]
     try:
         # When a question names a title the extractor cuts at "for", with no dense seeds
         request = SearchRequest(
@@ -298,7 +305,10 @@ def test_a_title_with_small_words_is_linked_whole_and_its_parts_are_not_embedded
         result = search(titled, request)
     finally:
         titled.embedder.embed = embed  # type: ignore[method-assign]
-    # Then the walk starts at the title's entity and finds its document first
+    # Then the walk starts at the title's entity, not at the entities its words also name, and
+    # finds its document first
+    names = [*question_names(request.query), *question_spans(request.query)]
+    assert set(exact_entities(titled, TITLED, names)) == {"Rules for Stage Combat"}
     assert result.results and "Rules for Stage Combat is a 1970 manual" in result.results[0].text
     # And the parts of the title are not looked up by embedding: the whole title is an entity
     assert asked == [["What does Rules for Stage Combat teach?"]]
