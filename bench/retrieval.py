@@ -61,6 +61,10 @@ SPLITS = ("dev", "test")
 SPLIT_SEED = 10
 # The lane weights --tune tries on the development half; the other lanes keep their defaults.
 GRID = {"lexical": (0.5, 0.75, 1.0), "graph": (0.0, 0.5, 1.0, 2.0)}
+# The walk's restart share of the dense chunk seeds, and the weight of a chunk's edge to its title.
+WALK_GRID = {"chunk_weight": (0.1, 0.25, 0.5, 1.0, 2.0), "about_weight": (0.0, 1.0, 4.0, 8.0)}
+# The types whose chunks come from the walk.
+WALKING = (SearchType.GRAPH_PPR, SearchType.GRAPH_COMPLETION, SearchType.HYBRID_COMPLETION)
 
 
 @dataclass(frozen=True)
@@ -213,17 +217,20 @@ def run(
     lanes: bool,
     splits: tuple[str, ...],
     tune: bool,
+    tune_walk_too: bool = False,
 ) -> dict[str, Any]:
     halves = split(benchmark.questions)
     with opened(home) as memory:
         ingestion = ingest(memory, benchmark)
         print(f"ingested: {json.dumps(ingestion)}", file=sys.stderr)
         titles = chunk_titles(memory, memory.scope())
-        tuning = tune_weights(memory, halves["dev"], titles, options) if tune else None
-        hybrid = {**options, "weights": tuning["weights"]} if tuning else options
+        walking = tune_walk(memory, halves["dev"], titles) if tune_walk_too else None
+        walk_options = walking["options"] if walking else {}
+        tuning = tune_weights(memory, halves["dev"], titles, {**options, **walk_options}) if tune else None
+        hybrid = {**options, **walk_options, "weights": tuning["weights"]} if tuning else options
         results: dict[str, Any] = {}
         for name in splits:
-            results[name] = measure(memory, halves[name], titles, hybrid, lanes)
+            results[name] = measure(memory, halves[name], titles, hybrid, lanes, walk_options)
     return {
         "dataset": benchmark.name,
         "corpus": benchmark.selection,
@@ -234,17 +241,25 @@ def run(
         "top_k": 10,
         "hybrid_options": hybrid,
         "tuning": tuning,
+        "walk_tuning": walking,
         "ingestion": ingestion,
         "results": results,
     }
 
 
 def measure(
-    memory: Kenning, questions: list[Question], titles: dict[str, str], options: dict[str, Any], lanes: bool
+    memory: Kenning,
+    questions: list[Question],
+    titles: dict[str, str],
+    options: dict[str, Any],
+    lanes: bool,
+    walk_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for kind in TYPES:
         chosen = options if kind == SearchType.HYBRID_COMPLETION else {}
+        if kind in WALKING:
+            chosen = {**(walk_options or {}), **chosen}
         results[kind.value] = evaluate(memory, questions, titles, kind, chosen)
         print(f"{kind.value:>18}: {json.dumps(results[kind.value])}", file=sys.stderr)
     for lane in LANES if lanes else ():
@@ -270,6 +285,18 @@ def tune_weights(
     return {"on": "dev", "grid": GRID, "weights": best["weights"], "tried": tried}
 
 
+def tune_walk(memory: Kenning, dev: list[Question], titles: dict[str, str]) -> dict[str, Any]:
+    """GRAPH_PPR's walk options with the best recall@5 (then all@5) on the development half."""
+    tried: list[dict[str, Any]] = []
+    for values in itertools.product(*WALK_GRID.values()):
+        chosen = dict(zip(WALK_GRID, values, strict=True))
+        figures = evaluate(memory, dev, titles, SearchType.GRAPH_PPR, chosen)
+        tried.append({"options": chosen, "recall@5": figures["recall@5"], "all@5": figures["all@5"]})
+        print(f"tune walk {json.dumps(tried[-1])}", file=sys.stderr)
+    best = max(tried, key=lambda entry: (entry["recall@5"], entry["all@5"]))
+    return {"on": "dev", "grid": WALK_GRID, "options": best["options"], "tried": tried}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--dataset", choices=("hotpotqa", "twowiki"), required=True)
@@ -279,10 +306,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lanes", action="store_true", help="also measure each hybrid lane alone")
     parser.add_argument("--split", choices=("dev", "test", "both"), default="both", help="halves reported")
     parser.add_argument("--tune", action="store_true", help="choose the hybrid lane weights on the dev half")
+    parser.add_argument(
+        "--tune-walk", action="store_true", help="choose the walk's chunk and title weights on the dev half"
+    )
     args = parser.parse_args(argv)
     benchmark = hotpotqa() if args.dataset == "hotpotqa" else twowiki(args.limit)
     splits = SPLITS if args.split == "both" else (args.split,)
-    report = run(benchmark, args.home, json.loads(args.options), args.lanes, splits, args.tune)
+    options = json.loads(args.options)
+    report = run(benchmark, args.home, options, args.lanes, splits, args.tune, args.tune_walk)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"retrieval-{args.dataset}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
