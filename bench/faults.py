@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,21 @@ def faults(outage_s: float) -> dict[str, Fault]:
     }
 
 
-def blackhole_scenario(args: argparse.Namespace) -> dict[str, Any]:
-    """The LLM goes black mid-extraction: the run's visible end; then the LLM back and a retry."""
+@dataclass(frozen=True)
+class Cluster:
+    """A fresh deployment with its corpus added and two workers started."""
+
+    target: Deployment
+    workers: Workers
+    logs: Path
+    simulator: Simulator
+    postgres: PostgresServer
+    redis_server: RedisServer
+
+
+@contextmanager
+def cluster(args: argparse.Namespace) -> Iterator[Cluster]:
+    """Private PostgreSQL and Redis, the simulator, the corpus added, two workers (stopped after)."""
     with tempfile.TemporaryDirectory(prefix="kenning-bench-faults-") as tmp:
         folder = Path(tmp)
         corpus = write_corpus(folder / "corpus", documents=args.documents, sentences=args.sentences)
@@ -120,19 +134,26 @@ def blackhole_scenario(args: argparse.Namespace) -> dict[str, Any]:
             workers = Workers(target, logs)
             workers.start()
             try:
-                outcome = run_with_fault(target, DATASET, logs, black_hole(simulator), share=args.share)
-                simulator.black_hole = False
-                restored = time.monotonic()
-                wait_for_breaker(target, timeout_s=TIMEOUT_S)
-                waited = time.monotonic() - restored
-                with cognifying(target, DATASET, logs) as (run, _log):
-                    code = run.wait(timeout=TIMEOUT_S)
-                retried = time.monotonic() - restored
-                billed = simulator.stats()
-                final = settled(target, outcome)
-                spend = spend_shown(target, final)
+                yield Cluster(target, workers, logs, simulator, postgres, redis_server)
             finally:
                 workers.stop()
+
+
+def blackhole_scenario(args: argparse.Namespace) -> dict[str, Any]:
+    """The LLM goes black mid-extraction: the run's visible end; then the LLM back and a retry."""
+    with cluster(args) as running:
+        target, logs, simulator = running.target, running.logs, running.simulator
+        outcome = run_with_fault(target, DATASET, logs, black_hole(simulator), share=args.share)
+        simulator.black_hole = False
+        restored = time.monotonic()
+        wait_for_breaker(target, timeout_s=TIMEOUT_S)
+        waited = time.monotonic() - restored
+        with cognifying(target, DATASET, logs) as (run, _log):
+            code = run.wait(timeout=TIMEOUT_S)
+        retried = time.monotonic() - restored
+        billed = simulator.stats()
+        final = settled(target, outcome)
+        spend = spend_shown(target, final)
     return report("blackhole", outcome) | {
         "breaker_wait_s": round(waited, 1),
         "retry_exit_code": code,
@@ -159,26 +180,14 @@ def scenario(args: argparse.Namespace, name: str, fault: Fault | None) -> dict[s
     """One deployment, one run, one fault (None: undisturbed)."""
     if name == "blackhole":
         return blackhole_scenario(args)
-    with tempfile.TemporaryDirectory(prefix="kenning-bench-faults-") as tmp:
-        folder = Path(tmp)
-        corpus = write_corpus(folder / "corpus", documents=args.documents, sentences=args.sentences)
-        with servers(folder) as (postgres, redis_server), Simulator(latency_ms=LATENCY_MS) as simulator:
-            target = deployment(folder, postgres, redis_server, simulator.base_url)
-            add_corpus(target, corpus, DATASET)
-            logs = folder / "logs"
-            logs.mkdir()
-            workers = Workers(target, logs)
-            workers.start()
-            try:
-                if fault is None:
-                    return undisturbed(target, logs) | {"chat_calls": simulator.stats()["calls"]["chat"]}
-                outcome = run_with_fault(
-                    target, DATASET, logs, fault(workers, postgres, redis_server), share=args.share
-                )
-                billed = simulator.stats()
-                spend = spend_shown(target, outcome)
-            finally:
-                workers.stop()
+    with cluster(args) as running:
+        target, logs, simulator = running.target, running.logs, running.simulator
+        if fault is None:
+            return undisturbed(target, logs) | {"chat_calls": simulator.stats()["calls"]["chat"]}
+        injected = fault(running.workers, running.postgres, running.redis_server)
+        outcome = run_with_fault(target, DATASET, logs, injected, share=args.share)
+        billed = simulator.stats()
+        spend = spend_shown(target, outcome)
     return report(name, outcome) | {"chat_calls": billed["calls"]["chat"], "spend": compared(spend, billed)}
 
 
