@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -264,3 +265,19 @@ def forget_keys(redis_url: str, prefix: str) -> None:
                 client.delete(*keys)
     finally:
         client.close()
+
+
+def small_chunks(**values: str) -> dict[str, str]:
+    """Settings for a fresh tenant whose modest corpus makes many small chunks, embedded by hash,
+    two chunks to an extract batch, eight to a load batch, one chunk to an LLM call (the offline
+    reference run reads chunk by chunk too); `values` add or override (`name=value`)."""
+    return {
+        "tenant": f"t-{uuid.uuid4().hex[:8]}",
+        "embedding_provider": "hash",
+        "extract_batch": "2",
+        "chunk_size": "48",
+        "chunk_overlap": "4",
+        "load_batch": "8",
+        "extraction_unit_tokens": "0",
+        **values,
+    }

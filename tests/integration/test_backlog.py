@@ -8,7 +8,6 @@ looks every second, must leave it alone; both runs complete, neither is interrup
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from kenning.pipeline.models import ChunkStatus, RunStatus
 from kenning.workers.simulator import Simulator
-from tests.integration.cluster import Deployment, Workers
+from tests.integration.cluster import Deployment, Workers, small_chunks
 from tests.integration.faults import chunk_counts, cognifying, dataset_id, wait_for_extraction
 from tests.integration.test_chaos import add_corpus, write_corpus
 
@@ -30,14 +29,7 @@ WAIT_S = 240.0
 
 @pytest.fixture
 def shared() -> dict[str, str]:
-    return {
-        "tenant": f"t-{uuid.uuid4().hex[:8]}",
-        "embedding_provider": "hash",
-        "extract_batch": "1",
-        "chunk_size": "48",
-        "chunk_overlap": "4",
-        "extraction_unit_tokens": "0",
-    }
+    return small_chunks(extract_batch="1")
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
 from kenning.workers.simulator import Simulator
 from kenning.workers.tasks import Message, Redelivered, check_redelivery, hold
-from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers
+from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers, small_chunks
 from tests.integration.test_distributed import embedded_memory, graph_of, lock_released, runs_of, vector_ids
 from tests.services import free_port
 
@@ -92,15 +92,7 @@ def write_corpus(folder: Path, documents: int, sentences: int) -> Path:
 @pytest.fixture
 def shared() -> dict[str, str]:
     """Small chunks, so that a modest corpus makes many of them; the embedded run uses the same."""
-    return {
-        "tenant": f"t-{uuid.uuid4().hex[:8]}",
-        "embedding_provider": "hash",
-        "extract_batch": "2",
-        "chunk_size": "48",
-        "chunk_overlap": "4",
-        "load_batch": str(LOAD_BATCH),
-        "extraction_unit_tokens": str(UNIT_TOKENS),
-    }
+    return small_chunks(load_batch=str(LOAD_BATCH), extraction_unit_tokens=str(UNIT_TOKENS))
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ node, edge and vector point ids, none duplicated).
 from __future__ import annotations
 
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 
 from kenning.pipeline.models import ChunkStatus, RunStatus
 from kenning.workers.simulator import Simulator
-from tests.integration.cluster import Deployment, RedisServer, Workers
+from tests.integration.cluster import Deployment, RedisServer, Workers, small_chunks
 from tests.integration.faults import (
     Outcome,
     PostgresServer,
@@ -54,16 +53,7 @@ OUTAGE_S = 20.0
 @pytest.fixture
 def shared() -> dict[str, str]:
     """Small chunks from a small corpus; the embedded reference run uses the same settings."""
-    return {
-        "tenant": f"t-{uuid.uuid4().hex[:8]}",
-        "embedding_provider": "hash",
-        "extract_batch": "2",
-        "chunk_size": "48",
-        "chunk_overlap": "4",
-        "load_batch": "8",
-        # One chunk a call: the reference run's offline extractor reads chunk by chunk too.
-        "extraction_unit_tokens": "0",
-    }
+    return small_chunks()
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import pytest
 
 from kenning.pipeline.models import ChunkStatus, RunStatus
 from kenning.workers.simulator import Simulator
-from tests.integration.cluster import ROOT, Deployment, Workers
+from tests.integration.cluster import ROOT, Deployment, Workers, small_chunks
 from tests.integration.faults import black_hole, chunk_counts, dataset_id, run_with_fault, wait_for_breaker
 from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, write_corpus
 from tests.integration.test_distributed import lock_released
@@ -48,15 +47,7 @@ BOUND_S = 90.0
 @pytest.fixture
 def shared() -> dict[str, str]:
     """Small chunks from a small corpus; the embedded reference run uses the same settings."""
-    return {
-        "tenant": f"t-{uuid.uuid4().hex[:8]}",
-        "embedding_provider": "hash",
-        "extract_batch": "2",
-        "chunk_size": "48",
-        "chunk_overlap": "4",
-        "load_batch": "8",
-        "extraction_unit_tokens": "0",
-    }
+    return small_chunks()
 
 
 def llm_status(deployment: Deployment) -> dict[str, Any]:

@@ -10,7 +10,6 @@ at least that long and the test's polls, much more frequent, see the counts in b
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from kenning.pipeline.context import Job
 from kenning.pipeline.models import ENDED, ChunkStatus, RunStatus
 from kenning.workers.canvas import chunk_counts, current_run
 from kenning.workers.simulator import Simulator
-from tests.integration.cluster import Deployment, Workers
+from tests.integration.cluster import Deployment, Workers, small_chunks
 from tests.integration.faults import cognifying, dataset_id
 from tests.integration.test_chaos import add_corpus, write_corpus
 
@@ -32,15 +31,7 @@ WAIT_S = 180.0
 
 @pytest.fixture
 def shared() -> dict[str, str]:
-    return {
-        "tenant": f"t-{uuid.uuid4().hex[:8]}",
-        "embedding_provider": "hash",
-        "extract_batch": "2",
-        "load_batch": "4",
-        "chunk_size": "48",
-        "chunk_overlap": "4",
-        "extraction_unit_tokens": "0",
-    }
+    return small_chunks(load_batch="4")
 
 
 def test_the_follower_s_counts_climb_batch_by_batch_in_extract_and_load(
