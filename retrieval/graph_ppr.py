@@ -30,7 +30,7 @@ CONTAINS = "contains"
 _WORD = re.compile(r"\w[\w'’-]*")
 MAX_SPAN_WORDS = 8
 # A name does not run across these.
-_BREAKS = frozenset("()[]{},;?!\"")
+_BREAKS = frozenset('()[]{},;?!"')
 # Structure the walk does not follow: documents, summaries, entity types and dated events.
 SKIPPED = sorted(
     (STRUCTURAL_RELATIONSHIPS - {CONTAINS, ABOUT_RELATIONSHIP}) | {"mentions_event", "happened_at"}
@@ -47,7 +47,11 @@ class WalkConfig(BaseModel):
     damping: float = Field(default=0.5, ge=0.0, lt=1.0, description="The share of a step that follows edges")
     iterations: int = Field(default=30, ge=1, le=200, description="Power iterations")
     chunk_seeds: int = Field(default=10, ge=0, le=200, description="Closest chunks the walk restarts at")
-    chunk_weight: float = Field(default=2.0, ge=0.0, description="Restart weight of the chunk seeds, in all")
+    chunk_weight: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Restart weight of the chunk seeds, in all, beside the entities' 1 (alone, they have it all)",
+    )
     entity_links: int = Field(default=3, ge=0, le=50, description="Entity_name hits per question name")
     link_distance: float = Field(default=0.25, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
     hops: int = Field(default=2, ge=0, le=5, description="Hops around the seeds projected")
@@ -55,7 +59,7 @@ class WalkConfig(BaseModel):
     max_degree: int = Field(default=100, ge=1, description="A node with more edges is not expanded")
     fact_weight: float = Field(default=0.5, ge=0.0, description="A fact edge's weight; `contains` weighs 1")
     about_weight: float = Field(
-        default=4.0,
+        default=8.0,
         ge=0.0,
         description="Weight of the edge from a titled chunk to its title's entity, beside `contains`",
     )
@@ -220,13 +224,14 @@ def restart_weights(
     chunk_weight: float,
 ) -> dict[str, float]:
     """Where the walk restarts: each entity by its link strength over the number of its edges
-    (a name found everywhere says little), the chunks by similarity, `chunk_weight` of it in all."""
+    (a name found everywhere says little), the chunks by similarity, `chunk_weight` of it in all;
+    with no entity, the chunks alone (whatever `chunk_weight`)."""
     weights = {
         entity: strength / max(projected.degrees.get(entity, 1), 1) for entity, strength in entities.items()
     }
     weights = _normalised(weights)
     chunk_total = sum(chunks.values())
-    if chunk_total > 0 and chunk_weight > 0:
+    if chunk_total > 0 and (chunk_weight > 0 or not weights):
         share = chunk_weight if weights else 1.0
         for chunk_id, similarity in chunks.items():
             weights[chunk_id] = weights.get(chunk_id, 0.0) + share * similarity / chunk_total

@@ -77,6 +77,14 @@ def test_an_entity_seed_weighs_its_link_over_its_degree_and_chunks_take_their_sh
     assert only_chunks == pytest.approx({"c1": 0.75, "c2": 0.25})
 
 
+def test_with_no_chunk_weight_the_chunks_seed_the_walk_only_when_no_entity_does() -> None:
+    projected = Neighbourhood(edges=[], degrees={"rare": 1})
+    assert restart_weights({"rare": 1.0}, {"c1": 0.6}, projected, 0.0) == pytest.approx({"rare": 1.0})
+    assert restart_weights({}, {"c1": 0.6, "c2": 0.2}, projected, 0.0) == pytest.approx(
+        {"c1": 0.75, "c2": 0.25}
+    )
+
+
 def test_the_walk_reads_a_bounded_neighbourhood_from_the_store() -> None:
     # Given a graph store holding a chain of chunks and entities
     store = MemoryGraphStore()
