@@ -50,7 +50,7 @@ class WalkConfig(BaseModel):
     chunk_weight: float = Field(
         default=0.0,
         ge=0.0,
-        description="Restart weight of the chunk seeds, in all, beside the entities' 1 (alone, they have it all)",
+        description="Restart weight of the chunk seeds in all, beside the entities' 1 (alone: all of it)",
     )
     entity_links: int = Field(default=3, ge=0, le=50, description="Entity_name hits per question name")
     link_distance: float = Field(default=0.25, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
