@@ -60,7 +60,7 @@ TYPES = (
 SPLITS = ("dev", "test")
 SPLIT_SEED = 10
 # The lane weights --tune tries on the development half; the other lanes keep their defaults.
-GRID = {"lexical": (0.5, 0.75, 1.0), "graph": (0.0, 0.5, 1.0, 2.0)}
+GRID = {"lexical": (0.5, 0.75, 1.0), "graph": (0.0, 0.5, 1.0, 2.0, 4.0)}
 # The walk's restart share of the dense chunk seeds, and the weight of a chunk's edge to its title.
 WALK_GRID = {"chunk_weight": (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0), "about_weight": (0.0, 1.0, 4.0, 8.0)}
 # The types whose chunks come from the walk.

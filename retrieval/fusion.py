@@ -27,11 +27,11 @@ class FusionConfig(BaseModel):
     weights: dict[str, float] = Field(
         default_factory=lambda: {
             "chunks": 1.0,
-            "lexical": 0.75,
+            "lexical": 0.5,
             "summaries": 0.05,
             "entities": 0.0,
             "facts": 0.05,
-            "graph": 1.0,
+            "graph": 4.0,
         }
     )
     depths: dict[str, Depth] = Field(
