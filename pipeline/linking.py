@@ -121,11 +121,14 @@ def title_entity_name(title: str) -> str:
     return canonical_name(_DISAMBIGUATION.sub("", title)) or canonical_name(title)
 
 
+def after_title(text: str) -> str:
+    """The text after the title it opens with: "" for a header block with nothing after it."""
+    return (_BLANK_LINE.split(text.strip(), maxsplit=1) + [""])[1]
+
+
 def first_sentence(text: str) -> str:
     """The first sentence after a text's title ("" when it has none)."""
-    body = text.strip()
-    if document_title(body):
-        body = _BLANK_LINE.split(body, maxsplit=1)[1]
+    body = after_title(text) if document_title(text) else text.strip()
     for paragraph in paragraphs(body):
         found = sentences(paragraph)
         if found:

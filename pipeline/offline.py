@@ -15,7 +15,13 @@ import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from kenning.pipeline.linking import canonical_name, document_title, first_sentence, title_entity_name
+from kenning.pipeline.linking import (
+    after_title,
+    canonical_name,
+    document_title,
+    first_sentence,
+    title_entity_name,
+)
 from kenning.pipeline.models import Extraction, KnowledgeEdge, KnowledgeGraph, KnowledgeNode, normalize_name
 from kenning.pipeline.text import paragraphs, sentences
 
@@ -305,7 +311,7 @@ def _opens_sentence(sentence: str) -> bool:
 
 def _body(text: str, title: str) -> str:
     """The text after its title, if it has one."""
-    return re.split(r"\n\s*\n", text.strip(), maxsplit=1)[1] if title else text
+    return after_title(text) if title else text
 
 
 def _clip(text: str, limit: int) -> str:

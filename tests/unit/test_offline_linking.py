@@ -9,7 +9,13 @@ import pytest
 from kenning.pipeline.chunking import ChunkingConfig
 from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.ingest import Source, add
-from kenning.pipeline.linking import canonical_name, document_title, name_key, title_entity_name
+from kenning.pipeline.linking import (
+    canonical_name,
+    document_title,
+    first_sentence,
+    name_key,
+    title_entity_name,
+)
 from kenning.pipeline.models import GraphEdge, GraphNode, KnowledgeGraph, Scope
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.workers.local import LocalRunner
@@ -199,3 +205,13 @@ def test_the_title_entity_mentions_the_first_sentence_entities_no_fact_reaches()
     assert {("Naked Tango", "mentions", "Mathilda May"), ("Naked Tango", "mentions", "Esai Morales")} <= facts
     assert ("Naked Tango", "mentions", "Vincent Rey") not in facts
     assert not [f for f in facts if f[0] in {"Mathilda May", "Esai Morales", "Vincent Rey"}]
+
+
+def test_a_header_block_with_no_text_after_it_has_no_first_sentence() -> None:
+    # Given a document that is only a header block naming its title (a rejected PEP's stub)
+    header = "PEP: 210\nTitle: Decoupling the Interpreter Loop\nAuthor: David Ascher\nStatus: Rejected"
+    # Then it has no first sentence, and the offline extractor reads it without failing
+    assert first_sentence(header) == ""
+    assert [node.name for node in OfflineExtractor().extract(header).graph.nodes][:1] == [
+        "Decoupling the Interpreter Loop"
+    ]
