@@ -92,6 +92,8 @@ class LocalRunner:
         self._lock_ttl_s = lock_ttl_s
         self._plan = plan
         self._progress = progress
+        # A streamed step's passes and its last run report as one count (see `_Passes`).
+        self._passes: dict[str, _Passes] = {}
 
     def run(self, scope: Scope, run_id: str | None = None) -> PipelineRun:
         """Cognify the dataset; the returned run holds the counters of every step. `run_id`
@@ -118,11 +120,12 @@ class LocalRunner:
                 # Each batch is recorded as it ends, so a killed run keeps what it spent.
                 self._fan_out(step, job, items, streamed)
                 continue
-            with reporting(self._progress) as reported:
+            passes = self._passes.pop(step.name, None)
+            with reporting(passes or self._progress) as reported:
                 result = step.run(self._services, job, items)
             record_step(self._services, job, step.name, result.counts)
-            if not reported.count:  # a step with no units of its own: one, done
-                self._progress(step.name, 1, 1)
+            if not reported.count and not (passes and passes.reported):
+                self._progress(step.name, 1, 1)  # a step with no units of its own: one, done
             items = result.items
 
     def _fan_out(self, step: Step, job: Job, items: list[str], streamed: Step | None) -> None:
@@ -143,7 +146,11 @@ class LocalRunner:
             ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix=step.name) as pool,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream") as writer,
         ):
-            stream = _Stream(self._services, job, streamed, writer, max(1, config.load_batch // 4), record)
+            passes = _Passes(self._progress)
+            if streamed is not None:
+                self._passes[streamed.name] = passes
+            every = max(1, config.load_batch // 4)
+            stream = _Stream(self._services, job, streamed, writer, every, record, passes)
             running: dict[Future[StepResult], int] = {}
             while batches or running:
                 while batches and len(running) < pacer.limit:
@@ -180,8 +187,10 @@ class _Stream:
         writer: ThreadPoolExecutor,
         every: int,
         record: Callable[[dict[str, int]], None],
+        passes: _Passes | None = None,
     ) -> None:
         self._services = services
+        self._passes = passes
         self._job = job
         self._step = step
         self._writer = writer
@@ -201,10 +210,37 @@ class _Stream:
             self.finish()
         if self._ready >= self._every:
             self._ready = 0
-            self._pass = self._writer.submit(self._step.run, self._services, self._job, [])
+            self._pass = self._writer.submit(self._run_pass, self._step)
 
     def finish(self) -> None:
         """Wait for the running pass, if any, and record it."""
         if self._pass is not None:
             running, self._pass = self._pass, None
             self._record(running.result().counts)
+            if self._passes is not None:
+                self._passes.next_pass()
+
+    def _run_pass(self, step: Step) -> StepResult:
+        if self._passes is None:
+            return step.run(self._services, self._job, [])
+        with reporting(self._passes):
+            return step.run(self._services, self._job, [])
+
+
+class _Passes:
+    """The progress of a step run pass after pass, as one count: each pass's `done` of `total`
+    comes after the units of the passes before it."""
+
+    def __init__(self, progress: ProgressCallback) -> None:
+        self._progress = progress
+        self._before = 0
+        self._total = 0
+        self.reported = False
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        self._total, self.reported = total, True
+        self._progress(step, self._before + done, self._before + total)
+
+    def next_pass(self) -> None:
+        self._before += self._total
+        self._total = 0

@@ -103,3 +103,20 @@ def test_a_stalled_run_is_drawn_as_stalled_with_why_not_as_live() -> None:
         # And once something works on it again it is drawn as live
         draw(bars, run_bars, run, counts)
         assert bars.tasks[run_bars.steps].description == "extract"
+
+
+def test_a_step_streamed_pass_after_pass_reports_one_count(tmp_path: Path) -> None:
+    # Given an embedded run whose load streams behind extraction, pass after pass (at least the
+    # last one after extraction ends)
+    settings = load_settings(home=tmp_path / "home", embedding_provider="hash", load_batch=4)
+    calls: list[tuple[str, int, int]] = []
+    with Kenning(settings) as memory:
+        for n, text in enumerate(TEXTS * 3):
+            memory.add_text(f"{text} Copy {n}.", "d", name=f"doc{n}.txt")
+        run = memory.cognify("d", progress=lambda step, done, total: calls.append((step, done, total)))
+    # Then the load bar counts up, never back, to all the chunks written
+    load = [(done, total) for step, done, total in calls if step == "load"]
+    chunks = run.stats["chunks_to_extract"]
+    assert load and load[-1] == (chunks, chunks), load
+    assert [done for done, _ in load] == sorted(done for done, _ in load), load
+    assert all(total <= chunks for _, total in load), load
