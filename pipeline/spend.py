@@ -58,6 +58,11 @@ class Spend:
         )
 
     @property
+    def answered(self) -> int:
+        """The requests not failed."""
+        return self.calls - self.failed
+
+    @property
     def label(self) -> str:
         """What a progress bar of these requests (not failed, of sent) says: how many failed. Each
         failed request is retried, unless its call gave up (attempts or deadline spent, breaker open)."""

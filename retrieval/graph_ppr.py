@@ -164,17 +164,13 @@ def question_spans(query: str) -> list[str]:
     or a digit, within one clause (no bracket, comma or question mark in it), as written
     ("Guidelines for Language Evolution", "Gaby: A True Story"): the names, titles above all,
     that the extractor cuts at their small words."""
-    words = [
-        match for match in _WORD.finditer(query) if match.group()[0].isupper() or match.group()[0].isdigit()
-    ]
-    everything = list(_WORD.finditer(query))
-    position = {match.start(): index for index, match in enumerate(everything)}
+    words = list(_WORD.finditer(query))
+    capitals = [n for n, word in enumerate(words) if word.group()[0].isupper() or word.group()[0].isdigit()]
     spans = []
-    for first in words:
-        for last in words:
-            count = position[last.start()] - position[first.start()] + 1
-            span = query[first.start() : last.end()]
-            if 2 <= count <= MAX_SPAN_WORDS and not _BREAKS.intersection(span):
+    for first in capitals:
+        for last in capitals:
+            span = query[words[first].start() : words[last].end()]
+            if 2 <= last - first + 1 <= MAX_SPAN_WORDS and not _BREAKS.intersection(span):
                 spans.append(span)
     return spans
 

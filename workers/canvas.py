@@ -274,9 +274,8 @@ def draw(
     # The load task marks each batch's chunks loaded once written: this bar moves during it.
     bars.update(run_bars.loaded, completed=counts[ChunkStatus.LOADED], total=total or None)
     if spent is not None and run_bars.llm is not None:
-        answered = spent.calls - spent.failed
-        description = run_bars.label + spent.label
-        bars.update(run_bars.llm, completed=answered, total=spent.calls or None, description=description)
+        label = run_bars.label + spent.label
+        bars.update(run_bars.llm, completed=spent.answered, total=spent.calls or None, description=label)
 
 
 def spend_of(services: Services, job: Job) -> Spend | None:

@@ -107,12 +107,10 @@ class Resources:
 
     def waiting(self, run_id: str) -> int:
         """How many of the run's tasks wait in the broker's queues (0 if the broker is not Redis)."""
-        if not self.settings.broker_url.startswith("redis"):
-            return 0
         with self._mutex:
-            if self._broker is None:
+            if self._broker is None and self.settings.broker_url.startswith("redis"):
                 self._broker = redis.Redis.from_url(self.settings.broker_url)
-        return waiting_with(self._broker, run_queues(self.settings), run_id)
+        return waiting(self.settings, self._broker, run_id)
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
@@ -199,6 +197,12 @@ def configure_app(celery: KenningCelery, settings: Settings) -> None:
 
 def queue_name(settings: Settings, kind: str) -> str:
     return keys.queue_name(settings.queue_prefix, kind)
+
+
+def waiting(settings: Settings, broker: redis.Redis | None, run_id: str) -> int:
+    """How many of the run's tasks wait in the queues of `broker` (None: a broker that is not
+    Redis, which cannot be looked into: 0)."""
+    return 0 if broker is None else waiting_with(broker, run_queues(settings), run_id)
 
 
 def run_queues(settings: Settings) -> list[str]:

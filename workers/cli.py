@@ -105,8 +105,7 @@ class LLMBar:
             return
         if self._task is None:
             self._task = self._bars.add_task("LLM", total=None)
-        answered = spent.calls - spent.failed
-        self._bars.update(self._task, description=spent.label, completed=answered, total=spent.calls)
+        self._bars.update(self._task, description=spent.label, completed=spent.answered, total=spent.calls)
 
 
 @click.group()

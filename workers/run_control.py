@@ -131,12 +131,9 @@ class _Coordination:
         return "" if why and self._waiting(run.id) else why
 
     def _waiting(self, run_id: str) -> int:
-        from kenning.storage.queue_depth import waiting_with
-        from kenning.workers.celery_app import run_queues
+        from kenning.workers.celery_app import waiting
 
-        if self.broker is None:
-            return 0
-        return waiting_with(self.broker, run_queues(self._settings), run_id)
+        return waiting(self._settings, self.broker, run_id)
 
     def _lock_reason(self, dataset: Dataset, run: PipelineRun) -> str:
         if run.status != RunStatus.STARTED or not run.step:
