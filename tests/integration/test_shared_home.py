@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,16 @@ from kenning.pipeline.models import Scope
 from kenning.storage.vector_edge import EdgeVectorStore
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
+from kenning.workers.simulator import Simulator
 
 pytestmark = pytest.mark.slow
 
 CITIES = ("Lisbon", "Porto", "Bergen", "Tromso", "Lyon", "Nantes", "Graz", "Basel")
 DEADLINE_S = 420.0
+# A slow LLM with few extractions in flight keeps A's cognify running for at least
+# 300 / 4 * 0.3 s = 22 s on any machine, so readers always meet it mid-run.
+SLOW_LATENCY_MS = 300.0
+SLOW_CONCURRENCY = "4"
 
 
 def write_corpus(folder: Path, prefix: str, count: int) -> Path:
@@ -39,9 +45,16 @@ def write_corpus(folder: Path, prefix: str, count: int) -> Path:
     return folder
 
 
-def environment(home: Path) -> dict[str, str]:
+def environment(home: Path, llm: Simulator) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KENNING_")}
-    return {**env, "KENNING_HOME": str(home), "KENNING_EMBEDDING_PROVIDER": "hash"}
+    return {
+        **env,
+        "KENNING_HOME": str(home),
+        "KENNING_EMBEDDING_PROVIDER": "hash",
+        "KENNING_LLM_URL": llm.base_url,
+        "KENNING_LLM_API_KEY": "test",
+        "KENNING_CONCURRENCY": SLOW_CONCURRENCY,
+    }
 
 
 def kenning(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -80,10 +93,16 @@ def counts(home: Path, dataset: str) -> dict[str, Any]:
     return {"items": status["items"], "graph": status["graph"], "points": points}
 
 
-def test_cognify_two_datasets_while_searching_and_reading_status(tmp_path: Path) -> None:
-    # Given a home with two datasets added: A of 300 small texts, B of 80
+@pytest.fixture
+def llm() -> Iterator[Simulator]:
+    with Simulator(latency_ms=SLOW_LATENCY_MS) as running:
+        yield running
+
+
+def test_cognify_two_datasets_while_searching_and_reading_status(tmp_path: Path, llm: Simulator) -> None:
+    # Given a home with two datasets added: A of 300 small texts, B of 80, and a slow LLM
     home = tmp_path / "home"
-    env = environment(home)
+    env = environment(home, llm)
     finish(kenning(env, "add", str(write_corpus(tmp_path / "a", "alpha", 300)), "--dataset", "alpha"))
     finish(kenning(env, "add", str(write_corpus(tmp_path / "b", "beta", 80)), "--dataset", "beta"))
 
@@ -107,8 +126,9 @@ def test_cognify_two_datasets_while_searching_and_reading_status(tmp_path: Path)
     assert any("Alpha Walker 7 " in hit["text"] for hit in hits)
 
     # And each dataset holds what sequential runs of the same input make
+    llm.latency_ms = 0.0
     sequential = tmp_path / "sequential"
-    solo = environment(sequential)
+    solo = environment(sequential, llm)
     finish(kenning(solo, "add", str(tmp_path / "a"), "--dataset", "alpha"))
     finish(kenning(solo, "add", str(tmp_path / "b"), "--dataset", "beta"))
     finish(kenning(solo, "cognify", "--dataset", "alpha"))
