@@ -9,9 +9,12 @@ before and after it in the same remembered conversation.
 A query is ranked in four lanes fused by reciprocal rank with a small k (a few strong
 lanes agreeing should win): the turns' context vectors, the messages' own vectors
 (CHUNKS), BM25 over the messages, and BM25 read in context (a message's score plus a
-share of the score of the turn before it). A share of each fused score then goes to the
-turns beside it in its conversation: an answer often sits next to the words the question
-shares. Every hit is one message and cites that message's own item, never a neighbour's.
+share of the score of the turn before it). Two more lanes join when the query names them:
+the turns said on a day or in a month it names ("on 1 February, 2023"), and the turns of
+the one speaker it names; each ranks those turns by how close they are to the query. A
+share of each fused score then goes to the turns beside it in its conversation: an answer
+often sits next to the words the question shares. Every hit is one message and cites that
+message's own item, never a neighbour's.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,10 +33,13 @@ from kenning.pipeline.ports import Embedder, VectorStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import reciprocal_rank_fusion
 from kenning.retrieval.reference import first
+from kenning.retrieval.when import Span, named_spans, within
 
 TURNS = "ConversationTurn_text"
-TURN_FIELDS = ("text", "data_ids", "document_id", "previous", "next")
-LANES = ("turns", "chunks", "lexical", "lexical_context")
+TURN_FIELDS = ("text", "data_ids", "document_id", "previous", "next", "speaker", "said_at")
+LANES = ("turns", "chunks", "lexical", "lexical_context", "dated", "speaker")
+# The lanes a query opens by naming a day or a speaker count double: few turns qualify.
+NAMED_LANE_WEIGHT = 2.0
 LINKS = ("previous", "next")
 TIME = re.compile(r"^\[[^\]]*\] ")  # the `[time] ` a message's text starts with
 
@@ -46,7 +53,13 @@ class ConversationConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     rrf_k: int = Field(default=10, ge=0, description="The k of 1 / (k + rank)")
-    weights: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(LANES, 1.0))
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {
+            **dict.fromkeys(LANES, 1.0),
+            "dated": NAMED_LANE_WEIGHT,
+            "speaker": NAMED_LANE_WEIGHT,
+        }
+    )
     depth: int = Field(default=50, ge=1, le=1000, description="Hits taken from each lane")
     context_share: float = Field(
         default=1.0, ge=0.0, le=1.0, description="The share of the previous turn's BM25 in a turn's"
@@ -72,6 +85,8 @@ class Turn:
     text: str
     context: str = ""
     spoken: str = ""
+    speaker: str = ""
+    said_at: str = ""  # ISO time the message was said, if known
 
 
 @dataclass
@@ -102,6 +117,8 @@ def turn_points(turns: Sequence[Turn], vectors: Sequence[Sequence[float]]) -> li
         payload = {
             "text": turn.text,
             "spoken": turn.spoken,
+            "speaker": turn.speaker,
+            "said_at": turn.said_at,
             "data_ids": [turn.data_id],
             "document_id": turn.document_id,
             "chunk_id": turn.chunk_id,
@@ -231,6 +248,9 @@ class ConversationRetriever:
             "lexical": [point.id for point in lexical],
             "lexical_context": ranked(in_context(bm25, previous, config.context_share))[: config.depth],
         }
+        close = closeness(turns, chunks, bm25)
+        lanes["dated"] = dated(turns, named_spans(request.query), close)[: config.depth]
+        lanes["speaker"] = spoken_by(turns, named_speaker(turns, request.query), close)[: config.depth]
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
         neighbours = {
             item: [other for other in (c.previous, c.next) if other and other in candidates]
@@ -251,6 +271,54 @@ class ConversationRetriever:
 
     def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
         return answer_from_context(self._ports.completer, request.query, context)
+
+
+def closeness(
+    turns: Sequence[ScoredPoint], chunks: Sequence[ScoredPoint], bm25: Mapping[str, float]
+) -> dict[str, float]:
+    """How close each turn is to the query, all lanes' evidence summed: its context vector's
+    cosine similarity, its message vector's where CHUNKS found it, and its BM25 over the best."""
+    top = max(bm25.values(), default=0.0) or 1.0
+    message = {point.id: 1.0 - point.score for point in chunks}
+    return {
+        point.id: 1.0 - point.score + message.get(point.id, 0.0) + bm25.get(point.id, 0.0) / top
+        for point in turns
+    }
+
+
+def dated(turns: Sequence[ScoredPoint], spans: list[Span], close: Mapping[str, float]) -> list[str]:
+    """The turns said on a day the query names, closest first; none if it names no day."""
+    if not spans:
+        return []
+    found = [point.id for point in turns if (day := said_on(point.payload)) and within(day, spans)]
+    return sorted(found, key=lambda item: -close[item])
+
+
+def named_speaker(turns: Sequence[ScoredPoint], query: str) -> str | None:
+    """The one speaker of these turns the query names by a whole word; None for none or several."""
+    speakers = {str(point.payload.get("speaker") or "") for point in turns} - {""}
+    named = [name for name in speakers if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", query)]
+    return named[0] if len(named) == 1 else None
+
+
+def spoken_by(turns: Sequence[ScoredPoint], speaker: str | None, close: Mapping[str, float]) -> list[str]:
+    """The turns of that speaker, closest first; none without a speaker."""
+    if speaker is None:
+        return []
+    found = [point.id for point in turns if point.payload.get("speaker") == speaker]
+    return sorted(found, key=lambda item: -close[item])
+
+
+def said_on(payload: Mapping[str, Any]) -> date | None:
+    """The day a turn was said: its `said_at`, else the `[time] ` its text starts with."""
+    said = str(payload.get("said_at") or "")
+    if not said:
+        stamp = TIME.match(str(payload.get("text", "")))
+        said = stamp.group(0)[1:-2] if stamp else ""
+    try:
+        return date.fromisoformat(said[:10])
+    except ValueError:
+        return None
 
 
 def best_possible(config: ConversationConfig) -> float:

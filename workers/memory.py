@@ -208,8 +208,7 @@ class Kenning:
         for m, item in wanted:
             first = first_chunks.get(item.id)
             if first is not None:
-                context = spoken(before) if before else ""
-                turns.append(Turn(item.id, first.id, first.document_id, m.as_text(), context, spoken(m)))
+                turns.append(turn_of(m, before, item.id, first))
                 before = m
         if not turns:
             return 0
@@ -570,6 +569,20 @@ class Kenning:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def turn_of(message: Message, before: Message | None, data_id: str, chunk: ChunkRecord) -> Turn:
+    """A remembered message as a turn of its conversation, read after the message before it."""
+    return Turn(
+        data_id=data_id,
+        chunk_id=chunk.id,
+        document_id=chunk.document_id,
+        text=message.as_text(),
+        context=spoken(before) if before else "",
+        spoken=spoken(message),
+        speaker=message.speaker,
+        said_at=message.time.isoformat() if message.time else "",
+    )
 
 
 def spoken(message: Message) -> str:

@@ -122,3 +122,49 @@ def test_forgetting_the_first_message_leaves_the_next_turn_without_context(tmp_p
         first = next(hit for hit in hits if hit.id == chunk["D1:2"])
         assert first.score == pytest.approx(0.0, abs=1e-5)
         assert first.payload["previous"] is None
+
+
+MAY, JUNE = datetime(2023, 5, 8, 10), datetime(2023, 6, 1, 9)
+LAKE = [
+    Message(speaker="Ben", text="We went to the lake for a picnic.", time=MAY, id="D1:1"),
+    Message(speaker="Ada", text="Sounds lovely.", time=MAY, id="D1:2"),
+    Message(speaker="Ben", text="Swam at dawn, cold water.", time=JUNE, id="D2:1"),
+    Message(speaker="Ada", text="Brave of you.", time=JUNE, id="D2:2"),
+]
+TALK = [
+    Message(speaker="Ada", text="I love the saxophone and the lake.", time=SAID, id="D1:1"),
+    Message(speaker="Ada", text="Jazz saxophone at the lake house, I love it.", time=SAID, id="D1:2"),
+    Message(speaker="Ben", text="Hmm.", time=SAID, id="D1:3"),
+    Message(speaker="Ada", text="Anyway.", time=SAID, id="D1:4"),
+    Message(speaker="Ben", text="Honestly I love the violin.", time=SAID, id="D1:5"),
+]
+NO_NAMED_LANES = {"weights": {"turns": 1.0, "chunks": 1.0, "lexical": 1.0, "lexical_context": 1.0}}
+
+
+def first_cited(kenning: Kenning, query: str, options: dict[str, object] | None = None) -> str:
+    recalled = kenning.recall(query, ["chat"], type="CONVERSATION", top_k=4, options=options)
+    return message_ids(kenning, "chat")[recalled.results[0].data_id or ""]
+
+
+def test_a_query_naming_a_day_recalls_what_was_said_that_day_first(tmp_path: Path) -> None:
+    with open_memory(tmp_path) as kenning:
+        # Given a lake picnic on 8 May and a swim on 1 June
+        kenning.remember(LAKE, "chat")
+        query = "What did Ben do at the lake on 1 June, 2023?"
+
+        # Then a query naming 1 June recalls the swim first, though the picnic shares its words
+        assert first_cited(kenning, query) == "D2:1"
+        assert first_cited(kenning, query, NO_NAMED_LANES).startswith("D1:")
+        # And naming the month does the same
+        assert first_cited(kenning, "What did Ben do at the lake in June 2023?") == "D2:1"
+
+
+def test_a_query_naming_a_speaker_recalls_that_speaker_s_turns_first(tmp_path: Path) -> None:
+    with open_memory(tmp_path) as kenning:
+        # Given Ada's words about the saxophone and the lake, and Ben's short answers
+        kenning.remember(TALK, "chat")
+        query = "What does Ben love, the saxophone or the lake?"
+
+        # Then a query naming Ben recalls Ben's turn first, though Ada's share more of its words
+        assert first_cited(kenning, query) in {"D1:3", "D1:5"}
+        assert first_cited(kenning, query, NO_NAMED_LANES) in {"D1:1", "D1:2"}

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from kenning.pipeline.models import Scope, stable_id
+from kenning.pipeline.models import Scope, ScoredPoint, stable_id
 from kenning.retrieval.conversation import (
     TURNS,
     ConversationConfig,
     Turn,
     best_possible,
+    closeness,
     context_text,
+    dated,
     in_context,
     mend_turns,
+    named_speaker,
     ranked,
+    said_on,
+    spoken_by,
     spread,
     turn_points,
     turns_of,
@@ -160,3 +167,37 @@ def test_a_forgotten_last_turn_leaves_the_one_before_it_last() -> None:
     assert mend_turns(store, embedder, scope, gone) == 0
     [kept] = store.retrieve(scope, TURNS, [ids[2]])
     assert kept.payload["next"] is None
+
+
+def test_a_turn_is_said_on_its_stored_day_or_the_day_its_text_starts_with() -> None:
+    text = "[2023-05-08T13:56:00] Ben: hi"
+    assert said_on({"said_at": "2023-06-01T09:00:00", "text": text}) == date(2023, 6, 1)
+    assert said_on({"text": text}) == date(2023, 5, 8)
+    assert said_on({"text": "Ben: hi"}) is None
+    assert said_on({"said_at": "yesterday"}) is None
+
+
+def test_only_one_speaker_named_by_a_whole_word_opens_the_speaker_lane() -> None:
+    turns = [
+        ScoredPoint(id=str(n), score=0.5, payload={"speaker": name})
+        for n, name in enumerate(["Ada", "Ben", "", "Ada"])
+    ]
+    assert named_speaker(turns, "What did Ben say?") == "Ben"
+    assert named_speaker(turns, "What did Adam say?") is None
+    assert named_speaker(turns, "What did Ada tell Ben?") is None
+    assert named_speaker(turns, "What was said?") is None
+
+
+def test_the_named_lanes_hold_only_qualifying_turns_closest_first() -> None:
+    turns = [
+        ScoredPoint(id="a", score=0.5, payload={"speaker": "Ada", "said_at": "2023-06-01T09:00:00"}),
+        ScoredPoint(id="b", score=0.1, payload={"speaker": "Ben", "said_at": "2023-06-01T10:00:00"}),
+        ScoredPoint(id="c", score=0.0, payload={"speaker": "Ben", "said_at": "2023-05-08T10:00:00"}),
+    ]
+    close = closeness(turns, [], {"a": 4.0})
+
+    assert close == pytest.approx({"a": 1.5, "b": 0.9, "c": 1.0})
+    assert dated(turns, [(date(2023, 6, 1), date(2023, 6, 2))], close) == ["a", "b"]
+    assert dated(turns, [], close) == []
+    assert spoken_by(turns, "Ben", close) == ["c", "b"]
+    assert spoken_by(turns, None, close) == []
