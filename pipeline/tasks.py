@@ -11,9 +11,10 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import copy_context
+from dataclasses import dataclass
 
 from kenning.pipeline import collection
-from kenning.pipeline.assembly import Assembly, assemble, graph_edge, graph_node, index_entries
+from kenning.pipeline.assembly import Assembly, IndexEntry, assemble, graph_edge, graph_node, index_entries
 from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import InputError, LLMError, LLMUnreachable
@@ -263,13 +264,13 @@ def load(services: Services, job: Job) -> dict[str, int]:
         pending: tuple[Future[Counter[str]], int] | None = None
         for batch in chunked(chunk_ids, services.config.load_batch):
             assembly = _assemble_batch(services, job, batch)
-            vectors = _embed(services, assembly)
+            indexed = _embed(services, assembly)
             if pending is not None:
                 totals.update(pending[0].result())
                 written += pending[1]
                 report("load", written, len(chunk_ids))
             # In this context: the writer thread reports and checks the fence as this one would.
-            write = writer.submit(copy_context().run, _write_batch, services, job, batch, assembly, vectors)
+            write = writer.submit(copy_context().run, _write_batch, services, job, batch, assembly, indexed)
             pending = write, len(batch)
         if pending is not None:
             totals.update(pending[0].result())
@@ -320,19 +321,27 @@ def _first_chunk_id(job: Job, document_id: str) -> str:
     ).id
 
 
-def _embed(services: Services, assembly: Assembly) -> dict[str, list[float]]:
-    """One vector per distinct indexed text of the batch."""
-    texts = list(dict.fromkeys(entry.text for entry in index_entries(assembly)))
-    return dict(zip(texts, services.embedder.embed(texts), strict=True))
+@dataclass(frozen=True)
+class Indexed:
+    """A batch's index entries and one vector per distinct text among them."""
+
+    entries: list[IndexEntry]
+    vectors: dict[str, list[float]]
+
+
+def _embed(services: Services, assembly: Assembly) -> Indexed:
+    entries = index_entries(assembly)
+    texts = list(dict.fromkeys(entry.text for entry in entries))
+    return Indexed(entries, dict(zip(texts, services.embedder.embed(texts), strict=True)))
 
 
 def _write_batch(
-    services: Services, job: Job, chunk_ids: list[str], assembly: Assembly, vectors: dict[str, list[float]]
+    services: Services, job: Job, chunk_ids: list[str], assembly: Assembly, indexed: Indexed
 ) -> Counter[str]:
     """Write the batch and mark its chunks loaded; a chunk the assembly has no extraction for
     (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
     check_fence()
-    counts = _write(services, job, assembly, vectors)
+    counts = _write(services, job, assembly, indexed)
     built = assembly.chunk_ids
     missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
     services.chunks.set_chunk_status([i for i in chunk_ids if i in built], ChunkStatus.LOADED)
@@ -342,13 +351,13 @@ def _write_batch(
     return counts
 
 
-def _write(services: Services, job: Job, assembly: Assembly, vectors: dict[str, list[float]]) -> Counter[str]:
+def _write(services: Services, job: Job, assembly: Assembly, indexed: Indexed) -> Counter[str]:
     services.graph.upsert_nodes(job.scope, [graph_node(node) for node in assembly.nodes.values()])
     services.graph.upsert_edges(
         job.scope, [graph_edge(edge, assembly.chunk_of[edge.id]) for edge in assembly.edges.values()]
     )
     by_collection: dict[str, list[VectorPoint]] = {}
-    entries = index_entries(assembly)
+    entries, vectors = indexed.entries, indexed.vectors
     for entry in entries:
         # Unchecked: built from the batch's own fields; checking 384 floats costs more than writing them.
         point = VectorPoint.model_construct(
