@@ -415,16 +415,14 @@ def _provenance_rows(scope: Scope, kind: str, items: Sequence[GraphNode | GraphE
     ]
 
 
-# Rows read back are built unchecked (`model_construct`): they were checked when written, and a
-# graph search reads hundreds of them.
 def _node(row: sa.Row[Any], data_ids: dict[str, list[str]]) -> GraphNode:
-    return GraphNode.model_construct(
+    return GraphNode(
         id=row.id, type=row.type, properties=json.loads(row.properties), data_ids=data_ids.get(row.id, [])
     )
 
 
 def _edge(row: sa.Row[Any], data_ids: dict[str, list[str]]) -> GraphEdge:
-    return GraphEdge.model_construct(
+    return GraphEdge(
         id=row.id,
         source_id=row.source_id,
         target_id=row.target_id,
