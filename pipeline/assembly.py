@@ -302,22 +302,19 @@ def _link(
     assembly.add_edge(edge, chunk_id)
 
 
-# Unchecked (`model_construct`): built from validated data points, thousands a batch.
 def graph_node(node: DataPoint) -> GraphNode:
-    return GraphNode.model_construct(
-        id=node.id, type=node.type_name(), properties=node.properties(), data_ids=list(node.data_ids)
-    )
+    return GraphNode(id=node.id, type=node.type_name(), properties=node.properties(), data_ids=node.data_ids)
 
 
 def graph_edge(edge: Edge, chunk_id: str) -> GraphEdge:
     properties: dict[str, Any] = {"description": edge.description, "chunk_id": chunk_id}
-    return GraphEdge.model_construct(
+    return GraphEdge(
         id=edge.id,
         source_id=edge.source_id,
         target_id=edge.target_id,
         relationship=edge.relationship,
         properties=properties,
-        data_ids=list(edge.data_ids),
+        data_ids=edge.data_ids,
     )
 
 
