@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -74,6 +74,31 @@ provenance_table = sa.Table(
 revisions = revisions_table("graph_revisions", metadata)
 
 
+def _prepared(table: sa.Table, *where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """A read of the table's rows in one scope (`tenant`, `dataset` bound at execution), built
+    once: a search runs dozens of these, and building the expression costs more than the query."""
+    scoped = (table.c.tenant == sa.bindparam("tenant"), table.c.dataset == sa.bindparam("dataset"))
+    return sa.select(table).where(*scoped, *where)
+
+
+def _ids(name: str) -> sa.BindParameter[Any]:
+    return sa.bindparam(name, expanding=True)
+
+
+NODES_BY_ID = _prepared(nodes_table, nodes_table.c.id.in_(_ids("ids")))
+EDGES_FROM = _prepared(edges_table, edges_table.c.source_id.in_(_ids("ids")))
+EDGES_TO = _prepared(edges_table, edges_table.c.target_id.in_(_ids("ids")))
+EDGES_AMONG = _prepared(
+    edges_table, edges_table.c.source_id.in_(_ids("ids")), edges_table.c.target_id.in_(_ids("among"))
+)
+PROVENANCE_OF = sa.select(provenance_table.c.item_id, provenance_table.c.data_id).where(
+    provenance_table.c.tenant == sa.bindparam("tenant"),
+    provenance_table.c.dataset == sa.bindparam("dataset"),
+    provenance_table.c.kind == sa.bindparam("kind"),
+    provenance_table.c.item_id.in_(_ids("ids")),
+)
+
+
 class SqlGraphStore:
     """A GraphStore in `graph_*` tables, created on construction when missing.
 
@@ -113,28 +138,25 @@ class SqlGraphStore:
 
     def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
         found: list[sa.Row[Any]] = []
+        bound = _bound(scope)
         with _translated(), self._engine.connect() as conn:
             for batch in chunked(list(dict.fromkeys(node_ids)), BATCH_SIZE):
-                query = sa.select(nodes_table).where(
-                    _in_scope(nodes_table, scope), nodes_table.c.id.in_(batch)
-                )
-                found.extend(conn.execute(query))
+                found.extend(conn.execute(NODES_BY_ID, {**bound, "ids": batch}))
             data_ids = _provenance(conn, scope, NODE, [row.id for row in found])
         return [_node(row, data_ids) for row in found]
 
     def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
         found: dict[str, sa.Row[Any]] = {}
-        table = edges_table
         unique = list(dict.fromkeys(node_ids))
-        scope_of = _in_scope(table, scope)
+        bound = _bound(scope)
+        # Among: both ends in the nodes. Else one end: two reads, one per end's index (SQLite
+        # answers `source IN (..) OR target IN (..)` by reading every edge of the scope).
+        reads = [EDGES_AMONG] if among else [EDGES_FROM, EDGES_TO]
         with _translated(), self._engine.connect() as conn:
             for batch in chunked(unique, BATCH_SIZE):
-                if among:
-                    inside = sa.and_(table.c.source_id.in_(batch), table.c.target_id.in_(unique))
-                    rows: Iterable[sa.Row[Any]] = conn.execute(sa.select(table).where(scope_of, inside))
-                else:
-                    rows = _touching_rows(conn, scope_of, batch)
-                found.update((row.id, row) for row in rows)
+                for read in reads:
+                    rows = conn.execute(read, {**bound, "ids": batch, "among": unique})
+                    found.update((row.id, row) for row in rows)
             data_ids = _provenance(conn, scope, EDGE, list(found))
         return [_edge(row, data_ids) for row in found.values()]
 
@@ -291,6 +313,11 @@ def _batches(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield rows[start : start + BATCH_SIZE]
 
 
+def _bound(scope: Scope) -> dict[str, str]:
+    """The scope's values for a `_prepared` read."""
+    return {"tenant": scope.tenant, "dataset": scope.dataset}
+
+
 def _in_scope(table: sa.Table, scope: Scope) -> sa.ColumnElement[bool]:
     return sa.and_(table.c.tenant == scope.tenant, table.c.dataset == scope.dataset)
 
@@ -358,16 +385,21 @@ def _provenance(
 ) -> dict[str, list[str]]:
     """Data ids per item, sorted; every item of the kind in the scope when `item_ids` is None."""
     table = provenance_table
-    base = sa.select(table.c.item_id, table.c.data_id).where(_in_scope(table, scope), table.c.kind == kind)
-    queries = (
-        [base]
-        if item_ids is None
-        else [base.where(table.c.item_id.in_(batch)) for batch in chunked(item_ids, BATCH_SIZE)]
-    )
     data_ids: dict[str, list[str]] = {}
-    for query in queries:
-        for item_id, data_id in conn.execute(query):
-            data_ids.setdefault(item_id, []).append(data_id)
+    if item_ids is None:
+        every = sa.select(table.c.item_id, table.c.data_id).where(
+            _in_scope(table, scope), table.c.kind == kind
+        )
+        rows: list[Any] = list(conn.execute(every))
+    else:
+        bound = {**_bound(scope), "kind": kind}
+        rows = [
+            row
+            for batch in chunked(item_ids, BATCH_SIZE)
+            for row in conn.execute(PROVENANCE_OF, {**bound, "ids": batch})
+        ]
+    for item_id, data_id in rows:
+        data_ids.setdefault(item_id, []).append(data_id)
     # Sorted here, not in SQL: a database collation would order differently from the other stores.
     return {item_id: sorted(found) for item_id, found in data_ids.items()}
 
