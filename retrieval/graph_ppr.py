@@ -127,7 +127,7 @@ def walk(
     embedded = ports.embedder.embed(texts) if texts else []
     query_vector = vector if vector is not None else embedded.pop(0)
     chunk_points = (
-        ports.vectors.search(scope, collection.CHUNKS, query_vector, config.chunk_seeds)
+        ports.vectors.search(scope, collection.CHUNKS, query_vector, config.chunk_seeds, ())
         if config.chunk_seeds
         else []
     )
@@ -207,7 +207,7 @@ def link_entities(
     not the ones whose names embed near it: those are not looked up."""
     links: dict[str, float] = {}
     for vector in vectors if config.entity_links else ():
-        for point in ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_links):
+        for point in ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_links, ()):
             if point.score <= config.link_distance:
                 links[point.id] = max(links.get(point.id, 0.0), 1.0 - point.score)
     return links

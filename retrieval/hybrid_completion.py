@@ -27,6 +27,9 @@ from kenning.retrieval.reference import best_first, chunk_hit, point_hit
 
 # A chunk holds several facts: the facts lane reads this many edge hits per chunk it ranks.
 FACTS_PER_CHUNK = 8
+# The payload fields each lane reads: fewer fields, less to copy out of the vector engine.
+CHUNK_OF = ("chunk_id",)
+FACT_FIELDS = ("chunk_id", "source_id", "target_id", "relationship", "text")
 
 
 class HybridCompletionRetriever:
@@ -76,10 +79,12 @@ class HybridCompletionRetriever:
         chunks = search(scope, collection.CHUNKS, vector, depth("chunks")) if on("chunks") > 0 else []
         lexical = self._ports.lexical.search(scope, query, depth("lexical")) if on("lexical") > 0 else []
         summaries = (
-            search(scope, collection.SUMMARIES, vector, depth("summaries")) if on("summaries") > 0 else []
+            search(scope, collection.SUMMARIES, vector, depth("summaries"), CHUNK_OF)
+            if on("summaries") > 0
+            else []
         )
         wide = max(config.facts, depth("facts") * FACTS_PER_CHUNK) if on("facts") > 0 else config.facts
-        facts = search(scope, collection.EDGES, vector, wide) if wide else []
+        facts = search(scope, collection.EDGES, vector, wide, FACT_FIELDS) if wide else []
         lanes = {
             "chunks": [point.id for point in chunks],
             "lexical": [point.id for point in lexical],
@@ -97,7 +102,7 @@ class HybridCompletionRetriever:
         return [entry.chunk_id for entry in ended.ranked[:depth]]
 
     def _entity_lane(self, scope: Scope, vector: Sequence[float], config: FusionConfig) -> list[str]:
-        seeds = self._ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_seeds)
+        seeds = self._ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_seeds, ())
         if not seeds:
             return []
         weights = {point.id: 1.0 / rank for rank, point in enumerate(seeds, 1)}
