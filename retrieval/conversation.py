@@ -54,11 +54,12 @@ class ConversationConfig(BaseModel):
 
     rrf_k: int = Field(default=10, ge=0, description="The k of 1 / (k + rank)")
     weights: dict[str, float] = Field(
+        description="Each lane's weight; a lane left out of a given dict is off",
         default_factory=lambda: {
             **dict.fromkeys(LANES, 1.0),
             "dated": NAMED_LANE_WEIGHT,
             "speaker": NAMED_LANE_WEIGHT,
-        }
+        },
     )
     depth: int = Field(default=50, ge=1, le=1000, description="Hits taken from each lane")
     context_share: float = Field(
@@ -257,7 +258,7 @@ class ConversationRetriever:
             for item, c in candidates.items()
         }
         scores = spread({entry.id: entry.score for entry in fused}, neighbours, config.neighbour_share)
-        best = best_possible(config)
+        best = best_possible(config, [lane for lane, found in lanes.items() if found])
         hits = []
         for item in ranked(scores)[: request.top_k]:
             hit = _hit(scope, candidates[item].point)
@@ -295,9 +296,11 @@ def dated(turns: Sequence[ScoredPoint], spans: list[Span], close: Mapping[str, f
 
 
 def named_speaker(turns: Sequence[ScoredPoint], query: str) -> str | None:
-    """The one speaker of these turns the query names by a whole word; None for none or several."""
+    """The one speaker of these turns the query names by whole words, exactly as spoken; None for
+    none or several. A name within a longer one named too ("Mary" in "Mary Ann") does not count."""
     speakers = {str(point.payload.get("speaker") or "") for point in turns} - {""}
-    named = [name for name in speakers if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", query)]
+    found = [name for name in speakers if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", query)]
+    named = [name for name in found if not any(name != longer and name in longer for longer in found)]
     return named[0] if len(named) == 1 else None
 
 
@@ -321,9 +324,10 @@ def said_on(payload: Mapping[str, Any]) -> date | None:
         return None
 
 
-def best_possible(config: ConversationConfig) -> float:
-    """The score of a turn first in every lane with both neighbours first too: scores over it are 0."""
-    top = sum(config.weight(lane) for lane in LANES) / (config.rrf_k + 1)
+def best_possible(config: ConversationConfig, opened: Sequence[str] = LANES) -> float:
+    """The score of a turn first in every lane `opened` (those with hits for this query) with both
+    neighbours first too: scores over it are 0."""
+    top = sum(config.weight(lane) for lane in opened) / (config.rrf_k + 1)
     return top * (1.0 + 2.0 * config.neighbour_share) or 1.0
 
 

@@ -13,6 +13,8 @@ import re
 from datetime import date, timedelta
 
 Span = tuple[date, date]  # [start, end): the days a query names
+# Month names that are also everyday words count only when capitalised: "you may 2023" is no date.
+_WORDS_TOO = frozenset({"may", "march"})
 
 _MONTHS = {name.casefold(): n for n, name in enumerate(calendar.month_name) if name}
 _MONTHS |= {name.casefold(): n for n, name in enumerate(calendar.month_abbr) if name}
@@ -21,7 +23,7 @@ _MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\
 _DAY = r"(?P<day>\d{1,2})(?:st|nd|rd|th)?"
 _YEAR = r",?\s+(?P<year>\d{4})\b"
 _PATTERNS = (
-    re.compile(r"\b(?P<iso_year>\d{4})-(?P<iso_month>\d{2})-(?P<iso_day>\d{2})\b"),
+    re.compile(r"\b(?P<iso_year>\d{4})-(?P<iso_month>\d{2})-(?P<iso_day>\d{2})(?!\d)"),
     re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}{_YEAR}", re.IGNORECASE),
     re.compile(rf"\b{_MONTH}\s+{_DAY}{_YEAR}", re.IGNORECASE),
     re.compile(rf"\b{_MONTH}{_YEAR}", re.IGNORECASE),
@@ -47,16 +49,20 @@ def within(day: date, spans: list[Span]) -> bool:
 
 
 def _span(match: re.Match[str]) -> Span | None:
+    """The range of one match; None for an impossible date, one past the calendar's end, or a
+    month name in lower case that is also an everyday word."""
     found = match.groupdict()
     try:
         if found.get("iso_year"):
             day = date(int(found["iso_year"]), int(found["iso_month"]), int(found["iso_day"]))
             return day, day + timedelta(days=1)
-        year, month = int(found["year"]), _MONTHS[found["month"].casefold()]
+        name = found["month"]
+        if name.casefold() in _WORDS_TOO and not name[0].isupper():
+            return None
+        year, month = int(found["year"]), _MONTHS[name.casefold()]
         if found.get("day"):
             day = date(year, month, int(found["day"]))
             return day, day + timedelta(days=1)
-        start = date(year, month, 1)
-    except ValueError:
+        return date(year, month, 1), date(year + month // 12, month % 12 + 1, 1)
+    except (ValueError, OverflowError):
         return None
-    return start, date(year + month // 12, month % 12 + 1, 1)

@@ -150,13 +150,14 @@ def test_a_query_naming_a_day_recalls_what_was_said_that_day_first(tmp_path: Pat
     with open_memory(tmp_path) as kenning:
         # Given a lake picnic on 8 May and a swim on 1 June
         kenning.remember(LAKE, "chat")
-        query = "What did Ben do at the lake on 1 June, 2023?"
+        query = "What was done at the lake on 1 June, 2023?"
 
-        # Then a query naming 1 June recalls the swim first, though the picnic shares its words
-        assert first_cited(kenning, query) == "D2:1"
+        # Then a query naming 1 June (and no speaker) recalls that day first, though the picnic
+        # shares its words
+        assert first_cited(kenning, query).startswith("D2:")
         assert first_cited(kenning, query, NO_NAMED_LANES).startswith("D1:")
         # And naming the month does the same
-        assert first_cited(kenning, "What did Ben do at the lake in June 2023?") == "D2:1"
+        assert first_cited(kenning, "What was done at the lake in June 2023?").startswith("D2:")
 
 
 def test_a_query_naming_a_speaker_recalls_that_speaker_s_turns_first(tmp_path: Path) -> None:

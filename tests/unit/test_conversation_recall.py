@@ -186,6 +186,25 @@ def test_only_one_speaker_named_by_a_whole_word_opens_the_speaker_lane() -> None
     assert named_speaker(turns, "What did Adam say?") is None
     assert named_speaker(turns, "What did Ada tell Ben?") is None
     assert named_speaker(turns, "What was said?") is None
+    assert named_speaker(turns, "What did ben say?") is None  # names are matched as spoken
+
+
+def test_a_name_within_a_longer_name_named_too_does_not_count() -> None:
+    turns = [ScoredPoint(id=name, score=0.5, payload={"speaker": name}) for name in ("Mary", "Mary Ann")]
+    assert named_speaker(turns, "What did Mary Ann say?") == "Mary Ann"
+    assert named_speaker(turns, "What did Mary say?") == "Mary"
+
+
+def test_lanes_a_query_does_not_open_do_not_lower_the_best_possible_score() -> None:
+    config = ConversationConfig()
+    plain = ["turns", "chunks", "lexical", "lexical_context"]
+    lanes = {lane: ["a", "b"] for lane in plain}
+    fused = {e.id: e.score for e in reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)}
+    scores = spread(fused, {"a": ["b"], "b": ["a"]}, config.neighbour_share)
+
+    # a turn first in every lane this query opened scores close to the best possible for it
+    assert scores["a"] / best_possible(config, plain) > 0.8
+    assert scores["a"] / best_possible(config) < 0.6
 
 
 def test_the_named_lanes_hold_only_qualifying_turns_closest_first() -> None:
