@@ -10,22 +10,30 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kenning.pipeline.models import GraphEdge
 from kenning.storage.memory_graph import shape
 
 # Edges held by all the shapes of one graph store at most (about 300 bytes each).
 MAX_EDGES = 500_000
+# Edges a shape keeps built as `GraphEdge`s for the walks after (about 600 bytes each): a walk
+# reads thousands, hubs' edges in most walks.
+MAX_BUILT = 50_000
 
 Row = tuple[str, str, str, str]  # id, source, target, relationship
 
 
 @dataclass(frozen=True)
 class Shape:
+    """Immutable at its revision, so what it works out once (degrees, edges built) it keeps.
+    The `GraphEdge`s it returns are shared by the walks that read them: read them, never change them."""
+
     revision: int
     edges: list[Row]
     touching: dict[str, list[int]]  # node -> the edges with an end there (a loop once)
+    _degrees: dict[frozenset[str], dict[str, int]] = field(default_factory=dict, compare=False, repr=False)
+    _built: dict[int, GraphEdge] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -48,9 +56,13 @@ class Shape:
 
     def degrees(self, node_ids: Sequence[str], skip: frozenset[str]) -> dict[str, int]:
         """Each node's edges not of a skipped relationship; nodes with none are left out."""
+        known = self._degrees.setdefault(skip, {})
         counts: dict[str, int] = {}
         for node in node_ids:
-            count = sum(1 for index in self.touching.get(node, ()) if self.edges[index][3] not in skip)
+            count = known.get(node)
+            if count is None:
+                count = sum(1 for index in self.touching.get(node, ()) if self.edges[index][3] not in skip)
+                known[node] = count
             if count:
                 counts[node] = count
         return counts
@@ -62,4 +74,12 @@ class Shape:
             for index in self.touching.get(node, ()):
                 if self.edges[index][3] not in skip:
                     found[index] = None
-        return [shape(*self.edges[index]) for index in found]
+        return [self._edge(index) for index in found]
+
+    def _edge(self, index: int) -> GraphEdge:
+        built = self._built.get(index)
+        if built is None:
+            built = shape(*self.edges[index])
+            if len(self._built) < MAX_BUILT:
+                self._built[index] = built
+        return built
