@@ -15,8 +15,11 @@ from kenning.pipeline.errors import TransientStoreError
 # extended; <name>:fence the last token given (tokens only grow); <name>:run the id of the run
 # that took it, expiring with it. Each script checks and updates in one atomic step.
 # A counter that starts (first take, or Redis lost its data) starts at the server's clock in
-# ms, so tokens keep growing across a data loss while fewer than 1,000 takes a second were made
-# and the server's clock does not step back: a stale task's token is never given out again.
+# microseconds, so tokens keep growing across a data loss while fewer takes were made than
+# microseconds went by (each take is a round trip to Redis) and the server's clock does not step
+# back: a stale task's token is never given out again. (In milliseconds, a fast client taking the
+# lock a few times within one millisecond got a stale token back after a data loss.) Tokens stay
+# below 2^53, exact in Lua's numbers, and a counter started in milliseconds only grows by it.
 _TAKE = """
 local holder = redis.call('get', KEYS[1])
 if holder then
@@ -28,7 +31,7 @@ end
 local token = redis.call('incr', KEYS[2])
 if token == 1 then
   local now = redis.call('time')
-  token = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  token = tonumber(now[1]) * 1000000 + tonumber(now[2])
   redis.call('set', KEYS[2], token)
 end
 redis.call('set', KEYS[1], token, 'PX', ARGV[2])

@@ -26,6 +26,7 @@ from kenning.storage.run_lock import RedisRunLock
 NAME = "dataset:t1:library"
 TTL_S = 30.0
 SHORT_TTL_S = 0.4
+QUICK_TAKES = 50
 
 
 class Handles:
@@ -263,16 +264,18 @@ def test_tokens_keep_growing_after_redis_loses_the_lock(
     redis_locks: tuple[RedisRunLock, RedisRunLock], key_prefix: str, redis_url: str
 ) -> None:
     first, second = redis_locks
-    # Given a run that took the lock a few times, whose stale task still holds the last token
+    name = NAME
+    # Given a run that took the lock many times in quick succession (more takes than
+    # milliseconds went by), whose stale task still holds the last token
     stale = 0
-    for _ in range(3):
-        stale = first.take(NAME, "run-a", TTL_S) or 0
-        first.release_run(NAME, "run-a")
+    for _ in range(QUICK_TAKES):
+        stale = first.take(name, "run-a", TTL_S) or 0
+        first.release_run(name, "run-a")
     # When Redis loses its data (restarted without its files): the lock and its counter are gone
     client = redis.Redis.from_url(redis_url)
-    client.delete(*[key_prefix + NAME + suffix for suffix in ("", ":fence", ":run")])
+    client.delete(*[key_prefix + name + suffix for suffix in ("", ":fence", ":run")])
     client.close()
-    # Then a run that takes the free lock gets a token the stale task never held: the fence
-    # tells them apart
-    fresh = second.take(NAME, "run-b", TTL_S)
+    # Then a run that takes the free lock at once gets a token the stale task never held: the
+    # fence tells them apart
+    fresh = second.take(name, "run-b", TTL_S)
     assert fresh is not None and fresh > stale
