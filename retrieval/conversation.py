@@ -249,9 +249,11 @@ class ConversationRetriever:
             "lexical": [point.id for point in lexical],
             "lexical_context": ranked(in_context(bm25, previous, config.context_share))[: config.depth],
         }
-        close = closeness(turns, chunks, bm25)
-        lanes["dated"] = dated(turns, named_spans(request.query), close)[: config.depth]
-        lanes["speaker"] = spoken_by(turns, named_speaker(turns, request.query), close)[: config.depth]
+        spans, speaker = named_spans(request.query), named_speaker(turns, request.query)
+        if spans or speaker:
+            close = closeness(turns, chunks, bm25)
+            lanes["dated"] = dated(turns, spans, close)[: config.depth]
+            lanes["speaker"] = spoken_by(turns, speaker, close)[: config.depth]
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
         neighbours = {
             item: [other for other in (c.previous, c.next) if other and other in candidates]
@@ -291,8 +293,7 @@ def dated(turns: Sequence[ScoredPoint], spans: list[Span], close: Mapping[str, f
     """The turns said on a day the query names, closest first; none if it names no day."""
     if not spans:
         return []
-    found = [point.id for point in turns if (day := said_on(point.payload)) and within(day, spans)]
-    return sorted(found, key=lambda item: -close[item])
+    return _closest([p.id for p in turns if (day := said_on(p.payload)) and within(day, spans)], close)
 
 
 def named_speaker(turns: Sequence[ScoredPoint], query: str) -> str | None:
@@ -308,7 +309,10 @@ def spoken_by(turns: Sequence[ScoredPoint], speaker: str | None, close: Mapping[
     """The turns of that speaker, closest first; none without a speaker."""
     if speaker is None:
         return []
-    found = [point.id for point in turns if point.payload.get("speaker") == speaker]
+    return _closest([point.id for point in turns if point.payload.get("speaker") == speaker], close)
+
+
+def _closest(found: list[str], close: Mapping[str, float]) -> list[str]:
     return sorted(found, key=lambda item: -close[item])
 
 

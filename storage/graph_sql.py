@@ -74,11 +74,12 @@ provenance_table = sa.Table(
 revisions = revisions_table("graph_revisions", metadata)
 
 
-def _prepared(table: sa.Table, *where: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """A read of the table's rows in one scope (`tenant`, `dataset` bound at execution), built
-    once: a search runs dozens of these, and building the expression costs more than the query."""
+def _prepared(table: sa.Table, *where: sa.ColumnElement[bool], columns: Sequence[Any] = ()) -> sa.Select[Any]:
+    """A read of the table's rows (or `columns`) in one scope (`tenant`, `dataset` bound at
+    execution), built once: a search runs dozens of these, and building the expression costs
+    more than the query."""
     scoped = (table.c.tenant == sa.bindparam("tenant"), table.c.dataset == sa.bindparam("dataset"))
-    return sa.select(table).where(*scoped, *where)
+    return sa.select(*(columns or (table,))).where(*scoped, *where)
 
 
 def _ids(name: str) -> sa.BindParameter[Any]:
@@ -91,11 +92,11 @@ EDGES_TO = _prepared(edges_table, edges_table.c.target_id.in_(_ids("ids")))
 EDGES_AMONG = _prepared(
     edges_table, edges_table.c.source_id.in_(_ids("ids")), edges_table.c.target_id.in_(_ids("among"))
 )
-PROVENANCE_OF = sa.select(provenance_table.c.item_id, provenance_table.c.data_id).where(
-    provenance_table.c.tenant == sa.bindparam("tenant"),
-    provenance_table.c.dataset == sa.bindparam("dataset"),
+PROVENANCE_OF = _prepared(
+    provenance_table,
     provenance_table.c.kind == sa.bindparam("kind"),
     provenance_table.c.item_id.in_(_ids("ids")),
+    columns=(provenance_table.c.item_id, provenance_table.c.data_id),
 )
 
 

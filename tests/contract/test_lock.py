@@ -264,18 +264,17 @@ def test_tokens_keep_growing_after_redis_loses_the_lock(
     redis_locks: tuple[RedisRunLock, RedisRunLock], key_prefix: str, redis_url: str
 ) -> None:
     first, second = redis_locks
-    name = NAME
     # Given a run that took the lock many times in quick succession (more takes than
     # milliseconds went by), whose stale task still holds the last token
     stale = 0
     for _ in range(QUICK_TAKES):
-        stale = first.take(name, "run-a", TTL_S) or 0
-        first.release_run(name, "run-a")
+        stale = first.take(NAME, "run-a", TTL_S) or 0
+        first.release_run(NAME, "run-a")
     # When Redis loses its data (restarted without its files): the lock and its counter are gone
     client = redis.Redis.from_url(redis_url)
-    client.delete(*[key_prefix + name + suffix for suffix in ("", ":fence", ":run")])
+    client.delete(*[key_prefix + NAME + suffix for suffix in ("", ":fence", ":run")])
     client.close()
     # Then a run that takes the free lock at once gets a token the stale task never held: the
     # fence tells them apart
-    fresh = second.take(name, "run-b", TTL_S)
+    fresh = second.take(NAME, "run-b", TTL_S)
     assert fresh is not None and fresh > stale
