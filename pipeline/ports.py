@@ -161,9 +161,17 @@ class GraphStore(Protocol):
 
     def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None: ...
     def upsert_edges(self, scope: Scope, edges: Sequence[GraphEdge]) -> None: ...
-    def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]: ...
-    def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
-        """Every edge with at least one endpoint among `node_ids` (both, when `among`)."""
+    def get_nodes(self, scope: Scope, node_ids: Sequence[str], *, provenance: bool = True) -> list[GraphNode]:
+        """The nodes of these ids that exist. Without `provenance` their `data_ids` are left
+        empty: a read that does not use them skips gathering them (a node many data items
+        support has as many)."""
+        ...
+
+    def get_edges(
+        self, scope: Scope, node_ids: Sequence[str], among: bool = False, *, provenance: bool = True
+    ) -> list[GraphEdge]:
+        """Every edge with at least one endpoint among `node_ids` (both, when `among`); without
+        `provenance`, their `data_ids` are left empty."""
         ...
 
     def neighbourhood(

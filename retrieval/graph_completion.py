@@ -85,7 +85,8 @@ class GraphCompletionRetriever:
             for edge in (self._ports.graph.get_edges(scope, entities, among=True) if entities else [])
             if edge.relationship not in STRUCTURAL_RELATIONSHIPS and _chunk_of(edge) in wanted
         ]
-        nodes = self._ports.graph.get_nodes(scope, [*chunks, *entities]) if chunks else []
+        # Nodes name the triplets' ends; the hits' data ids come from the edges.
+        nodes = self._ports.graph.get_nodes(scope, [*chunks, *entities], provenance=False) if chunks else []
         return Fragment(
             nodes={node.id: node for node in nodes}, edges={edge.id: edge for edge in [*facts, *contains]}
         )
@@ -132,7 +133,8 @@ def source_labels(graph: GraphStore, scopes: Sequence[Scope], hits: Sequence[Hit
         chunks = chunk_nodes(graph, scope, (hit.chunk_id for hit in hits if hit.dataset == scope.dataset))
         documents = {str(node.properties.get("document_id") or "") for node in chunks.values()} - {""}
         openings = {document_id: _first_chunk_id(scope, document_id) for document_id in documents}
-        found = {node.id: node for node in graph.get_nodes(scope, sorted(documents | {*openings.values()}))}
+        wanted = sorted(documents | {*openings.values()})
+        found = {node.id: node for node in graph.get_nodes(scope, wanted, provenance=False)}
         for chunk_id, chunk in chunks.items():
             document_id = str(chunk.properties.get("document_id") or "")
             opening = found.get(openings.get(document_id, ""))

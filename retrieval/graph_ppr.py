@@ -179,7 +179,7 @@ def exact_entities(ports: SearchPorts, scope: Scope, names: Sequence[str]) -> di
     """The names that are entities of the scope (by normalised name), name -> entity id; a name
     within a longer one that is an entity too is left out (the longer says which is meant)."""
     ids = {name: Entity(name=name, tenant=scope.tenant, dataset=scope.dataset).id for name in names}
-    found = {node.id for node in ports.graph.get_nodes(scope, list(set(ids.values())))}
+    found = {node.id for node in ports.graph.get_nodes(scope, list(set(ids.values())), provenance=False)}
     matched = {name: entity_id for name, entity_id in ids.items() if entity_id in found}
     return {
         name: entity_id for name, entity_id in matched.items() if not _within(name, matched, strictly=True)

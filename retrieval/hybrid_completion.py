@@ -106,12 +106,16 @@ class HybridCompletionRetriever:
         if not seeds:
             return []
         weights = {point.id: 1.0 / rank for rank, point in enumerate(seeds, 1)}
-        edges = {edge.id: edge for edge in self._ports.graph.get_edges(scope, list(weights))}
+        edges = self._edges_of(scope, list(weights))
         neighbours = _neighbours(edges.values(), weights, config)
         if neighbours:
             weights.update(neighbours)
-            edges.update((edge.id, edge) for edge in self._ports.graph.get_edges(scope, list(neighbours)))
+            edges.update(self._edges_of(scope, list(neighbours)))
         return _containing_chunks(edges.values(), weights)[: config.depth("entities")]
+
+    def _edges_of(self, scope: Scope, node_ids: list[str]) -> dict[str, GraphEdge]:
+        """The edges touching these nodes, by id; the lane ranks by their ends alone."""
+        return {edge.id: edge for edge in self._ports.graph.get_edges(scope, node_ids, provenance=False)}
 
     def _nodes(self, scope: Scope, ids: list[str]) -> dict[str, GraphNode]:
         wanted = sorted(set(ids) - {""})

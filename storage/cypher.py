@@ -226,17 +226,17 @@ def delete_scope_statement(scope: Scope) -> Statement:
     return Statement(_DELETE_SCOPE, _scoped(scope))
 
 
-def node_from_row(row: list[Any]) -> GraphNode:
+def node_from_row(row: list[Any], provenance: bool = True) -> GraphNode:
     stored: dict[str, Any] = row[0]
     return GraphNode(
         id=stored["id"],
         type=stored.get("type", ""),
         properties=decode_properties(stored, NODE_FIELDS),
-        data_ids=union(stored.get("data_ids") or ()),
+        data_ids=union(stored.get("data_ids") or ()) if provenance else [],
     )
 
 
-def edge_from_row(row: list[Any]) -> GraphEdge:
+def edge_from_row(row: list[Any], provenance: bool = True) -> GraphEdge:
     source_id, target_id, stored = row
     return GraphEdge(
         id=stored["id"],
@@ -244,7 +244,7 @@ def edge_from_row(row: list[Any]) -> GraphEdge:
         target_id=target_id,
         relationship=stored.get("relationship", ""),
         properties=decode_properties(stored, EDGE_FIELDS),
-        data_ids=union(stored.get("data_ids") or ()),
+        data_ids=union(stored.get("data_ids") or ()) if provenance else [],
     )
 
 
@@ -304,15 +304,18 @@ class CypherGraphStore:
         for statement in statements:
             self._runner.write(scope, statement)
 
-    def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
+    def get_nodes(self, scope: Scope, node_ids: Sequence[str], *, provenance: bool = True) -> list[GraphNode]:
         statements = get_node_statements(scope, node_ids, self._batch_size)
-        return [node_from_row(row) for statement in statements for row in self._runner.read(scope, statement)]
+        rows = (row for statement in statements for row in self._runner.read(scope, statement))
+        return [node_from_row(row, provenance) for row in rows]
 
-    def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
+    def get_edges(
+        self, scope: Scope, node_ids: Sequence[str], among: bool = False, *, provenance: bool = True
+    ) -> list[GraphEdge]:
         found: dict[str, GraphEdge] = {}
         for statement in get_edge_statements(scope, node_ids, self._batch_size, among):
             for row in self._runner.read(scope, statement):
-                edge = edge_from_row(row)
+                edge = edge_from_row(row, provenance)
                 found[edge.id] = edge
         return list(found.values())
 

@@ -137,16 +137,18 @@ class SqlGraphStore:
             self._add_provenance(conn, _provenance_rows(scope, EDGE, kept))
             bump(conn, revisions, scope)
 
-    def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
+    def get_nodes(self, scope: Scope, node_ids: Sequence[str], *, provenance: bool = True) -> list[GraphNode]:
         found: list[sa.Row[Any]] = []
         bound = _bound(scope)
         with _translated(), self._engine.connect() as conn:
             for batch in chunked(list(dict.fromkeys(node_ids)), BATCH_SIZE):
                 found.extend(conn.execute(NODES_BY_ID, {**bound, "ids": batch}))
-            data_ids = _provenance(conn, scope, NODE, [row.id for row in found])
+            data_ids = _provenance(conn, scope, NODE, [row.id for row in found]) if provenance else {}
         return [_node(row, data_ids) for row in found]
 
-    def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
+    def get_edges(
+        self, scope: Scope, node_ids: Sequence[str], among: bool = False, *, provenance: bool = True
+    ) -> list[GraphEdge]:
         found: dict[str, sa.Row[Any]] = {}
         unique = list(dict.fromkeys(node_ids))
         bound = _bound(scope)
@@ -158,7 +160,7 @@ class SqlGraphStore:
                 for read in reads:
                     rows = conn.execute(read, {**bound, "ids": batch, "among": unique})
                     found.update((row.id, row) for row in rows)
-            data_ids = _provenance(conn, scope, EDGE, list(found))
+            data_ids = _provenance(conn, scope, EDGE, list(found)) if provenance else {}
         return [_edge(row, data_ids) for row in found.values()]
 
     def neighbourhood(

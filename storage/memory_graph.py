@@ -226,18 +226,20 @@ class MemoryGraphStore:
                 earlier = graph.edges.get(edge.id)
                 graph.edges[edge.id] = over_edge(edge, earlier) if earlier else edge
 
-    def get_nodes(self, scope: Scope, node_ids: Sequence[str]) -> list[GraphNode]:
+    def get_nodes(self, scope: Scope, node_ids: Sequence[str], *, provenance: bool = True) -> list[GraphNode]:
         with self._lock:
             nodes = self._graph(scope).nodes
             found = [nodes[node_id] for node_id in dict.fromkeys(node_ids) if node_id in nodes]
-            return [node.model_copy(deep=True) for node in found]
+            return [_copied(node, provenance) for node in found]
 
-    def get_edges(self, scope: Scope, node_ids: Sequence[str], among: bool = False) -> list[GraphEdge]:
+    def get_edges(
+        self, scope: Scope, node_ids: Sequence[str], among: bool = False, *, provenance: bool = True
+    ) -> list[GraphEdge]:
         wanted = set(node_ids)
         with self._lock:
             edges = self._graph(scope).edges.values()
             return [
-                edge.model_copy(deep=True)
+                _copied(edge, provenance)
                 for edge in edges
                 if (edge.source_id in wanted and edge.target_id in wanted)
                 or (not among and (edge.source_id in wanted or edge.target_id in wanted))
@@ -344,3 +346,11 @@ def _stored_node(node: GraphNode) -> GraphNode:
 
 def _stored_edge(edge: GraphEdge) -> GraphEdge:
     return edge.model_copy(update={"properties": copy_properties(edge.properties)}, deep=True)
+
+
+def _copied(element: Element, provenance: bool) -> Element:
+    """A deep copy for a caller to keep; without `provenance`, with no `data_ids`."""
+    copy = element.model_copy(deep=True)
+    if not provenance:
+        copy.data_ids = []
+    return copy

@@ -257,6 +257,29 @@ def test_get_edges_among_returns_only_edges_between_the_ids(store: GraphStore, n
     assert among("d") == ["d-self-d"]
 
 
+def test_reads_without_provenance_leave_data_ids_empty_and_nothing_else(
+    store: GraphStore, new_scope: NewScope
+) -> None:
+    # Given nodes and an edge that several data items support
+    scope = new_scope()
+    store.upsert_nodes(scope, [node("a", data_ids=("d1", "d2"), name="A"), node("b", data_ids=("d3",))])
+    store.upsert_edges(scope, [edge("a", "b", data_ids=("d1", "d3"), description="a knows b")])
+
+    # When they are read without provenance, then they are the same but for their data ids
+    def stripped(items: list[Any]) -> dict[str, Any]:
+        return {item.id: item.model_copy(update={"data_ids": []}) for item in items}
+
+    nodes = store.get_nodes(scope, ["a", "b"], provenance=False)
+    assert [found.data_ids for found in nodes] == [[], []]
+    assert by_id(nodes) == stripped(store.get_nodes(scope, ["a", "b"]))
+    for among in (False, True):
+        edges = store.get_edges(scope, ["a", "b"], among, provenance=False)
+        assert edges and all(found.data_ids == [] for found in edges)
+        assert by_id(edges) == stripped(store.get_edges(scope, ["a", "b"], among))
+    # and a read with provenance still has them
+    assert by_id(store.get_nodes(scope, ["a"]))["a"].data_ids == ["d1", "d2"]
+
+
 def test_export_and_counts_cover_the_whole_scope(store: GraphStore, new_scope: NewScope) -> None:
     scope = new_scope()
     assert store.export(scope) == ([], [])
