@@ -89,8 +89,14 @@ def _ids(name: str) -> sa.BindParameter[Any]:
 NODES_BY_ID = _prepared(nodes_table, nodes_table.c.id.in_(_ids("ids")))
 EDGES_FROM = _prepared(edges_table, edges_table.c.source_id.in_(_ids("ids")))
 EDGES_TO = _prepared(edges_table, edges_table.c.target_id.in_(_ids("ids")))
+# Among: by the source index alone. An entity's incoming edges (a `contains` from every chunk
+# that mentions it) far outnumber its outgoing ones, and SQLite, with no statistics, took the
+# target index: 4,600 rows read for 70 edges on the full 2Wiki store. The target is compared as
+# an expression (`|| ''`), which no index answers.
 EDGES_AMONG = _prepared(
-    edges_table, edges_table.c.source_id.in_(_ids("ids")), edges_table.c.target_id.in_(_ids("among"))
+    edges_table,
+    edges_table.c.source_id.in_(_ids("ids")),
+    edges_table.c.target_id.op("||")(sa.literal_column("''")).in_(_ids("among")),
 )
 PROVENANCE_OF = _prepared(
     provenance_table,

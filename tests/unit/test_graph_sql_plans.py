@@ -72,3 +72,38 @@ def test_edges_around_nodes_are_found_through_the_end_indexes(engine: sa.Engine)
     assert plans
     for plan in plans:
         assert "source_id=?" in plan or "target_id=?" in plan, plan
+
+
+def test_edges_among_nodes_are_read_by_their_sources_not_their_many_incoming_edges(
+    engine: sa.Engine,
+) -> None:
+    # Given entities each of many chunks contains (many incoming edges) and a few facts among them
+    store = SqlGraphStore(engine)
+    entities = [GraphNode(id=f"e{i}", type="Entity", data_ids=["a"]) for i in range(3)]
+    chunks = [GraphNode(id=f"c{i}", type="DocumentChunk", data_ids=["a"]) for i in range(50)]
+    store.upsert_nodes(SCOPE, [*entities, *chunks])
+    contains = [
+        GraphEdge(
+            id=f"{c.id}-{e.id}", source_id=c.id, target_id=e.id, relationship="contains", data_ids=["a"]
+        )
+        for c in chunks
+        for e in entities
+    ]
+    facts = [
+        GraphEdge(id="f01", source_id="e0", target_id="e1", relationship="knows", data_ids=["a"]),
+        GraphEdge(id="f12", source_id="e1", target_id="e2", relationship="knows", data_ids=["a"]),
+    ]
+    store.upsert_edges(SCOPE, [*contains, *facts])
+    plans, listener = edge_plans(engine)
+
+    # When the edges among the entities are read, as GRAPH_COMPLETION does
+    try:
+        among = store.get_edges(SCOPE, ["e0", "e1", "e2"], among=True)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", listener)
+
+    # Then they are the facts, found through the source index alone
+    assert sorted(edge.id for edge in among) == ["f01", "f12"]
+    assert plans
+    for plan in plans:
+        assert "ix_graph_edges_source" in plan and "target_id=?" not in plan, plan
