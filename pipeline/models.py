@@ -7,7 +7,7 @@ import hashlib
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -384,6 +384,17 @@ class GraphEdge(BaseModel):
     relationship: str
     properties: dict[str, Any] = Field(default_factory=dict)
     data_ids: list[str] = Field(default_factory=list)
+
+
+class EdgeShape(NamedTuple):
+    """An edge's id, endpoints and relationship alone: what a walk over the graph reads.
+    A tuple of strings, which the garbage collector stops tracking, so a graph's worth of them
+    held in memory adds nothing to its full collections."""
+
+    id: str
+    source_id: str
+    target_id: str
+    relationship: str
 
 
 class Removal(BaseModel):

@@ -17,6 +17,7 @@ from kenning.pipeline.models import (
     DataItem,
     Dataset,
     DocumentRecord,
+    EdgeShape,
     Extraction,
     GraphEdge,
     GraphNode,
@@ -146,9 +147,10 @@ class ObjectSource(Protocol):
 
 @dataclass(frozen=True)
 class Neighbourhood:
-    """A bounded subgraph: its edges, and the degree in the whole graph of every node they touch."""
+    """A bounded subgraph: its edges, and the degree in the whole graph of every node they touch.
+    Its edges are `EdgeShape`s when it was asked for with `shape_only`, else `GraphEdge`s."""
 
-    edges: list[GraphEdge]
+    edges: Sequence[GraphEdge | EdgeShape]
     degrees: dict[str, int]
 
 
@@ -193,8 +195,8 @@ class GraphStore(Protocol):
         returned nor followed. It stops before passing `limit` edges: a node's edges come
         whole or not at all. Degrees count distinct edges, skipped kinds left out; a loop
         counts once. Every node the edges touch has its degree, and so does every given node
-        that has edges. With `shape_only`, the same edges come with only their id, endpoints
-        and relationship (no properties, no `data_ids`): cheaper to read, enough to walk.
+        that has edges. With `shape_only`, the same edges come as `EdgeShape`s, with only their
+        id, endpoints and relationship: cheaper to read and to hold, enough to walk.
         """
         ...
 

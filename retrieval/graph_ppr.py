@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import ABOUT_RELATIONSHIP, STRUCTURAL_RELATIONSHIPS
-from kenning.pipeline.models import Entity, GraphEdge, Scope
+from kenning.pipeline.models import EdgeShape, Entity, GraphEdge, Scope
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
@@ -234,7 +234,7 @@ def restart_weights(
     return _normalised(weights)
 
 
-def walk_edges(edges: Iterable[GraphEdge], config: WalkConfig) -> list[tuple[str, str, float]]:
+def walk_edges(edges: Iterable[GraphEdge | EdgeShape], config: WalkConfig) -> list[tuple[str, str, float]]:
     """(source, target, weight) of the edges the walk follows: `contains` weighs 1, `is_about`
     `about_weight`, a fact `fact_weight`."""
     found: list[tuple[str, str, float]] = []
@@ -277,7 +277,7 @@ def _edge_counts(sources: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(sources, minlength=size).astype(np.float64)
 
 
-def _chunk_ids(edges: Iterable[GraphEdge]) -> set[str]:
+def _chunk_ids(edges: Iterable[GraphEdge | EdgeShape]) -> set[str]:
     return {edge.source_id for edge in edges if edge.relationship in CHUNK_EDGES}
 
 

@@ -29,14 +29,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from kenning.pipeline.errors import StoreError
-from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
+from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import Neighbourhood
 from kenning.storage.memory_graph import (
     expand,
     over_stored_edges,
     over_stored_nodes,
     removal,
-    shape,
     take_support,
     union,
     unique_edges,
@@ -346,15 +345,17 @@ class CypherGraphStore:
                 found.update((edge.id, edge) for edge in map(edge_from_row, rows))
             return list(found.values())
 
-        def shapes(ids: list[str]) -> list[GraphEdge]:
-            found: dict[str, GraphEdge] = {}
+        def shapes(ids: list[str]) -> list[EdgeShape]:
+            found: dict[str, EdgeShape] = {}
             for batch in _batches(ids, self._batch_size):
                 statement = Statement(_SHAPES_FOLLOWED, _scoped(scope, ids=batch, skip=skipped))
                 for row in self._runner.read(scope, statement):
-                    found[str(row[0])] = shape(str(row[0]), str(row[1]), str(row[2]), str(row[3]))
+                    found[str(row[0])] = EdgeShape(str(row[0]), str(row[1]), str(row[2]), str(row[3]))
             return list(found.values())
 
-        return expand(degrees, shapes if shape_only else touching, node_ids, hops, limit, max_degree)
+        if shape_only:
+            return expand(degrees, shapes, node_ids, hops, limit, max_degree)
+        return expand(degrees, touching, node_ids, hops, limit, max_degree)
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         nodes_statement, edges_statement = export_statements(scope)

@@ -12,28 +12,26 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kenning.pipeline.models import GraphEdge
-from kenning.storage.memory_graph import shape
+from kenning.pipeline.models import EdgeShape
 
 # Edges held by all the shapes of one graph store at most (about 300 bytes each).
 MAX_EDGES = 500_000
-# Edges a shape keeps built as `GraphEdge`s for the walks after (about 600 bytes each): a walk
-# reads thousands, hubs' edges in most walks.
-MAX_BUILT = 50_000
 
 Row = tuple[str, str, str, str]  # id, source, target, relationship
 
 
 @dataclass(frozen=True)
 class Shape:
-    """Immutable at its revision, so what it works out once (degrees, edges built) it keeps.
-    The `GraphEdge`s it returns are shared by the walks that read them: read them, never change them."""
+    """Immutable at its revision, so what it works out once (degrees) it keeps. It holds plain
+    tuples, which the garbage collector stops tracking, so a graph held in memory adds nothing
+    to full collections (with 50,000 edges kept built as `GraphEdge`s, each of those took
+    100 ms and more on the full 2Wiki store); the `EdgeShape`s it returns are made per read, at
+    a fraction of a microsecond each, and freed with the read."""
 
     revision: int
     edges: list[Row]
-    touching: dict[str, list[int]]  # node -> the edges with an end there (a loop once)
+    touching: dict[str, tuple[int, ...]]  # node -> the edges with an end there (a loop once)
     _degrees: dict[frozenset[str], dict[str, int]] = field(default_factory=dict, compare=False, repr=False)
-    _built: dict[int, GraphEdge] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -52,7 +50,8 @@ class Shape:
             touching.setdefault(source, []).append(index)
             if target != source:
                 touching.setdefault(target, []).append(index)
-        return cls(revision, edges, touching)
+        # As tuples of ints, which the collector stops tracking, as it does the rows.
+        return cls(revision, edges, {node: tuple(indexes) for node, indexes in touching.items()})
 
     def degrees(self, node_ids: Sequence[str], skip: frozenset[str]) -> dict[str, int]:
         """Each node's edges not of a skipped relationship; nodes with none are left out."""
@@ -67,19 +66,11 @@ class Shape:
                 counts[node] = count
         return counts
 
-    def edges_of(self, node_ids: Sequence[str], skip: frozenset[str]) -> list[GraphEdge]:
-        """The edges (shapes only) with an end among the nodes, not of a skipped relationship."""
+    def edges_of(self, node_ids: Sequence[str], skip: frozenset[str]) -> list[EdgeShape]:
+        """The edges with an end among the nodes, not of a skipped relationship."""
         found: dict[int, None] = {}
         for node in node_ids:
             for index in self.touching.get(node, ()):
                 if self.edges[index][3] not in skip:
                     found[index] = None
-        return [self._edge(index) for index in found]
-
-    def _edge(self, index: int) -> GraphEdge:
-        built = self._built.get(index)
-        if built is None:
-            built = shape(*self.edges[index])
-            if len(self._built) < MAX_BUILT:
-                self._built[index] = built
-        return built
+        return [EdgeShape._make(self.edges[index]) for index in found]

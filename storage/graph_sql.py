@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from kenning.pipeline.errors import StoreError
-from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
+from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import Neighbourhood, chunked
 from kenning.storage.graph_shape import MAX_EDGES, Shape
 from kenning.storage.memory_graph import (
@@ -19,7 +19,6 @@ from kenning.storage.memory_graph import (
     over_stored_edges,
     over_stored_nodes,
     removal,
-    shape,
     take_support,
     unique_edges,
     unique_nodes,
@@ -218,14 +217,16 @@ class SqlGraphStore:
                 data_ids = _provenance(conn, scope, EDGE, list(found))
                 return [_edge(row, data_ids) for row in found.values()]
 
-            def shapes(ids: list[str]) -> list[GraphEdge]:
-                found: dict[str, GraphEdge] = {}
+            def shapes(ids: list[str]) -> list[EdgeShape]:
+                found: dict[str, EdgeShape] = {}
                 for batch in chunked(ids, BATCH_SIZE):
                     for row in _touching_rows(conn, followed, batch, *columns):
-                        found[row.id] = shape(row.id, row.source_id, row.target_id, row.relationship)
+                        found[row.id] = EdgeShape(row.id, row.source_id, row.target_id, row.relationship)
                 return list(found.values())
 
-            return expand(degrees, shapes if shape_only else touching, node_ids, hops, limit, max_degree)
+            if shape_only:
+                return expand(degrees, shapes, node_ids, hops, limit, max_degree)
+            return expand(degrees, touching, node_ids, hops, limit, max_degree)
 
     def shape_held(self, scope: Scope) -> int | None:
         """The revision at which the scope's edges are held in memory; None when they are not."""

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from kenning.pipeline.assembly import edge_prevails, node_prevails
 from kenning.pipeline.errors import StoreError
-from kenning.pipeline.models import GraphEdge, GraphNode, Removal, Scope
+from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import Neighbourhood
 
 NODE_SETS = "node_sets"
@@ -120,9 +120,12 @@ def removal(
     return Removal(deleted_nodes=nodes[0], deleted_edges=deleted_edges, kept=kept)
 
 
+Ends = TypeVar("Ends", GraphEdge, EdgeShape)
+
+
 def expand(
     degrees: Callable[[list[str]], dict[str, int]],
-    edges_of: Callable[[list[str]], list[GraphEdge]],
+    edges_of: Callable[[list[str]], Sequence[Ends]],
     node_ids: Sequence[str],
     hops: int,
     limit: int,
@@ -133,7 +136,7 @@ def expand(
     `degrees(ids)` counts each node's edges and `edges_of(ids)` returns the edges touching any
     of them, both leaving out the skipped relationships: the adapter pushes those into its store.
     """
-    found: dict[str, GraphEdge] = {}
+    found: dict[str, Ends] = {}
     counts: dict[str, int] = {}
     seen = set(node_ids)
     frontier = sorted(seen)
@@ -160,7 +163,7 @@ def expand(
 
 
 def _with_degrees(
-    found: dict[str, GraphEdge],
+    found: dict[str, Ends],
     counts: dict[str, int],
     seen: set[str],
     degrees: Callable[[list[str]], dict[str, int]],
@@ -172,21 +175,15 @@ def _with_degrees(
     return Neighbourhood(edges=list(found.values()), degrees=known)
 
 
-def edge_shape(edge: GraphEdge) -> GraphEdge:
+def edge_shape(edge: GraphEdge) -> EdgeShape:
     """The edge's id, endpoints and relationship alone: what `neighbourhood(shape_only=True)` returns."""
-    return shape(edge.id, edge.source_id, edge.target_id, edge.relationship)
+    return EdgeShape(edge.id, edge.source_id, edge.target_id, edge.relationship)
 
 
-def shape(edge_id: str, source_id: str, target_id: str, relationship: str) -> GraphEdge:
-    """An edge with no properties and no provenance. Built by validation, which pydantic does
-    faster than `model_construct` (that inspects the default factories on every call)."""
-    return GraphEdge(id=edge_id, source_id=source_id, target_id=target_id, relationship=relationship)
-
-
-def _edges_by_node(edges: Iterable[GraphEdge], nodes: Sequence[str]) -> dict[str, list[GraphEdge]]:
+def _edges_by_node(edges: Iterable[Ends], nodes: Sequence[str]) -> dict[str, list[Ends]]:
     """Each edge under the first of its endpoints among `nodes`, edges in id order."""
     order = {node: index for index, node in enumerate(nodes)}
-    owned: dict[str, list[GraphEdge]] = {}
+    owned: dict[str, list[Ends]] = {}
     for edge in sorted(edges, key=lambda edge: edge.id):
         ends = [end for end in (edge.source_id, edge.target_id) if end in order]
         if ends:
@@ -256,7 +253,6 @@ class MemoryGraphStore:
         shape_only: bool = False,
     ) -> Neighbourhood:
         skipped = set(skip)
-        copied = edge_shape if shape_only else _edge_copy
 
         def followed(ids: list[str]) -> list[GraphEdge]:
             wanted = set(ids)
@@ -269,7 +265,10 @@ class MemoryGraphStore:
                 ]
 
         def touching(ids: list[str]) -> list[GraphEdge]:
-            return [copied(edge) for edge in followed(ids)]
+            return [_edge_copy(edge) for edge in followed(ids)]
+
+        def shapes(ids: list[str]) -> list[EdgeShape]:
+            return [edge_shape(edge) for edge in followed(ids)]
 
         def degrees(ids: list[str]) -> dict[str, int]:
             counts: dict[str, int] = {}
@@ -279,6 +278,8 @@ class MemoryGraphStore:
                     counts[end] = counts.get(end, 0) + 1
             return counts
 
+        if shape_only:
+            return expand(degrees, shapes, node_ids, hops, limit, max_degree)
         return expand(degrees, touching, node_ids, hops, limit, max_degree)
 
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
+import gc
 
-from kenning.storage import graph_shape
+from kenning.pipeline.models import EdgeShape
 from kenning.storage.graph_shape import Shape
 
 ROWS = [
@@ -26,7 +26,7 @@ def test_degrees_follow_the_skip_set_asked_each_time() -> None:
     assert shape.degrees(["a"], frozenset({"next"})) == {"a": 2}
 
 
-def test_edges_are_built_once_and_shared_by_later_reads() -> None:
+def test_edges_come_as_shapes_and_the_collector_tracks_nothing_the_shape_holds() -> None:
     shape = Shape.read(1, ROWS)
 
     first = shape.edges_of(["a"], frozenset({"next"}))
@@ -34,15 +34,10 @@ def test_edges_are_built_once_and_shared_by_later_reads() -> None:
 
     assert sorted(e.id for e in first) == ["e1", "e4"]
     assert sorted(e.id for e in again) == ["e1", "e2", "e3", "e4"]
-    by_id = {e.id: e for e in again}
-    assert all(edge is by_id[edge.id] for edge in first)
-    assert (by_id["e2"].source_id, by_id["e2"].target_id, by_id["e2"].relationship) == ("a", "c", "next")
-
-
-def test_at_most_max_built_edges_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(graph_shape, "MAX_BUILT", 2)
-    shape = Shape.read(1, ROWS)
-
-    edges = shape.edges_of(["a", "b"], frozenset())
-
-    assert len(edges) == 4 and len(shape._built) == 2
+    assert {e.id: e for e in again}["e2"] == EdgeShape("e2", "a", "c", "next")
+    assert all(isinstance(edge, EdgeShape) for edge in [*first, *again])
+    # Once a collection has gone over them, nothing the shape holds is tracked: a large graph
+    # held in memory adds nothing to later full collections.
+    gc.collect()
+    assert not any(gc.is_tracked(row) for row in shape.edges)
+    assert not any(gc.is_tracked(indexes) for indexes in shape.touching.values())
