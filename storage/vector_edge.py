@@ -41,7 +41,7 @@ from kenning.storage.memory_vectors import distance_of, mismatch, require_dimens
 DEFAULT_BATCH_SIZE = 256
 DEFAULT_INDEX_THRESHOLD = 20_000
 DEFAULT_LOCK_TIMEOUT_S = 300.0
-DEFAULT_LINGER_S = 30.0
+DEFAULT_LINGER_S = 300.0
 POLL_S = 0.02
 SCROLL_PAGE = 1_000
 META_FILE = "collection.json"
