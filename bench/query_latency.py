@@ -40,6 +40,7 @@ from bench.ingest import documents
 from bench.latency import QUESTIONS, Timed, percentile
 from kenning.pipeline.models import Scope
 from kenning.pipeline.ports import Embedder
+from kenning.workers.heap import settle
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
 from kenning.workers.wiring import Wiring, open_embedder
@@ -122,7 +123,8 @@ SNAPSHOT_WAIT_S = 180.0
 def warm_up(memory: Kenning) -> float:
     """One query of each type, then a wait (at most SNAPSHOT_WAIT_S) until the graph's shape and
     the lexical postings are held in memory, as in a query worker that has run a while: they load
-    in the background from the second search of a dataset on. Returns the seconds waited."""
+    in the background from the second search of a dataset on. Then `kenning.settle`, as the API,
+    MCP and worker processes do when they start. Returns the seconds waited."""
     for kind in TYPES:
         memory.search("warm up", kind, only_context=True)
     scope, graph, lexical = memory.scope(), memory.wiring.graph, memory.wiring.lexical
@@ -133,7 +135,9 @@ def warm_up(memory: Kenning) -> float:
         if _held(graph, "shape_held", scope) and _held(lexical, "held", scope):
             break
         time.sleep(0.5)
-    return round(time.perf_counter() - started, 1)
+    waited = round(time.perf_counter() - started, 1)
+    settle()
+    return waited
 
 
 def _held(store: Any, method: str, scope: Scope) -> bool:

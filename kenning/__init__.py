@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kenning.pipeline.errors import ConfigError, InputError, KenningError, NoLLMConfigured, StoreError
     from kenning.retrieval.contract import SearchResult, SearchType
+    from kenning.workers.heap import settle
     from kenning.workers.memory import Kenning
     from kenning.workers.settings import Settings, load_settings
 
@@ -28,6 +29,7 @@ _EXPORTS = {
     "Kenning": "kenning.workers.memory",
     "Settings": "kenning.workers.settings",
     "load_settings": "kenning.workers.settings",
+    "settle": "kenning.workers.heap",
     # Search
     "SearchResult": "kenning.retrieval.contract",
     "SearchType": "kenning.retrieval.contract",
@@ -45,6 +47,7 @@ __all__ = [
     "Kenning",
     "Settings",
     "load_settings",
+    "settle",
     # Search
     "SearchResult",
     "SearchType",

@@ -57,6 +57,7 @@ from kenning.storage.lease_redis import RedisLeases
 from kenning.storage.queue_depth import queue_depths, waiting_with
 from kenning.storage.run_lock import Deliveries, RedisRunLock
 from kenning.workers import keys
+from kenning.workers.heap import settle
 from kenning.workers.metrics import metrics, serve_worker_metrics
 from kenning.workers.schedule import beat_schedule
 from kenning.workers.settings import Settings, load_settings
@@ -324,6 +325,7 @@ def _node_name(queues: list[str]) -> str:
 
 def _on_process_start(**_: object) -> None:
     app.forget_resources()
+    settle()
     if app.settings.metrics_port:
         _serve_metrics(app.settings)
 

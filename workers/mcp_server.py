@@ -32,6 +32,7 @@ from kenning.pipeline.models import Dataset
 from kenning.pipeline.models import Scope as DataScope
 from kenning.pipeline.permission import Caller, Permission, authenticate
 from kenning.retrieval.contract import SearchResult, SearchType
+from kenning.workers.heap import settle
 from kenning.workers.lifecycle import Message, Recalled, Remembered
 from kenning.workers.memory import Kenning
 
@@ -303,7 +304,9 @@ def http_app(
 
 def serve_stdio(memory: Kenning) -> None:
     """Answer MCP on stdin/stdout until the client closes them."""
-    create_server(memory).run("stdio")
+    server = create_server(memory)
+    settle()
+    server.run("stdio")
 
 
 def serve_http(memory: Kenning, host: str, port: int) -> None:

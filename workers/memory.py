@@ -41,6 +41,7 @@ from kenning.retrieval.conversation import TURNS, Turn, context_text, turn_point
 from kenning.retrieval.registry import search
 from kenning.workers.decay import AccessBuffer, fade, stale_items
 from kenning.workers.extras import needs_extra
+from kenning.workers.heap import settle
 from kenning.workers.lifecycle import (
     Message,
     Recalled,
@@ -140,6 +141,7 @@ class Kenning:
 
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
         self.dataset(dataset)
+        settle()  # a run is long: keep its full collections short (workers.heap)
         runner = LocalRunner(
             self.wiring,
             self.wiring.lock,

@@ -26,6 +26,7 @@ from kenning.workers.api.errors import error_response, install_error_handlers
 from kenning.workers.api.routes import router
 from kenning.workers.api.runs import RunTracker
 from kenning.workers.api.schemas import Readiness, Status
+from kenning.workers.heap import settle
 from kenning.workers.memory import Kenning
 from kenning.workers.metrics import CONTENT_TYPE, LLMCounters, metrics
 
@@ -46,6 +47,7 @@ def create_app(memory: Kenning, *, distributed: bool = False, host: str = "127.0
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        settle()
         async with AsyncExitStack() as stack:
             if mcp is not None:
                 await stack.enter_async_context(mcp.running())
