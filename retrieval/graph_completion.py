@@ -17,7 +17,7 @@ from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
-from kenning.retrieval.reference import chunk_nodes
+from kenning.retrieval.reference import chunk_nodes, first
 
 TOP_EDGES = 15
 NODE_TEXT_CHARS = 300
@@ -75,18 +75,20 @@ class GraphCompletionRetriever:
         return sorted(hits, key=lambda hit: hit.score)[:top]
 
     def _project(self, scope: Scope, chunks: list[str]) -> Fragment:
-        """The chunks, the entities they contain and the facts extracted from them."""
-        wanted = set(chunks)
-        touching = self._ports.graph.get_edges(scope, chunks) if chunks else []
+        """The chunks, the entities they contain and the facts extracted from them. Only the
+        chunks come with their data ids: a hit's data item is its chunk's."""
+        if not chunks:
+            return Fragment()
+        graph, wanted = self._ports.graph, set(chunks)
+        touching = graph.get_edges(scope, chunks, provenance=False)
         contains = [edge for edge in touching if edge.relationship == CONTAINS and edge.source_id in wanted]
         entities = sorted({edge.target_id for edge in contains})
         facts = [
             edge
-            for edge in (self._ports.graph.get_edges(scope, entities, among=True) if entities else [])
+            for edge in (graph.get_edges(scope, entities, among=True, provenance=False) if entities else [])
             if edge.relationship not in STRUCTURAL_RELATIONSHIPS and _chunk_of(edge) in wanted
         ]
-        # Nodes name the triplets' ends; the hits' data ids come from the edges.
-        nodes = self._ports.graph.get_nodes(scope, [*chunks, *entities], provenance=False) if chunks else []
+        nodes = [*graph.get_nodes(scope, chunks), *graph.get_nodes(scope, entities, provenance=False)]
         return Fragment(
             nodes={node.id: node for node in nodes}, edges={edge.id: edge for edge in [*facts, *contains]}
         )
@@ -100,7 +102,7 @@ class GraphCompletionRetriever:
             score=score,
             kind="edge",
             dataset=scope.dataset,
-            data_id=edge.data_ids[0] if edge.data_ids else None,
+            data_id=first(chunk.data_ids) if chunk else None,
             document_id=str(document_id) if document_id else None,
             chunk_id=chunk_id or None,
             extra={

@@ -115,6 +115,7 @@ def test_load_embeds_facts_between_entities_as_triplets(services: TwinServices) 
         (SearchType.TRIPLET_COMPLETION, "Grace Hopper built compiler at Remington Rand"),
         (SearchType.HYBRID_COMPLETION, "Who built the first compiler?"),
         (SearchType.GRAPH_PPR, "Who built the first compiler?"),
+        (SearchType.GRAPH_COMPLETION, "Who built the first compiler?"),
     ],
 )
 def test_each_type_finds_the_source_and_cites_it(
