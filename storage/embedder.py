@@ -69,8 +69,9 @@ class LocalEmbedder:
         if not texts:
             return []
         if len(texts) <= FEW_TEXTS:
-            with _ONE_BLAS_THREAD.held():
-                return self._load_numpy().encode(list(texts)).tolist()  # type: ignore[no-any-return]
+            with _ONE_BLAS_THREAD.held() as alone:
+                helper = _query_helper() if alone else None
+                return self._load_numpy().encode(list(texts), helper).tolist()  # type: ignore[no-any-return]
         # sentence-transformers models are not documented as thread-safe; one encode at a time.
         with self._lock:
             model = self._load()
@@ -125,13 +126,15 @@ class _OneBlasThread:
         return self._libraries
 
     @contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self) -> Iterator[bool]:
+        """Held while a query is embedded; yields whether it is the only one in this process."""
         with self._lock:
             if not self._inside:
                 self._limit = self._controller().limit(limits=1, user_api="blas")
             self._inside += 1
+            alone = self._inside == 1
         try:
-            yield
+            yield alone
         finally:
             with self._lock:
                 self._inside -= 1
@@ -140,6 +143,29 @@ class _OneBlasThread:
 
 
 _ONE_BLAS_THREAD = _OneBlasThread()
+_HELPER: ThreadPoolExecutor | None = None
+_HELPER_LOCK = threading.Lock()
+
+
+def _query_helper() -> ThreadPoolExecutor:
+    """The one thread that computes half of a query's embedding when the query is the only one
+    in flight (`NumpyMiniLM.encode`). Several queries at once each run on their own thread
+    alone: they keep the cores busy without it. Its waits block, they do not spin as BLAS
+    threads do, so a busy machine costs a late half, not a stalled query."""
+    global _HELPER
+    with _HELPER_LOCK:
+        if _HELPER is None:
+            _HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kenning-embed-half")
+        return _HELPER
+
+
+def _forget_helper() -> None:
+    """In a forked child the helper's thread does not exist: the child makes its own."""
+    global _HELPER, _HELPER_LOCK
+    _HELPER, _HELPER_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helper)
 
 
 # Bytes an empty numpy array takes besides its numbers (its object header and shape).

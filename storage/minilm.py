@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,11 @@ class _Layer:
     attention_out: Array
     attention_out_bias: Array
     attention_norm: tuple[Array, Array]
-    intermediate: Array
-    intermediate_bias: Array
-    output: Array
+    # The feed-forward block in two halves of its inner width, each half's product independent
+    # of the other's until they are summed: two threads can each take one.
+    intermediate: tuple[Array, Array]
+    intermediate_bias: tuple[Array, Array]
+    output: tuple[Array, Array]
     output_bias: Array
     output_norm: tuple[Array, Array]
 
@@ -67,8 +70,11 @@ class NumpyMiniLM:
         self._tokenizer.enable_truncation(min(max_tokens, self._positions.shape[0]))
         self._tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
 
-    def encode(self, texts: list[str]) -> Array:
-        """One L2-normalised float32 row per text."""
+    def encode(self, texts: list[str], helper: Executor | None = None) -> Array:
+        """One L2-normalised float32 row per text. With a `helper`, its thread computes half of
+        each feed-forward block (two thirds of the work) while this one computes the other:
+        numpy lets go of the GIL in both, so on an idle second core a query takes a quarter
+        less time."""
         encodings = self._tokenizer.encode_batch(texts)
         ids = np.array([encoding.ids for encoding in encodings], dtype=np.int64)
         mask = np.array([encoding.attention_mask for encoding in encodings], dtype=np.float32)
@@ -78,8 +84,7 @@ class NumpyMiniLM:
         masked = (1.0 - mask)[:, None, None, :] * np.finfo(np.float32).min
         for layer in self._layers:
             x = self._attention(x, layer, masked)
-            hidden = x @ layer.intermediate + layer.intermediate_bias
-            x = self._layer_norm(_gelu(hidden) @ layer.output + layer.output_bias + x, layer.output_norm)
+            x = self._layer_norm(_feed_forward(x, layer, helper) + layer.output_bias + x, layer.output_norm)
         pooled = (x * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
         norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         vectors: Array = (pooled / norms).astype(np.float32)
@@ -113,6 +118,18 @@ class NumpyMiniLM:
         return normed
 
 
+def _feed_forward(x: Array, layer: _Layer, helper: Executor | None) -> Array:
+    """GELU(x W1 + b1) W2 without its bias, as the sum of its two halves' products."""
+
+    def half(part: int) -> Array:
+        return _gelu(x @ layer.intermediate[part] + layer.intermediate_bias[part]) @ layer.output[part]
+
+    other = helper.submit(half, 1) if helper is not None else None
+    first = half(0)
+    second = other.result() if other is not None else half(1)
+    return first + second
+
+
 def _gelu(x: Array) -> Array:
     """BERT's exact GELU, x * Phi(x)."""
     from scipy.special import erf
@@ -129,15 +146,19 @@ def _layer(weights: dict[str, Array], prefix: str) -> _Layer:
         return np.ascontiguousarray(get(f"{name}.weight").T)
 
     parts = ("attention.self.query", "attention.self.key", "attention.self.value")
+    inner = dense("intermediate.dense")
+    middle = inner.shape[1] // 2
+    output = dense("output.dense")
+    bias = get("intermediate.dense.bias")
     return _Layer(
         qkv_weight=np.concatenate([dense(part) for part in parts], axis=1),
         qkv_bias=np.concatenate([get(f"{part}.bias") for part in parts]),
         attention_out=dense("attention.output.dense"),
         attention_out_bias=get("attention.output.dense.bias"),
         attention_norm=_norm(weights, prefix + "attention.output.LayerNorm"),
-        intermediate=dense("intermediate.dense"),
-        intermediate_bias=get("intermediate.dense.bias"),
-        output=dense("output.dense"),
+        intermediate=(np.ascontiguousarray(inner[:, :middle]), np.ascontiguousarray(inner[:, middle:])),
+        intermediate_bias=(bias[:middle], bias[middle:]),
+        output=(output[:middle], output[middle:]),
         output_bias=get("output.dense.bias"),
         output_norm=_norm(weights, prefix + "output.LayerNorm"),
     )

