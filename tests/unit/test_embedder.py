@@ -184,10 +184,14 @@ def test_a_query_is_embedded_without_importing_torch() -> None:
         "[vector] = LocalEmbedder().embed(['who directed the film?'])\n"
         "print(len(vector), 'torch' in sys.modules, 'sentence_transformers' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert printed_by(script) == ["384", "False", "False"]
 
+
+def printed_by(script: str) -> list[str]:
+    """The words a Python process running `script` printed; it must succeed."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["384", "False", "False"]
+    return done.stdout.split()
 
 
 def test_a_query_split_over_two_threads_gets_the_same_vector() -> None:
@@ -227,12 +231,9 @@ def test_a_forked_child_embeds_a_query_with_its_own_helper() -> None:
         "_, status = os.waitpid(pid, 0)\n"
         "print(os.waitstatus_to_exitcode(status))\n"
     )
-    # When the child embeds a query (it would wait forever on the parent's helper thread)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-
-    # Then it gets the same vector and exits
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0"]
+    # When the child embeds a query (it would wait forever on the parent's helper thread),
+    # then it gets the same vector and exits
+    assert printed_by(script) == ["0"]
 
 
 # OpenAIEmbedder against a stand-in endpoint on 127.0.0.1
