@@ -23,10 +23,9 @@ Row = tuple[str, str, str, str]  # id, source, target, relationship
 @dataclass(frozen=True)
 class Shape:
     """Immutable at its revision, so what it works out once (degrees) it keeps. It holds plain
-    tuples, which the garbage collector stops tracking, so a graph held in memory adds nothing
-    to full collections (with 50,000 edges kept built as `GraphEdge`s, each of those took
-    100 ms and more on the full 2Wiki store); the `EdgeShape`s it returns are made per read, at
-    a fraction of a microsecond each, and freed with the read."""
+    tuples, which the garbage collector stops tracking: when it kept 50,000 edges built as
+    `GraphEdge`s, every full collection went over them (100 ms and more on the full 2Wiki
+    store). The `EdgeShape`s it returns are made per read, a fraction of a microsecond each."""
 
     revision: int
     edges: list[Row]
