@@ -177,14 +177,14 @@ def test_local_embedder_gives_queries_and_batches_the_same_vectors_as_sentence_t
             assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-5
 
 
-def test_a_query_is_embedded_without_importing_torch_or_scipy() -> None:
+def test_a_query_is_embedded_without_importing_torch() -> None:
     script = (
         "import sys\n"
         "from kenning.storage.embedder import LocalEmbedder\n"
         "[vector] = LocalEmbedder().embed(['who directed the film?'])\n"
-        "print(len(vector), *(name in sys.modules for name in ('torch', 'sentence_transformers', 'scipy')))\n"
+        "print(len(vector), 'torch' in sys.modules, 'sentence_transformers' in sys.modules)\n"
     )
-    assert printed_by(script) == ["384", "False", "False", "False"]
+    assert printed_by(script) == ["384", "False", "False"]
 
 
 def printed_by(script: str) -> list[str]:
@@ -428,16 +428,3 @@ def test_local_embedder_embeds_a_query_as_in_a_batch_and_keeps_the_thread_settin
 
     assert torch.get_num_threads() == threads
     assert max(abs(a - b) for a, b in zip(alone, batch[0], strict=True)) < 1e-5
-
-
-def test_the_numpy_model_s_erf_is_within_float32_precision_of_the_exact_one() -> None:
-    import numpy as np
-
-    from kenning.storage.minilm import _erf
-
-    points = np.linspace(-8.0, 8.0, 4001, dtype=np.float32)
-    found = _erf(points)
-
-    assert found.dtype == np.float32
-    assert max(abs(float(got) - math.erf(float(x))) for got, x in zip(found, points, strict=True)) < 5e-7
-    assert float(_erf(np.float32([0.0]))[0]) == 0.0
