@@ -313,4 +313,6 @@ def serve_http(memory: Kenning, host: str, port: int) -> None:
     """Answer MCP over streamable HTTP at http://host:port/mcp until interrupted."""
     import uvicorn
 
-    uvicorn.run(http_app(memory, host=host), host=host, port=port, log_level="warning")
+    app = http_app(memory, host=host)
+    settle()
+    uvicorn.run(app, host=host, port=port, log_level="warning")
