@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,6 @@ from kenning.pipeline.models import (
     PipelineRun,
     RunStatus,
     Scope,
-    stable_id,
     utcnow,
 )
 from kenning.pipeline.spend import charged_to
@@ -97,7 +97,9 @@ def start_run(services: Services, scope: Scope, run_id: str | None = None) -> Jo
     """Create the dataset if needed and a new pipeline run for it (of `run_id`, when the caller
     had to name the run before it could start)."""
     dataset: Dataset = services.metadata.ensure_dataset(scope)
-    run_id = run_id or stable_id(dataset.id, "run", utcnow().isoformat())
+    # Random, not from the clock: two processes starting a run at the same microsecond got one id
+    # between them, and the workers ran the one run twice.
+    run_id = run_id or str(uuid.uuid4())
     services.metadata.save_run(PipelineRun(id=run_id, dataset_id=dataset.id, status=RunStatus.STARTED))
     return Job(run_id=run_id, dataset_id=dataset.id, tenant=scope.tenant, dataset=scope.dataset)
 

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from kenning.pipeline import tasks
+from kenning.pipeline import plan, tasks
 from kenning.pipeline.context import Job
 from kenning.pipeline.ingest import Source, add, text_source
 from kenning.pipeline.locking import lock_name
-from kenning.pipeline.models import ChunkStatus, Extraction, ItemStatus, PipelineRun, Scope
-from kenning.pipeline.plan import PLAN
+from kenning.pipeline.models import ChunkStatus, Extraction, ItemStatus, PipelineRun, Scope, utcnow
+from kenning.pipeline.plan import PLAN, start_run
 from kenning.retrieval.contract import SearchRequest, SearchType
 from kenning.retrieval.registry import search
 from kenning.workers.local import LocalRunner
@@ -336,3 +336,19 @@ def test_local_runner_waits_for_a_dataset_lock_held_elsewhere() -> None:
     # Then the run began only once the lock was free, and completed
     assert started_while_held == []
     assert [run.status.value for run in runs] == ["completed"]
+
+
+def test_runs_started_at_the_same_instant_get_their_own_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    services = TwinServices()
+    # Given a clock that gives two processes starting a run of one dataset the same instant
+    # (two `kenning cognify --distributed` at once did, and both sent the same run to the workers)
+    instant = utcnow()
+    monkeypatch.setattr(plan, "utcnow", lambda: instant)
+    scope = Scope(tenant="t", dataset="same")
+
+    # When both start a run
+    first, second = start_run(services, scope), start_run(services, scope)
+
+    # Then they are two runs, each recorded
+    assert first.run_id != second.run_id
+    assert {run.id for run in services.metadata.list_runs(first.dataset_id)} == {first.run_id, second.run_id}
