@@ -4,6 +4,7 @@ a hashing embedder for tests, and an LRU cache in front of any of them."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import importlib.util
 import math
@@ -143,29 +144,19 @@ class _OneBlasThread:
 
 
 _ONE_BLAS_THREAD = _OneBlasThread()
-_HELPER: ThreadPoolExecutor | None = None
-_HELPER_LOCK = threading.Lock()
 
 
+@functools.cache
 def _query_helper() -> ThreadPoolExecutor:
     """The one thread that computes half of a query's embedding when the query is the only one
     in flight (`NumpyMiniLM.encode`). Several queries at once each run on their own thread
     alone: they keep the cores busy without it. Its waits block, they do not spin as BLAS
     threads do, so a busy machine costs a late half, not a stalled query."""
-    global _HELPER
-    with _HELPER_LOCK:
-        if _HELPER is None:
-            _HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kenning-embed-half")
-        return _HELPER
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="kenning-embed-half")
 
 
-def _forget_helper() -> None:
-    """In a forked child the helper's thread does not exist: the child makes its own."""
-    global _HELPER, _HELPER_LOCK
-    _HELPER, _HELPER_LOCK = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_helper)
+# In a forked child the helper's thread does not exist: the child makes its own.
+os.register_at_fork(after_in_child=_query_helper.cache_clear)
 
 
 # Bytes an empty numpy array takes besides its numbers (its object header and shape).
