@@ -9,14 +9,19 @@ factor. A provider's 429 (`penalize`) stops every caller of the key until its
 Retry-After has passed, empties the buckets and halves the factor (at most once per
 429 episode, never below `FACTOR_FLOOR`); every clean minute after it gives back
 `RECOVERY_STEP` of the full rate.
+
+A caller that has to wait reserves its turn: the buckets are debited at once (they may go
+below zero) and the caller sleeps until what it took has refilled. Callers are therefore
+admitted in the order they asked, and one that asks once is never overtaken by others that
+ask again and again, as it would be if every waiter polled and the first awake won. A 429
+while it sleeps voids its turn (the buckets were emptied): it asks again.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -35,8 +40,8 @@ RECOVERY_PERIOD_S = 60.0
 # A bucket's state lives this long after its last use: past the longest recovery
 # (floor to full in nine periods), so forgetting an idle key changes nothing.
 IDLE_TTL_S = 15 * 60.0
-# The most a sleeping caller adds to the announced wait, so that waiters spread out.
-MAX_JITTER_S = 0.02
+# The least a caller sleeps before asking again when it holds no turn (a penalty in force).
+MIN_WAIT_S = 0.001
 
 
 class Limits(BaseModel):
@@ -139,26 +144,40 @@ def retry_after_s(headers: Mapping[str, str]) -> float | None:
     return None
 
 
+class Turn(NamedTuple):
+    """A limiter's answer to a caller that may wait `left_s` more seconds.
+
+    `held`: the buckets were debited for it and it may start after `wait_s` seconds, unless the
+    key's `mark` (the end of its latest penalty) has changed by then. Not held: nothing was
+    debited; it would have to wait `wait_s` (longer than `left_s`, or a penalty in force).
+    """
+
+    wait_s: float
+    held: bool
+    mark: float
+
+
 def wait_until_admitted(
-    attempt: Callable[[], float],
+    take_turn: Callable[[float], Turn],
+    mark_of: Callable[[], float],
     key: str,
     deadline_s: float,
     *,
     sleep: Callable[[float], None] = time.sleep,
-    jitter: Callable[[float, float], float] = random.uniform,
 ) -> None:
-    """Call `attempt` (0: admitted, else seconds to wait) until it admits, sleeping in between.
-
-    Gives up as soon as the announced wait would end past the deadline: waits only grow
-    while others take what refills, so sleeping first would only fail later.
-    """
+    """Wait for a turn from `take_turn` and sleep until it comes; ask again if a penalty
+    (a new `mark_of`) voided it meanwhile or was in force. Gives up as soon as the wait would
+    end past the deadline, before anything is debited."""
     give_up = time.monotonic() + deadline_s
-    # Every attempt that does not admit sleeps at least a millisecond: bounded by the deadline.
+    # Every round that does not admit sleeps at least a millisecond: bounded by the deadline.
     for _ in range(int(deadline_s * 1000) + 2):
-        wait = attempt()
-        if wait <= 0:
+        left = give_up - time.monotonic()
+        turn = take_turn(max(0.0, left))
+        if turn.held and turn.wait_s <= 0:
             return
-        if time.monotonic() + wait > give_up:
+        if not turn.held and turn.wait_s > left:
             break
-        sleep(wait + jitter(0.0, min(MAX_JITTER_S, 0.1 * wait)))
+        sleep(max(turn.wait_s, MIN_WAIT_S))
+        if turn.held and mark_of() == turn.mark:
+            return
     raise TransientLLMError(f"rate limit wait exceeded: {key} admits no request within {deadline_s:g} s")

@@ -3,6 +3,7 @@ on a monotonic clock behind a lock. For embedded mode (one process) and tests.""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -15,11 +16,10 @@ from kenning.pipeline.ratelimit import (
     RECOVERY_PERIOD_S,
     RECOVERY_STEP,
     Limits,
+    Turn,
     limits_for,
     wait_until_admitted,
 )
-
-_MIN_WAIT_S = 0.001
 
 
 @dataclass
@@ -51,7 +51,8 @@ class MemoryRateLimiter:
 
     def acquire(self, key: str, tokens: int, deadline_s: float) -> None:
         limits = limits_for(self._limits, key)
-        wait_until_admitted(lambda: self._try(key, limits, tokens), key, deadline_s)
+        take_turn = functools.partial(self._take_turn, key, limits, tokens)
+        wait_until_admitted(take_turn, functools.partial(self._mark, key), key, deadline_s)
 
     def penalize(self, key: str, retry_after_s: float) -> None:
         with self._mutex:
@@ -71,18 +72,26 @@ class MemoryRateLimiter:
             bucket = self._buckets.get(key)
             return bucket.factor_at(self._clock()) if bucket else 1.0
 
-    def _try(self, key: str, limits: Limits, tokens: int) -> float:
+    def _mark(self, key: str) -> float:
+        with self._mutex:
+            bucket = self._buckets.get(key)
+            return bucket.until if bucket else 0.0
+
+    def _take_turn(self, key: str, limits: Limits, tokens: int, left_s: float) -> Turn:
         with self._mutex:
             now = self._clock()
             bucket = self._buckets.setdefault(key, _Bucket(at=now, since=now))
             if now < bucket.until:
-                return bucket.until - now
+                return Turn(bucket.until - now, held=False, mark=bucket.until)
             if limits.unlimited:
-                return 0.0
-            return self._take(bucket, limits, tokens, now)
+                return Turn(0.0, held=True, mark=bucket.until)
+            wait = self._debit(bucket, limits, tokens, now, left_s)
+            return Turn(wait, held=wait <= left_s, mark=bucket.until)
 
     @staticmethod
-    def _take(bucket: _Bucket, limits: Limits, tokens: int, now: float) -> float:
+    def _debit(bucket: _Bucket, limits: Limits, tokens: int, now: float, left_s: float) -> float:
+        """The wait until the buckets hold what the request takes; debited (maybe below zero)
+        unless that wait is longer than `left_s`."""
         factor = bucket.factor_at(now)
         elapsed = max(0.0, now - bucket.at)
         request_rate, token_rate = limits.request_rate * factor, limits.token_rate * factor
@@ -94,12 +103,12 @@ class MemoryRateLimiter:
         needed = min(float(tokens), limits.token_capacity)
         if limits.tpm and held < needed:
             wait = max(wait, (needed - held) / token_rate)
-        if wait > 0:
-            return max(wait, _MIN_WAIT_S)
+        if wait > left_s:
+            return wait
         bucket.requests = requests - 1 if limits.rpm else requests
         bucket.tokens = held - tokens if limits.tpm else held
         bucket.at = now
-        return 0.0
+        return wait
 
 
 def _refill(level: float | None, capacity: float, rate: float, elapsed: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import cast
 
 import redis
 
@@ -16,6 +17,7 @@ from kenning.pipeline.ratelimit import (
     RECOVERY_PERIOD_S,
     RECOVERY_STEP,
     Limits,
+    Turn,
     limits_for,
     wait_until_admitted,
 )
@@ -33,17 +35,20 @@ local function factor_at(factor, since, step, period)
 end
 """
 
-# ARGV: request capacity, requests/ms, token capacity, tokens/ms, tokens asked, step, period ms, ttl ms.
-# Returns 0 (admitted and debited) or the milliseconds to wait.
-_ACQUIRE = (
+# ARGV: request capacity, requests/ms, token capacity, tokens/ms, tokens asked, step, period ms,
+# ttl ms, ms the caller may wait. Returns {held (1/0), ms to wait, the key's mark}: held, the
+# buckets were debited (maybe below zero) and the caller starts after the wait; not held,
+# nothing was debited (a penalty in force, or a wait longer than the caller may wait).
+_TAKE_TURN = (
     _PRELUDE
     + """
 local s = redis.call('HMGET', KEYS[1], 'req', 'tok', 'at', 'factor', 'since', 'until')
 local penalty_end = tonumber(s[6]) or 0
-if now < penalty_end then return math.ceil(penalty_end - now) end
+local mark = math.floor(penalty_end)
+if now < penalty_end then return {0, math.ceil(penalty_end - now), mark} end
 local req_cap, req_rate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tok_cap, tok_rate, want = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if req_cap == 0 and tok_cap == 0 then return 0 end
+if req_cap == 0 and tok_cap == 0 then return {1, 0, mark} end
 local factor = factor_at(s[4], s[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
 local elapsed = math.max(0, now - (tonumber(s[3]) or now))
 local req = math.min(req_cap, (tonumber(s[1]) or req_cap) + elapsed * req_rate * factor)
@@ -52,14 +57,19 @@ local wait = 0
 if req_cap > 0 and req < 1 then wait = (1 - req) / (req_rate * factor) end
 local needed = math.min(want, tok_cap)
 if tok_cap > 0 and tok < needed then wait = math.max(wait, (needed - tok) / (tok_rate * factor)) end
-if wait > 0 then return math.max(1, math.ceil(wait)) end
+if wait > tonumber(ARGV[9]) then return {0, math.ceil(wait), mark} end
 if req_cap > 0 then req = req - 1 end
 if tok_cap > 0 then tok = tok - want end
 redis.call('HSET', KEYS[1], 'req', req, 'tok', tok, 'at', now)
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
-return 0
+return {1, math.ceil(wait), mark}
 """
 )
+
+# The key's mark: the end of its latest penalty (ms, 0 if none).
+_MARK = """
+return math.floor(tonumber(redis.call('HGET', KEYS[1], 'until')) or 0)
+"""
 
 # ARGV: penalty ms, cut, floor, step, period ms, ttl ms. Halves the factor once per 429 episode.
 _PENALIZE = (
@@ -104,7 +114,8 @@ class RedisRateLimiter:
         self._client = client
         self._limits = dict(limits_by_key)
         self._prefix = prefix
-        self._acquire = client.register_script(_ACQUIRE)
+        self._take_turn = client.register_script(_TAKE_TURN)
+        self._mark = client.register_script(_MARK)
         self._penalize = client.register_script(_PENALIZE)
         self._factor = client.register_script(_FACTOR)
 
@@ -120,7 +131,12 @@ class RedisRateLimiter:
             _PERIOD_MS,
             _TTL_MS,
         ]
-        wait_until_admitted(lambda: self._wait_ms(key, args) / 1000, key, deadline_s)
+        wait_until_admitted(
+            lambda left_s: self._turn(key, [*args, math.floor(left_s * 1000)]),
+            lambda: float(str(self._call(self._mark, key, []))),
+            key,
+            deadline_s,
+        )
 
     def penalize(self, key: str, retry_after_s: float) -> None:
         pause_ms = math.ceil(max(0.0, retry_after_s) * 1000)
@@ -132,8 +148,10 @@ class RedisRateLimiter:
         reply = self._call(self._factor, key, [RECOVERY_STEP, _PERIOD_MS])
         return float(reply.decode() if isinstance(reply, bytes) else str(reply))
 
-    def _wait_ms(self, key: str, args: list[float | int]) -> int:
-        return int(str(self._call(self._acquire, key, args)))
+    def _turn(self, key: str, args: list[float | int]) -> Turn:
+        reply = cast(list[int], self._call(self._take_turn, key, args))
+        held, wait_ms, mark = (int(part) for part in reply)
+        return Turn(wait_ms / 1000, held=held == 1, mark=float(mark))
 
     def _call(self, script: redis.commands.core.Script, key: str, args: list[float | int]) -> object:
         try:

@@ -151,6 +151,46 @@ def test_both_limits_must_allow(make_limiter: MakeLimiter) -> None:
     assert immediate_admissions(limiter, KEY, tokens=50) == 2
 
 
+def test_waiters_are_admitted_in_the_order_they_asked(make_limiter: MakeLimiter) -> None:
+    # Given a key kept at its limit by greedy callers, each asking again as soon as it is admitted
+    limiter, other_user = make_limiter({KEY: Limits(rpm=600, burst=2)})
+    events: list[tuple[str, float]] = []  # (who, when its call began), in the order of admission
+    mutex = threading.Lock()
+    stop = threading.Event()
+
+    def greedy() -> None:
+        for _ in range(MAX_TRIES):
+            if stop.is_set():
+                return
+            asked = time.monotonic()
+            limiter.acquire(KEY, 1, deadline_s=5.0)
+            with mutex:
+                events.append(("greedy", asked))
+
+    callers = [threading.Thread(target=greedy) for _ in range(6)]
+    for caller in callers:
+        caller.start()
+    time.sleep(0.3)
+
+    # When another caller asks, three times over
+    asked_at = []
+    for _ in range(3):
+        asked_at.append(time.monotonic())
+        other_user.acquire(KEY, 1, deadline_s=5.0)
+        with mutex:
+            events.append(("other", asked_at[-1]))
+    stop.set()
+    for caller in callers:
+        caller.join(timeout=10)
+
+    # Then no greedy call that began after it (by more than the time a call takes to queue)
+    # was admitted before it: the greedy callers could not overtake it however often they asked
+    for asked in asked_at:
+        position = events.index(("other", asked))
+        overtaking = [when for who, when in events[:position] if who == "greedy" and when > asked + 0.05]
+        assert overtaking == []
+
+
 def test_penalize_blocks_everyone_until_retry_after(make_limiter: MakeLimiter) -> None:
     # Given two users of one key, with room to spare, and a neighbouring key
     limiter, other_user = make_limiter({KEY: Limits(rpm=600, burst=5)})
