@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -17,7 +19,8 @@ import pytest
 import qdrant_edge as qe
 
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
-from kenning.pipeline.models import Scope, VectorPoint, stable_id
+from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint, stable_id
+from kenning.storage.shard_server import SearchServer, search_remotely
 from kenning.storage.vector_edge import EdgeVectorStore
 from kenning.storage.vector_import import import_local_qdrant
 from kenning.storage.vector_qdrant import QdrantVectorStore
@@ -284,3 +287,74 @@ def test_a_busy_process_still_hands_over(tmp_path: Path) -> None:
     assert writer.returncode == 0, err
     assert out.strip() == "20"
     busy.close()
+
+
+def test_a_holder_answers_other_processes_searches_and_keeps_the_shard(tmp_path: Path) -> None:
+    # Given another process that wrote 20 points and keeps the collection open, idle
+    path = tmp_path / "vectors"
+    holder = run_python(WRITER, str(path), "theirs", "20", "hold")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "20"
+        store = EdgeVectorStore(path, lock_timeout_s=10)
+        theirs = Scope(tenant="acme", dataset="theirs")
+
+        # When this process searches it
+        hits = store.search(theirs, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3, fields=["n"])
+
+        # Then the holder answered: the closest points, with the fields asked for,
+        assert [hit.payload["n"] for hit in hits] == [0, 1, 2]
+        assert hits[0].score == pytest.approx(0.0, abs=1e-6)
+        assert set(hits[0].payload) == {"n", "tenant", "dataset"}
+        # within the asker's scope alone,
+        assert store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3) == []
+        assert store.search(Scope(tenant="other", dataset="theirs"), "Entity_name", [1.0, 0, 0.5, 0], 3) == []
+        # and this process never opened the shard: the holder still holds its lock
+        assert not store._shard("Entity_name").is_open
+        descriptor = os.open(path / "Entity_name" / ".lock", os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(descriptor)
+        # and a write still takes the shard over, and is seen by the next search
+        new = VectorPoint(id=stable_id("theirs", "new"), vector=[1.0, 0.0, 0.5, 0.0])
+        store.upsert(theirs, "Entity_name", [new])
+        assert store.count(theirs, "Entity_name") == 21
+        store.close()
+    finally:
+        holder.communicate("stop\n", timeout=60)
+    assert holder.returncode == 0
+
+
+def test_the_socket_of_a_holder_that_died_is_passed_over(tmp_path: Path) -> None:
+    # Given a collection whose last holder died and left its socket behind
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 2)
+    store.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0], name="Ada")])
+    store.close()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "vectors" / "Entity_name" / ".sock"))
+    stale.close()
+
+    # When another store searches it, it opens the shard itself and finds the point
+    reopened = EdgeVectorStore(tmp_path / "vectors")
+    assert reopened.search(SCOPE, "Entity_name", [1.0, 0.0], limit=1)[0].payload["name"] == "Ada"
+
+    # and now answers others in its turn, at a socket only its user may use
+    socket_file = tmp_path / "vectors" / "Entity_name" / ".sock"
+    assert stat.S_IMODE(socket_file.stat().st_mode) == 0o600
+    hits = search_remotely(socket_file.parent, SCOPE, [1.0, 0.0], 1, None, timeout_s=10)
+    assert hits is not None and hits[0].payload["name"] == "Ada"
+    reopened.close()
+    assert not socket_file.exists()
+
+
+def test_a_search_server_that_cannot_answer_sends_the_asker_to_search_itself(tmp_path: Path) -> None:
+    def refuse(scope: Scope, vector: object, limit: int, fields: object) -> list[ScoredPoint]:
+        raise StoreError("not open here")
+
+    server = SearchServer(tmp_path, refuse)
+    server.start()
+    try:
+        assert search_remotely(tmp_path, SCOPE, [1.0], 1, None, timeout_s=10) is None
+    finally:
+        server.stop()
+    assert search_remotely(tmp_path, SCOPE, [1.0], 1, None, timeout_s=10) is None
