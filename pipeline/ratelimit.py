@@ -14,11 +14,14 @@ A caller that has to wait reserves its turn: the buckets are debited at once (th
 below zero) and the caller sleeps until what it took has refilled. Callers are therefore
 admitted in the order they asked, and one that asks once is never overtaken by others that
 ask again and again, as it would be if every waiter polled and the first awake won. A 429
-while it sleeps voids its turn (the buckets were emptied): it asks again.
+while it sleeps voids its turn (the buckets were emptied, and the key's penalty count, its
+`mark`, went up): it notices within `MARK_CHECK_S` and asks again. A caller interrupted while
+it waits for its turn leaves that turn unused: the callers after it wait as if it was used.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
@@ -42,6 +45,8 @@ RECOVERY_PERIOD_S = 60.0
 IDLE_TTL_S = 15 * 60.0
 # The least a caller sleeps before asking again when it holds no turn (a penalty in force).
 MIN_WAIT_S = 0.001
+# How often a caller waiting for its turn checks that no 429 voided it.
+MARK_CHECK_S = 0.5
 
 
 class Limits(BaseModel):
@@ -148,18 +153,18 @@ class Turn(NamedTuple):
     """A limiter's answer to a caller that may wait `left_s` more seconds.
 
     `held`: the buckets were debited for it and it may start after `wait_s` seconds, unless the
-    key's `mark` (the end of its latest penalty) has changed by then. Not held: nothing was
+    key's `mark` (how many penalties it has had) has changed by then. Not held: nothing was
     debited; it would have to wait `wait_s` (longer than `left_s`, or a penalty in force).
     """
 
     wait_s: float
     held: bool
-    mark: float
+    mark: int
 
 
 def wait_until_admitted(
     take_turn: Callable[[float], Turn],
-    mark_of: Callable[[], float],
+    mark_of: Callable[[], int],
     key: str,
     deadline_s: float,
     *,
@@ -173,11 +178,22 @@ def wait_until_admitted(
     for _ in range(int(deadline_s * 1000) + 2):
         left = give_up - time.monotonic()
         turn = take_turn(max(0.0, left))
-        if turn.held and turn.wait_s <= 0:
-            return
-        if not turn.held and turn.wait_s > left:
-            break
-        sleep(max(turn.wait_s, MIN_WAIT_S))
-        if turn.held and mark_of() == turn.mark:
+        if not turn.held:
+            if turn.wait_s > left:
+                break
+            sleep(max(turn.wait_s, MIN_WAIT_S))
+        elif turn.wait_s <= 0 or _kept(turn, mark_of, sleep):
             return
     raise TransientLLMError(f"rate limit wait exceeded: {key} admits no request within {deadline_s:g} s")
+
+
+def _kept(turn: Turn, mark_of: Callable[[], int], sleep: Callable[[float], None]) -> bool:
+    """Sleep until the turn comes; False as soon as a penalty voids it."""
+    due = time.monotonic() + turn.wait_s
+    for _ in range(math.ceil(turn.wait_s / MARK_CHECK_S) + 1):
+        sleep(max(0.0, min(MARK_CHECK_S, due - time.monotonic())))
+        if mark_of() != turn.mark:
+            return False
+        if time.monotonic() >= due:
+            return True
+    return True

@@ -358,17 +358,20 @@ class CachingEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         found = self._lookup(texts)
         missing = list(dict.fromkeys(text for text in texts if text not in found))
-        lists: dict[str, list[float]] = {}
+        given: dict[str, list[float]] = {}
         if missing:
             fresh = self._inner.embed(missing)
             if len(fresh) != len(missing):
                 raise LLMError(f"{self.model} returned {len(fresh)} embeddings for {len(missing)} texts")
-            # One conversion of the whole batch; each row copied out, so that evicting some
-            # rows frees them. The caller gets the lists it came as, not a second conversion.
-            arrays = [row.copy() for row in np.asarray(fresh, dtype=np.float64)]
-            lists.update(zip(missing, fresh, strict=True))
+            try:  # one conversion of the whole batch, each row copied out so that evicting it frees it
+                arrays = [row.copy() for row in np.asarray(fresh, dtype=np.float64)]
+            except ValueError as exc:
+                raise LLMError(f"{self.model} returned embeddings of different lengths") from exc
+            found.update(zip(missing, arrays, strict=True))
+            given.update(zip(missing, fresh, strict=True))
             self._store(missing, arrays)
-        return [lists[text] if text in lists else found[text].tolist() for text in texts]
+        # A fresh vector goes out once, as the embedder made it; a repeated text gets its own copy.
+        return [given.pop(text) if text in given else found[text].tolist() for text in texts]
 
     def _lookup(self, texts: Sequence[str]) -> dict[str, np.ndarray[Any, np.dtype[np.float64]]]:
         found: dict[str, np.ndarray[Any, np.dtype[np.float64]]] = {}

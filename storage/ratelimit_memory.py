@@ -32,6 +32,7 @@ class _Bucket:
     factor: float = 1.0
     since: float = 0.0
     until: float = 0.0
+    penalties: int = 0
 
     def factor_at(self, now: float) -> float:
         clean_periods = math.floor(max(0.0, now - self.since) / RECOVERY_PERIOD_S)
@@ -63,8 +64,10 @@ class MemoryRateLimiter:
                 factor = max(FACTOR_FLOOR, factor * PENALTY_CUT)
             bucket.until = max(bucket.until, now + max(0.0, retry_after_s))
             bucket.factor, bucket.since = factor, bucket.until
-            bucket.requests, bucket.tokens = 0.0, min(0.0, bucket.tokens or 0.0)
+            # Emptied: what was taken beyond them is turns the penalty voids, which ask again.
+            bucket.requests, bucket.tokens = 0.0, 0.0
             bucket.at = bucket.until
+            bucket.penalties += 1
 
     def factor(self, key: str) -> float:
         """The share of the key's full rate it refills at now (1.0 when never penalized)."""
@@ -72,21 +75,21 @@ class MemoryRateLimiter:
             bucket = self._buckets.get(key)
             return bucket.factor_at(self._clock()) if bucket else 1.0
 
-    def _mark(self, key: str) -> float:
+    def _mark(self, key: str) -> int:
         with self._mutex:
             bucket = self._buckets.get(key)
-            return bucket.until if bucket else 0.0
+            return bucket.penalties if bucket else 0
 
     def _take_turn(self, key: str, limits: Limits, tokens: int, left_s: float) -> Turn:
         with self._mutex:
             now = self._clock()
             bucket = self._buckets.setdefault(key, _Bucket(at=now, since=now))
             if now < bucket.until:
-                return Turn(bucket.until - now, held=False, mark=bucket.until)
+                return Turn(bucket.until - now, held=False, mark=bucket.penalties)
             if limits.unlimited:
-                return Turn(0.0, held=True, mark=bucket.until)
+                return Turn(0.0, held=True, mark=bucket.penalties)
             wait = self._debit(bucket, limits, tokens, now, left_s)
-            return Turn(wait, held=wait <= left_s, mark=bucket.until)
+            return Turn(wait, held=wait <= left_s, mark=bucket.penalties)
 
     @staticmethod
     def _debit(bucket: _Bucket, limits: Limits, tokens: int, now: float, left_s: float) -> float:

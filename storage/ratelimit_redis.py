@@ -23,8 +23,8 @@ from kenning.pipeline.ratelimit import (
 )
 
 # One hash per key: req/tok (levels; absent = full), at (last refill, ms), factor, since
-# (when recovery started counting, ms), until (end of the penalty, ms). All times are the
-# server's TIME, so that the clocks of the clients never matter.
+# (when recovery started counting, ms), until (end of the penalty, ms), penalties (how many).
+# All times are the server's TIME, so that the clocks of the clients never matter.
 _PRELUDE = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
@@ -42,9 +42,9 @@ end
 _TAKE_TURN = (
     _PRELUDE
     + """
-local s = redis.call('HMGET', KEYS[1], 'req', 'tok', 'at', 'factor', 'since', 'until')
+local s = redis.call('HMGET', KEYS[1], 'req', 'tok', 'at', 'factor', 'since', 'until', 'penalties')
 local penalty_end = tonumber(s[6]) or 0
-local mark = math.floor(penalty_end)
+local mark = tonumber(s[7]) or 0
 if now < penalty_end then return {0, math.ceil(penalty_end - now), mark} end
 local req_cap, req_rate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tok_cap, tok_rate, want = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -66,23 +66,23 @@ return {1, math.ceil(wait), mark}
 """
 )
 
-# The key's mark: the end of its latest penalty (ms, 0 if none).
+# The key's mark: how many penalties it has had.
 _MARK = """
-return math.floor(tonumber(redis.call('HGET', KEYS[1], 'until')) or 0)
+return tonumber(redis.call('HGET', KEYS[1], 'penalties')) or 0
 """
 
 # ARGV: penalty ms, cut, floor, step, period ms, ttl ms. Halves the factor once per 429 episode.
 _PENALIZE = (
     _PRELUDE
     + """
-local s = redis.call('HMGET', KEYS[1], 'factor', 'since', 'until', 'tok')
+local s = redis.call('HMGET', KEYS[1], 'factor', 'since', 'until')
 local penalty_end = tonumber(s[3]) or 0
 local factor = factor_at(s[1], s[2], tonumber(ARGV[4]), tonumber(ARGV[5]))
 if now >= penalty_end then factor = math.max(tonumber(ARGV[3]), factor * tonumber(ARGV[2])) end
 penalty_end = math.max(penalty_end, now + tonumber(ARGV[1]))
-local tok = math.min(0, tonumber(s[4]) or 0)
 redis.call('HSET', KEYS[1], 'factor', factor, 'since', penalty_end, 'until', penalty_end,
-  'req', 0, 'tok', tok, 'at', penalty_end)
+  'req', 0, 'tok', 0, 'at', penalty_end)
+redis.call('HINCRBY', KEYS[1], 'penalties', 1)
 redis.call('PEXPIRE', KEYS[1], math.ceil(penalty_end - now) + tonumber(ARGV[6]))
 return 0
 """
@@ -133,7 +133,7 @@ class RedisRateLimiter:
         ]
         wait_until_admitted(
             lambda left_s: self._turn(key, [*args, math.floor(left_s * 1000)]),
-            lambda: float(str(self._call(self._mark, key, []))),
+            lambda: int(str(self._call(self._mark, key, []))),
             key,
             deadline_s,
         )
@@ -151,7 +151,7 @@ class RedisRateLimiter:
     def _turn(self, key: str, args: list[float | int]) -> Turn:
         reply = cast(list[int], self._call(self._take_turn, key, args))
         held, wait_ms, mark = (int(part) for part in reply)
-        return Turn(wait_ms / 1000, held=held == 1, mark=float(mark))
+        return Turn(wait_ms / 1000, held=held == 1, mark=mark)
 
     def _call(self, script: redis.commands.core.Script, key: str, args: list[float | int]) -> object:
         try:

@@ -31,6 +31,8 @@ MAX_LINE = 64 * 2**20
 BACKLOG = 64
 # How long an answering thread waits for a request line before it gives up on the asker.
 READ_TIMEOUT_S = 60.0
+# How long an asker waits for an answer before it takes its turn on the shard instead.
+ANSWER_TIMEOUT_S = 30.0
 
 Search = Callable[[Scope, Sequence[float], int, Sequence[str] | None], list[ScoredPoint]]
 
@@ -74,6 +76,13 @@ class SearchServer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
+    def forget(self) -> None:
+        """In a forked child: close this process's copy of the parent's listening socket, which
+        would otherwise accept connections nobody answers once the parent is gone."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -103,12 +112,13 @@ def search_remotely(
     vector: Sequence[float],
     limit: int,
     fields: Sequence[str] | None,
-    timeout_s: float,
+    timeout_s: float = ANSWER_TIMEOUT_S,
 ) -> list[ScoredPoint] | None:
-    """The hits from the process holding the collection, or None when none answers."""
+    """The hits from the process holding the collection, or None when none answers (within
+    `timeout_s`, or with hits)."""
     request = {
         "scope": {"tenant": scope.tenant, "dataset": scope.dataset},
-        "vector": list(vector),
+        "vector": [float(x) for x in vector],
         "limit": limit,
         "fields": None if fields is None else list(fields),
     }
@@ -121,6 +131,7 @@ def search_remotely(
                 answer = json.loads(answers.readline(MAX_LINE))
     except (OSError, ValueError):
         return None
-    if not isinstance(answer, dict) or "hits" not in answer:
+    try:
+        return [ScoredPoint(id=hit[0], score=hit[1], payload=hit[2]) for hit in answer["hits"]]
+    except (KeyError, IndexError, TypeError, ValueError):  # an answer from something else
         return None
-    return [ScoredPoint(id=hit[0], score=hit[1], payload=hit[2]) for hit in answer["hits"]]

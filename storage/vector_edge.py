@@ -26,6 +26,7 @@ import errno
 import fcntl
 import functools
 import json
+import logging
 import os
 import re
 import shutil
@@ -55,6 +56,7 @@ META_FILE = "collection.json"
 SHARD_DIR = "shard"
 LOCK_FILE = ".lock"
 WANT_FILE = ".want"
+log = logging.getLogger(__name__)
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 
 
@@ -142,26 +144,11 @@ class EdgeVectorStore:
         require_dimension(collection, dimension, vector)
         shard = self._shard(collection)
         if not shard.is_open:
-            hits = search_remotely(shard.folder, scope, vector, limit, fields, self._lock_timeout_s)
+            hits = search_remotely(shard.folder, scope, vector, limit, fields)
             if hits is not None:
                 return hits
         with self._using(collection, f"search {collection!r}") as engine:
             return _search(engine, scope, vector, limit, fields)
-
-    def _answer(
-        self, collection: str, scope: Scope, vector: Sequence[float], limit: int, fields: Sequence[str] | None
-    ) -> list[ScoredPoint]:
-        """Another process's search, answered only while the shard is open here and no
-        process waits for it: else that process searches on its own."""
-        shard = self._shard(collection)
-        engine = shard.enter_if_open()
-        if engine is None:
-            raise StoreError(f"collection {collection!r} is not open in this process")
-        try:
-            with _translated(f"search {collection!r}"):
-                return _search(engine, scope, vector, limit, fields)
-        finally:
-            shard.leave()
 
     def retrieve(
         self, scope: Scope, collection: str, ids: Sequence[str], fields: Sequence[str] | None = None
@@ -260,8 +247,7 @@ class EdgeVectorStore:
         with self._lock:
             shard = self._shards.get(name)
             if shard is None:
-                server = SearchServer(folder, functools.partial(self._answer, name))
-                shard = _Shard(folder, self._lock_timeout_s, self._index_threshold, server)
+                shard = _Shard(folder, self._lock_timeout_s, self._index_threshold)
                 self._shards[name] = shard
             if self._releaser is None:
                 self._releaser = _Releaser(self, self._linger_s)
@@ -295,6 +281,8 @@ class EdgeVectorStore:
     def _forget_after_fork(self) -> None:
         # A child of fork() shares the parent's open file descriptions, hence its locks: it must
         # neither use nor close the parent's shards. It keeps them unreachable and opens its own.
+        for shard in self._shards.values():
+            shard.server.forget()
         _ORPHANS.extend(self._shards.values())
         self._shards = {}
         self._lock = threading.Lock()
@@ -304,11 +292,9 @@ class EdgeVectorStore:
 class _Shard:
     """One collection in this process: its engine shard, open only while this holds `.lock`."""
 
-    def __init__(
-        self, folder: Path, lock_timeout_s: float, index_threshold: int, server: SearchServer
-    ) -> None:
+    def __init__(self, folder: Path, lock_timeout_s: float, index_threshold: int) -> None:
         self.folder = folder
-        self._server = server
+        self.server = SearchServer(folder, functools.partial(_answer, self))
         self._lock_timeout_s = lock_timeout_s
         self._index_threshold = index_threshold
         self._state = threading.Condition()
@@ -328,12 +314,18 @@ class _Shard:
                 self._acquire()
                 try:
                     self._engine = self._load(create)
-                    self._server.start()
                 except BaseException:
-                    self._release()
+                    self._unlock()
                     raise
+                self._serve()
             self._users += 1
             return self._engine
+
+    def _serve(self) -> None:
+        try:
+            self.server.start()
+        except OSError as exc:  # a socket path too long, a file system without sockets
+            log.warning("collection %r: not answering other processes' searches: %s", self.folder.name, exc)
 
     @property
     def is_open(self) -> bool:
@@ -432,7 +424,7 @@ class _Shard:
     def _release(self) -> None:
         engine, self._engine = self._engine, None
         try:
-            self._server.stop()
+            self.server.stop()
             if engine is not None:
                 with _translated(f"close collection {self.folder.name!r}"):
                     engine.close()
@@ -533,6 +525,21 @@ def _number(value: object) -> float:
     if not isinstance(value, float | int):
         raise StoreError(f"a stored vector holds {value!r}, not a number")
     return float(value)
+
+
+def _answer(
+    shard: _Shard, scope: Scope, vector: Sequence[float], limit: int, fields: Sequence[str] | None
+) -> list[ScoredPoint]:
+    """Another process's search, answered only while the shard is open here and no process
+    waits for it: else that process searches on its own."""
+    engine = shard.enter_if_open()
+    if engine is None:
+        raise StoreError(f"collection {shard.folder.name!r} is not open in this process")
+    try:
+        with _translated(f"search {shard.folder.name!r}"):
+            return _search(engine, scope, vector, limit, fields)
+    finally:
+        shard.leave()
 
 
 def _search(

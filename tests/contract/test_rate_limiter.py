@@ -305,6 +305,27 @@ def test_the_twin_recovers_a_tenth_of_the_rate_per_clean_minute() -> None:
     assert limiter.factor(KEY) == pytest.approx(1.0)
 
 
+def test_a_429_voids_the_turns_taken_and_forgets_what_they_took() -> None:
+    now = [1000.0]
+    limits = Limits(tpm=6000)  # a bucket of 100 tokens
+    limiter = MemoryRateLimiter({KEY: limits}, clock=lambda: now[0])
+    # Given four callers holding turns of 100 tokens each: the bucket is 300 tokens in debt
+    turns = [limiter._take_turn(KEY, limits, 100, 60.0) for _ in range(4)]
+    assert all(turn.held for turn in turns)
+
+    # When the provider answers 429 (no Retry-After), twice at the same instant
+    limiter.penalize(KEY, 0.0)
+    first = limiter._mark(KEY)
+    limiter.penalize(KEY, 0.0)
+
+    # Then every turn is void, by each 429,
+    assert turns[0].mark != first != limiter._mark(KEY)
+    # and asking again waits for the emptied bucket to refill at the lowered rate, not for the
+    # voided turns' tokens as well
+    again = limiter._take_turn(KEY, limits, 100, 60.0)
+    assert again.wait_s == pytest.approx(100 / (limits.token_rate * limiter.factor(KEY)))
+
+
 def test_limits_are_looked_up_by_key_then_by_parent_then_by_default() -> None:
     model, default = Limits(rpm=600), Limits(rpm=60)
     limits = {KEY: model, "": default}

@@ -358,3 +358,35 @@ def test_a_search_server_that_cannot_answer_sends_the_asker_to_search_itself(tmp
     finally:
         server.stop()
     assert search_remotely(tmp_path, SCOPE, [1.0], 1, None, timeout_s=10) is None
+
+
+def test_a_collection_whose_socket_path_is_too_long_still_works(tmp_path: Path) -> None:
+    # Given a home so deep that no Unix socket can be bound in its collections' folders
+    deep = tmp_path / ("d" * 100)
+    store = EdgeVectorStore(deep / "vectors")
+    other = EdgeVectorStore(deep / "vectors")
+
+    # When a store writes and searches, and another store on the same path searches
+    store.ensure_collection("Entity_name", 2)
+    store.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0], name="Ada")])
+
+    # Then both find the point: the other takes its turn on the shard, as without a socket
+    assert store.search(SCOPE, "Entity_name", [1.0, 0.0], limit=1)[0].payload["name"] == "Ada"
+    assert other.search(SCOPE, "Entity_name", [1.0, 0.0], limit=1)[0].payload["name"] == "Ada"
+    assert not (deep / "vectors" / "Entity_name" / ".sock").exists()
+    store.close()
+    other.close()
+
+
+def test_a_vector_of_numpy_numbers_is_asked_of_the_holder(tmp_path: Path) -> None:
+    holder = EdgeVectorStore(tmp_path / "vectors")
+    holder.ensure_collection("Entity_name", 2)
+    holder.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0], name="Ada")])
+    asker = EdgeVectorStore(tmp_path / "vectors")
+
+    hits = asker.search(SCOPE, "Entity_name", list(np.array([1.0, 0.0], dtype=np.float32)), limit=1)
+
+    assert hits[0].payload["name"] == "Ada"
+    assert holder._shard("Entity_name").is_open and not asker._shard("Entity_name").is_open
+    holder.close()
+    asker.close()

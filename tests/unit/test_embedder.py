@@ -428,3 +428,13 @@ def test_local_embedder_embeds_a_query_as_in_a_batch_and_keeps_the_thread_settin
 
     assert torch.get_num_threads() == threads
     assert max(abs(a - b) for a, b in zip(alone, batch[0], strict=True)) < 1e-5
+
+
+def test_the_cache_gives_each_occurrence_a_list_of_its_own() -> None:
+    cache = CachingEmbedder(HashEmbedder(8), max_entries=10)
+
+    first, repeated = cache.embed(["same", "same"])
+    first[0] = 99.0
+
+    assert repeated[0] != 99.0
+    assert cache.embed(["same"])[0][0] != 99.0
