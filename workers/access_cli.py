@@ -48,12 +48,23 @@ def chosen(permissions: tuple[str, ...]) -> list[Permission]:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--distributed", is_flag=True, help="Enqueue cognify runs on the Celery workers.")
-def serve_command(host: str, port: int, distributed: bool) -> None:
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Processes answering, each with its own memory on the same home: searches use every core.",
+)
+def serve_command(host: str, port: int, distributed: bool, workers: int) -> None:
     """Answer the HTTP API (OpenAPI at /docs); every /v1 call needs a key from `kenning key create`."""
     with needs_extra("kenning serve"):
         from kenning.workers.api import serve
+        from kenning.workers.api.app import serve_workers
         from kenning.workers.memory import Kenning
 
+    if workers > 1:
+        serve_workers(host, port, workers, distributed=distributed)
+        return
     settings = load_settings()
     with Kenning(settings, Wiring(settings, distributed=distributed)) as memory:
         serve(memory, host, port, distributed=distributed)

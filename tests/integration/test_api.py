@@ -3,6 +3,7 @@ sessions, records and sharing over HTTP, with JSON errors and the permission rul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -320,31 +321,72 @@ def test_sessions_records_and_feedback(memory: Kenning, client: TestClient) -> N
     assert client.get(f"/v1/records/{updated.json()['id']}", headers=auth).status_code == 404
 
 
+def start_serve(*options: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`kenning serve` on a free port of 127.0.0.1, answering; the process and its base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "kenning.workers.cli", "serve", "--port", str(port), *options]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert httpx.get(f"{base}/health", timeout=2).json() == {"status": "ok"}
+            return server, base
+        except httpx.TransportError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise AssertionError("kenning serve did not start") from None
+            time.sleep(0.2)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
 def test_kenning_serve_answers_on_a_port(home: Path) -> None:
     # Given an admin's key, and `kenning serve` started on a free port
     cli("user", "create", "ada", "--admin")
     token = cli("key", "create", "--user", "ada").strip().splitlines()[-1]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "kenning.workers.cli", "serve", "--port", str(port)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, base = start_serve()
     try:
         # Then it answers over HTTP, as the key's user
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert httpx.get(f"{base}/health", timeout=2).json() == {"status": "ok"}
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and server.poll() is None, "kenning serve did not start"
-                time.sleep(0.2)
         me = httpx.get(f"{base}/v1/me", headers=bearer(token), timeout=10).json()
         assert (me["user"], me["admin"]) == ("ada", True)
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_kenning_serve_with_workers_answers_from_several_processes(home: Path) -> None:
+    # Given a dataset cognified on the home, and `kenning serve --workers 2` on it
+    cli("user", "create", "ada", "--admin")
+    token = cli("key", "create", "--user", "ada").strip().splitlines()[-1]
+    with Kenning(load_settings()) as memory:
+        memory.add_text(ADA.decode(), dataset="notes")
+        memory.cognify(dataset="notes")
+    server, base = start_serve("--workers", "2")
+    try:
+        # Then two worker processes answer, each on the same home: every search finds Ada
+        # (the second worker asks the collection of whichever process holds it)
+        assert len(children_of(server.pid)) >= 2
+        body = {"query": "Who wrote the first algorithm?", "datasets": ["notes"], "type": "CHUNKS"}
+        for _ in range(6):
+            found = httpx.post(f"{base}/v1/search", headers=bearer(token), json=body, timeout=30)
+            assert found.status_code == 200 and "Ada" in json.dumps(found.json())
+        assert httpx.get(f"{base}/ready", timeout=30).json()["status"] == "ready"
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    # and stopping the server stops them
+    assert children_of(server.pid) == []
 
 
 def test_an_event_stream_ends_when_its_key_is_revoked(memory: Kenning, client: TestClient) -> None:

@@ -6,6 +6,8 @@ take `Depends(authorized)` (kenning.workers.api.access) get the caller and its p
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -29,16 +31,23 @@ from kenning.workers.api.schemas import Readiness, Status
 from kenning.workers.heap import settle
 from kenning.workers.memory import Kenning
 from kenning.workers.metrics import CONTENT_TYPE, LLMCounters, metrics
+from kenning.workers.settings import load_settings
+from kenning.workers.wiring import Wiring
 
 MCP_PATH = "/mcp"
+# How `serve_workers` tells its worker processes what the command line said.
+WORKER_OPTIONS = "KENNING_SERVE_OPTIONS"
 DESCRIPTION = (
     "Long-term memory for AI agents. Every /v1 route needs an API key (`kenning key create`): "
     "`Authorization: Bearer <key>`. A caller sees the datasets it was granted, and nothing else."
 )
 
 
-def create_app(memory: Kenning, *, distributed: bool = False, host: str = "127.0.0.1") -> FastAPI:
-    """The app; `memory` stays the caller's to close. With `distributed`, cognify is enqueued
+def create_app(
+    memory: Kenning, *, distributed: bool = False, host: str = "127.0.0.1", owned: bool = False
+) -> FastAPI:
+    """The app; `memory` stays the caller's to close, unless `owned`: then the app closes it
+    when its lifespan ends. With `distributed`, cognify is enqueued
     on the Celery workers instead of running in a thread of this process. With the `mcp` extra,
     MCP over streamable HTTP answers at `/mcp` behind the same API keys (`host` is where the
     app listens: on a loopback one, MCP accepts only loopback Host and Origin headers)."""
@@ -53,6 +62,8 @@ def create_app(memory: Kenning, *, distributed: bool = False, host: str = "127.0
                 await stack.enter_async_context(mcp.running())
             yield
         await run_in_threadpool(runs.close)
+        if owned:
+            await run_in_threadpool(memory.close)
 
     app = FastAPI(title="kenning", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.kenning = ApiState(memory=memory, runs=runs, distributed=distributed)
@@ -225,6 +236,25 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+def serve_workers(host: str, port: int, workers: int, *, distributed: bool = False) -> None:
+    """Answer HTTP on host:port with `workers` processes until interrupted (uvicorn's supervisor):
+    each opens a `Kenning` of its own on the home of this environment's settings (`worker_app`)."""
+    import uvicorn
+
+    os.environ[WORKER_OPTIONS] = json.dumps({"distributed": distributed, "host": host})
+    target = f"{__name__}:{worker_app.__name__}"
+    uvicorn.run(target, factory=True, host=host, port=port, workers=workers, log_level="info")
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process of `serve_workers`, over a `Kenning` it owns."""
+    options = json.loads(os.environ.get(WORKER_OPTIONS, "{}"))
+    distributed = bool(options.get("distributed", False))
+    settings = load_settings()
+    memory = Kenning(settings, Wiring(settings, distributed=distributed))
+    return create_app(memory, distributed=distributed, host=options.get("host", "127.0.0.1"), owned=True)
 
 
 def serve(memory: Kenning, host: str, port: int, *, distributed: bool = False) -> None:
