@@ -9,6 +9,12 @@ CHUNKS, context only) from an asyncio load generator with keep-alive connections
 sending its next request when the last is answered, for `--seconds` per level. Prints requests/s
 and p50/p95 per type and level, and the API's overhead at one client (HTTP p50 minus in-process
 p50); writes bench/results/api_load.json.
+
+With `--home`, an existing home is used as it is, with its own settings (e.g. the full corpus
+that `bench.query_latency` ingested with local embeddings); `--types` picks the search types and
+`--workers` is `kenning serve --workers`:
+
+    python -m bench.api_load --home /tmp/ql_home --types CHUNKS HYBRID_COMPLETION --clients 1 8 --workers 2
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from itertools import cycle
 from pathlib import Path
@@ -46,18 +53,26 @@ def ingest(home: Path, count: int) -> tuple[str, float]:
     with Kenning(load_settings(home=home, embedding_provider="hash")) as memory:
         memory.add(documents(count))
         memory.cognify()
-        user = User(tenant=memory.settings.tenant, name="bench", admin=True)
-        memory.wiring.permissions.add_user(user)
-        token, key = issue_key(user)
-        memory.wiring.permissions.add_key(key)
+        token = admin_key(memory)
     return token, time.perf_counter() - started
 
 
-def in_process(home: Path, questions: list[str]) -> dict[str, dict[str, float]]:
+def admin_key(memory: Kenning) -> str:
+    """A new admin user of the home, and its API key."""
+    user = User(tenant=memory.settings.tenant, name=f"bench-{uuid.uuid4().hex[:8]}", admin=True)
+    memory.wiring.permissions.add_user(user)
+    token, key = issue_key(user)
+    memory.wiring.permissions.add_key(key)
+    return token
+
+
+def in_process(
+    home: Path, questions: list[str], types: Sequence[str], settings: dict[str, str]
+) -> dict[str, Any]:
     """p50/p95 of each type's queries through `Kenning.search`, one at a time."""
     figures: dict[str, dict[str, float]] = {}
-    with Kenning(load_settings(home=home, embedding_provider="hash")) as memory:
-        for kind in TYPES:
+    with Kenning(load_settings(home=home, **settings)) as memory:
+        for kind in types:
             memory.search(questions[0], kind, only_context=True)  # opens the stores
             latencies = []
             for question in questions:
@@ -83,11 +98,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KENNING_HOME": str(home), "KENNING_EMBEDDING_PROVIDER": "hash"}
+def start_server(home: Path, port: int, workers: int, settings: dict[str, str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "KENNING_HOME": str(home)}
+    env.update({f"KENNING_{name.upper()}": value for name, value in settings.items()})
     kenning = str(Path(sys.executable).parent / "kenning")
     server = subprocess.Popen(
-        [kenning, "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [kenning, "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -135,29 +151,36 @@ async def load(
     return {"clients": clients, **summary(latencies, wall), "errors": errors}
 
 
-def run(count: int, seconds: float, levels: Sequence[int]) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     questions = [entry["question"] for entry in json.loads(QUESTIONS.read_text())]
     with tempfile.TemporaryDirectory(prefix="kenning-api-load-") as tmp:
-        home = Path(tmp) / "home"
-        token, ingest_s = ingest(home, count)
-        local = in_process(home, questions)
+        if args.home is None:
+            home, settings = Path(tmp) / "home", {"embedding_provider": "hash"}
+            token, ingest_s = ingest(home, args.documents)
+        else:
+            home, settings, ingest_s = args.home, {}, 0.0
+            with Kenning(load_settings(home=home)) as memory:
+                token = admin_key(memory)
+        local = in_process(home, questions, args.types, settings)
         port = free_port()
-        server = start_server(home, port)
+        server = start_server(home, port, args.workers, settings)
         try:
             url = f"http://127.0.0.1:{port}"
             http = {
-                kind: [asyncio.run(load(url, token, kind, questions, clients, seconds)) for clients in levels]
-                for kind in TYPES
+                kind: [asyncio.run(load(url, token, kind, questions, n, args.seconds)) for n in args.clients]
+                for kind in args.types
             }
         finally:
             server.terminate()
             server.wait(30)
-    one = {kind: next((level for level in http[kind] if level["clients"] == 1), None) for kind in TYPES}
+    one = {kind: next((level for level in http[kind] if level["clients"] == 1), None) for kind in args.types}
     return {
-        "documents": count,
-        "embedder": "hash",
+        "home": str(args.home) if args.home else None,
+        "documents": args.documents if args.home is None else None,
+        "embedder": settings.get("embedding_provider", "the home's"),
+        "workers": args.workers,
         "queries": len(questions),
-        "seconds_per_level": seconds,
+        "seconds_per_level": args.seconds,
         "ingest_s": round(ingest_s, 1),
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
@@ -176,8 +199,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0, help="per type and client count")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--home", type=Path, default=None, help="an existing home, used as it is")
+    parser.add_argument("--types", nargs="+", default=list(TYPES), help="search types")
+    parser.add_argument("--workers", type=int, default=1, help="kenning serve --workers")
     args = parser.parse_args(argv)
-    figures = run(args.documents, args.seconds, args.clients)
+    figures = run(args)
     out = ROOT / "bench" / "results" / "api_load.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(figures, indent=2))
