@@ -183,11 +183,11 @@ def test_waiters_are_admitted_in_the_order_they_asked(make_limiter: MakeLimiter)
     for caller in callers:
         caller.join(timeout=10)
 
-    # Then no greedy call that began after it (by more than the time a call takes to queue)
+    # Then no greedy call that began after it (by more than a thread may stall before it queues)
     # was admitted before it: the greedy callers could not overtake it however often they asked
     for asked in asked_at:
         position = events.index(("other", asked))
-        overtaking = [when for who, when in events[:position] if who == "greedy" and when > asked + 0.05]
+        overtaking = [when for who, when in events[:position] if who == "greedy" and when > asked + 0.09]
         assert overtaking == []
 
 
