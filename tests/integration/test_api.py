@@ -3,6 +3,7 @@ sessions, records and sharing over HTTP, with JSON errors and the permission rul
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -22,6 +23,7 @@ from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.models import Scope, utcnow
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
+from kenning.workers.api.app import listening_socket
 from kenning.workers.cli import main
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
@@ -406,3 +408,32 @@ def test_an_event_stream_ends_when_its_key_is_revoked(memory: Kenning, client: T
     # Then the stream ends with an error saying so, the run going on without it
     assert events[0]["status"] == "initiated"
     assert events[-1] == {"error": {"code": "unauthorized", "message": "the API key is unknown or revoked"}}
+
+
+def test_the_socket_workers_share_accepts_connections_without_nagle_delays() -> None:
+    # Given the socket `kenning serve --workers` binds, served by asyncio as uvicorn serves it
+    listener = listening_socket("127.0.0.1", 0)
+    no_delay: list[int] = []
+
+    class Probe(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            accepted = transport.get_extra_info("socket")
+            no_delay.append(accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    async def connect_once() -> None:
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listener)
+        _, writer = await asyncio.open_connection(*listener.getsockname())
+        for _ in range(500):
+            if no_delay:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    # When a client connects
+    asyncio.run(connect_once())
+
+    # Then its connection sends answers at once (TCP_NODELAY), not after the client's delayed ACK
+    assert no_delay and no_delay[0] != 0

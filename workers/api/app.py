@@ -7,7 +7,9 @@ take `Depends(authorized)` (kenning.workers.api.access) get the caller and its p
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -35,6 +37,7 @@ from kenning.workers.settings import load_settings
 from kenning.workers.wiring import Wiring
 
 MCP_PATH = "/mcp"
+log = logging.getLogger("kenning.api")
 # How `serve_workers` tells its worker processes what the command line said.
 WORKER_OPTIONS = "KENNING_SERVE_OPTIONS"
 DESCRIPTION = (
@@ -242,10 +245,31 @@ def serve_workers(host: str, port: int, workers: int, *, distributed: bool = Fal
     """Answer HTTP on host:port with `workers` processes until interrupted (uvicorn's supervisor):
     each opens a `Kenning` of its own on the home of this environment's settings (`worker_app`)."""
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     os.environ[WORKER_OPTIONS] = json.dumps({"distributed": distributed, "host": host})
     target = f"{__name__}:{worker_app.__name__}"
-    uvicorn.run(target, factory=True, host=host, port=port, workers=workers, log_level="info")
+    config = uvicorn.Config(target, factory=True, host=host, port=port, workers=workers, log_level="info")
+    with listening_socket(host, port) as listener:
+        log.info("kenning serve: %d workers on http://%s:%d", workers, host, port)
+        Multiprocess(config, sockets=[listener]).run()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port for worker processes to share. Made with its protocol
+    named: asyncio sets TCP_NODELAY only on accepted sockets that say they are TCP, and one
+    made without (as uvicorn's supervisor makes its own) leaves Nagle's algorithm on, which
+    holds each keep-alive answer about 40 ms for the client's delayed ACK."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    listener.set_inheritable(True)
+    return listener
 
 
 def worker_app() -> FastAPI:
