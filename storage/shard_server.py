@@ -4,7 +4,7 @@ A Qdrant Edge shard is open in one process at a time, and opening one costs 15-3
 (measured on a 1,000-paragraph store), so processes taking turns on every search spend
 most of their time opening and closing it. Instead, the process that holds a collection's
 shard answers other processes' searches over a Unix socket in the collection's folder
-(`.sock`, readable by the owner of the home alone), for as long as it holds the shard.
+(`.sock`, mode 0600: its user alone may connect), for as long as it holds the shard.
 A process that finds nobody answering there (no holder, a holder that died, or one that is
 letting go) takes its turn on the shard itself, as before.
 
