@@ -30,7 +30,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from itertools import cycle
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ import httpx
 from bench.ingest import documents
 from bench.latency import QUESTIONS, percentile
 from kenning.pipeline.permission import User, issue_key
+from kenning.retrieval.contract import SearchType
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
 
@@ -53,17 +55,29 @@ def ingest(home: Path, count: int) -> tuple[str, float]:
     with Kenning(load_settings(home=home, embedding_provider="hash")) as memory:
         memory.add(documents(count))
         memory.cognify()
-        token = admin_key(memory)
+        token, _ = admin_key(memory)
     return token, time.perf_counter() - started
 
 
-def admin_key(memory: Kenning) -> str:
+def admin_key(memory: Kenning) -> tuple[str, User]:
     """A new admin user of the home, and its API key."""
     user = User(tenant=memory.settings.tenant, name=f"bench-{uuid.uuid4().hex[:8]}", admin=True)
     memory.wiring.permissions.add_user(user)
     token, key = issue_key(user)
     memory.wiring.permissions.add_key(key)
-    return token
+    return token, user
+
+
+@contextmanager
+def bench_user(home: Path) -> Iterator[str]:
+    """An admin's key on an existing home, for the run; the user is deleted after it."""
+    with Kenning(load_settings(home=home)) as memory:
+        token, user = admin_key(memory)
+    try:
+        yield token
+    finally:
+        with Kenning(load_settings(home=home)) as memory:
+            memory.wiring.permissions.delete_user(user.id)
 
 
 def in_process(
@@ -153,14 +167,13 @@ async def load(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     questions = [entry["question"] for entry in json.loads(QUESTIONS.read_text())]
-    with tempfile.TemporaryDirectory(prefix="kenning-api-load-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kenning-api-load-") as tmp, ExitStack() as stack:
         if args.home is None:
             home, settings = Path(tmp) / "home", {"embedding_provider": "hash"}
             token, ingest_s = ingest(home, args.documents)
         else:
             home, settings, ingest_s = args.home, {}, 0.0
-            with Kenning(load_settings(home=home)) as memory:
-                token = admin_key(memory)
+            token = stack.enter_context(bench_user(home))
         local = in_process(home, questions, args.types, settings)
         port = free_port()
         server = start_server(home, port, args.workers, settings)
@@ -200,7 +213,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per type and client count")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--home", type=Path, default=None, help="an existing home, used as it is")
-    parser.add_argument("--types", nargs="+", default=list(TYPES), help="search types")
+    parser.add_argument(
+        "--types", nargs="+", default=list(TYPES), choices=[t.value for t in SearchType], help="search types"
+    )
     parser.add_argument("--workers", type=int, default=1, help="kenning serve --workers")
     args = parser.parse_args(argv)
     figures = run(args)

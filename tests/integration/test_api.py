@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -324,12 +326,12 @@ def test_sessions_records_and_feedback(memory: Kenning, client: TestClient) -> N
 
 
 def start_serve(*options: str) -> tuple[subprocess.Popen[bytes], str]:
-    """`kenning serve` on a free port of 127.0.0.1, answering; the process and its base URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    """`kenning serve` on a free port of 127.0.0.1, answering, in a process group of its own
+    (see `stop_serve`); the process and its base URL."""
+    port = free_tcp_port()
     command = [sys.executable, "-m", "kenning.workers.cli", "serve", "--port", str(port), *options]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    quiet = subprocess.DEVNULL
+    server = subprocess.Popen(command, stdout=quiet, stderr=quiet, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -338,17 +340,36 @@ def start_serve(*options: str) -> tuple[subprocess.Popen[bytes], str]:
             return server, base
         except httpx.TransportError:
             if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
+                stop_serve(server)
                 raise AssertionError("kenning serve did not start") from None
             time.sleep(0.2)
 
 
-def children_of(pid: int) -> list[int]:
+def stop_serve(server: subprocess.Popen[bytes]) -> None:
+    """Terminate the server and, whatever happens to it, every process of its group."""
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The worker processes `kenning serve --workers` started (multiprocessing's spawned children,
+    not its resource tracker)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
+            command = (stat.parent / "cmdline").read_bytes()
+            if int(fields[1]) == pid and b"spawn_main" in command:
                 found.append(int(stat.parent.name))
     return found
 
@@ -363,11 +384,10 @@ def test_kenning_serve_answers_on_a_port(home: Path) -> None:
         me = httpx.get(f"{base}/v1/me", headers=bearer(token), timeout=10).json()
         assert (me["user"], me["admin"]) == ("ada", True)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_serve(server)
 
 
-def test_kenning_serve_with_workers_answers_from_several_processes(home: Path) -> None:
+def test_kenning_serve_with_workers_runs_several_processes_on_one_home(home: Path) -> None:
     # Given a dataset cognified on the home, and `kenning serve --workers 2` on it
     cli("user", "create", "ada", "--admin")
     token = cli("key", "create", "--user", "ada").strip().splitlines()[-1]
@@ -376,19 +396,33 @@ def test_kenning_serve_with_workers_answers_from_several_processes(home: Path) -
         memory.cognify(dataset="notes")
     server, base = start_serve("--workers", "2")
     try:
-        # Then two worker processes answer, each on the same home: every search finds Ada
-        # (the second worker asks the collection of whichever process holds it)
-        assert len(children_of(server.pid)) >= 2
+        # Then two worker processes run, and every search finds Ada, whichever answers
+        workers = worker_pids(server.pid)
+        assert len(workers) == 2
         body = {"query": "Who wrote the first algorithm?", "datasets": ["notes"], "type": "CHUNKS"}
         for _ in range(6):
             found = httpx.post(f"{base}/v1/search", headers=bearer(token), json=body, timeout=30)
             assert found.status_code == 200 and "Ada" in json.dumps(found.json())
         assert httpx.get(f"{base}/ready", timeout=30).json()["status"] == "ready"
-    finally:
         server.terminate()
-        server.wait(timeout=60)
-    # and stopping the server stops them
-    assert children_of(server.pid) == []
+        assert server.wait(timeout=60) == 0
+    finally:
+        stop_serve(server)
+    # and stopping the server stopped them
+    assert [pid for pid in workers if Path(f"/proc/{pid}").exists()] == []
+
+
+def test_kenning_serve_with_workers_refuses_bad_settings_and_a_port_in_use(home: Path) -> None:
+    command = [sys.executable, "-m", "kenning.workers.cli", "serve", "--workers", "2", "--port"]
+    env = {**os.environ, "KENNING_EMBEDDING_PROVIDER": "no-such-provider"}
+    refused = subprocess.run([*command, str(free_tcp_port())], env=env, capture_output=True, timeout=120)
+    assert refused.returncode == 2 and b"error:" in refused.stdout + refused.stderr
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = subprocess.run([*command, str(taken.getsockname()[1])], capture_output=True, timeout=120)
+    assert busy.returncode == 2 and b"cannot listen on" in busy.stdout + busy.stderr
 
 
 def test_an_event_stream_ends_when_its_key_is_revoked(memory: Kenning, client: TestClient) -> None:

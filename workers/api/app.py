@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -23,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kenning import __version__
-from kenning.pipeline.errors import KenningError
+from kenning.pipeline.errors import ConfigError, KenningError
 from kenning.pipeline.models import Scope as DataScope
 from kenning.workers.api.access import ApiState
 from kenning.workers.api.errors import error_response, install_error_handlers
@@ -37,7 +38,8 @@ from kenning.workers.settings import load_settings
 from kenning.workers.wiring import Wiring
 
 MCP_PATH = "/mcp"
-log = logging.getLogger("kenning.api")
+# uvicorn's logger: the one its configuration gives a handler, in the supervisor and each worker.
+log = logging.getLogger("uvicorn.error")
 # How `serve_workers` tells its worker processes what the command line said.
 WORKER_OPTIONS = "KENNING_SERVE_OPTIONS"
 DESCRIPTION = (
@@ -60,13 +62,17 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         settle()
-        async with AsyncExitStack() as stack:
-            if mcp is not None:
-                await stack.enter_async_context(mcp.running())
-            yield
-        await run_in_threadpool(runs.close)
-        if owned:
-            await run_in_threadpool(memory.close)
+        try:
+            async with AsyncExitStack() as stack:
+                if mcp is not None:
+                    await stack.enter_async_context(mcp.running())
+                yield
+        finally:
+            try:
+                await run_in_threadpool(runs.close)
+            finally:
+                if owned:
+                    await run_in_threadpool(memory.close)
 
     app = FastAPI(title="kenning", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.kenning = ApiState(memory=memory, runs=runs, distributed=distributed)
@@ -243,42 +249,61 @@ class BodyLimit:
 
 def serve_workers(host: str, port: int, workers: int, *, distributed: bool = False) -> None:
     """Answer HTTP on host:port with `workers` processes until interrupted (uvicorn's supervisor):
-    each opens a `Kenning` of its own on the home of this environment's settings (`worker_app`)."""
+    each opens a `Kenning` of its own on the home of this environment's settings (`worker_app`).
+    Bad settings or a port in use raise `ConfigError` before any worker starts; workers that
+    cannot start stop the server, which then exits with uvicorn's startup-failure code (3)."""
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
+    load_settings()  # bad settings are told once, here, not by every worker in a restart loop
     os.environ[WORKER_OPTIONS] = json.dumps({"distributed": distributed, "host": host})
     target = f"{__name__}:{worker_app.__name__}"
     config = uvicorn.Config(target, factory=True, host=host, port=port, workers=workers, log_level="info")
     with listening_socket(host, port) as listener:
-        log.info("kenning serve: %d workers on http://%s:%d", workers, host, port)
-        Multiprocess(config, sockets=[listener]).run()
+        shown = f"[{host}]" if ":" in host else host
+        log.info("kenning serve: %d workers on http://%s:%d", workers, shown, port)
+        supervisor = Multiprocess(config, sockets=[listener])
+        supervisor.run()
+    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+        sys.exit(STARTUP_FAILURE)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port for worker processes to share. Made with its protocol
-    named: asyncio sets TCP_NODELAY only on accepted sockets that say they are TCP, and one
-    made without (as uvicorn's supervisor makes its own) leaves Nagle's algorithm on, which
-    holds each keep-alive answer about 40 ms for the client's delayed ACK."""
+    """A TCP socket bound to host:port for worker processes to share; `ConfigError` if it cannot
+    be. Made with its protocol named: asyncio sets TCP_NODELAY only on accepted sockets that say
+    they are TCP, and one made without (as uvicorn's supervisor makes its own) leaves Nagle's
+    algorithm on, which holds each keep-alive answer about 40 ms for the client's delayed ACK."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))
-    except OSError:
+    except OSError as exc:
         listener.close()
-        raise
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     listener.set_inheritable(True)
     return listener
 
 
 def worker_app() -> FastAPI:
-    """The app of one worker process of `serve_workers`, over a `Kenning` it owns."""
+    """The app of one worker process of `serve_workers`, over a `Kenning` it owns. A worker that
+    cannot open its memory exits with uvicorn's startup-failure code, which stops the server."""
+    from uvicorn.config import STARTUP_FAILURE
+
     options = json.loads(os.environ.get(WORKER_OPTIONS, "{}"))
     distributed = bool(options.get("distributed", False))
-    settings = load_settings()
-    memory = Kenning(settings, Wiring(settings, distributed=distributed))
-    return create_app(memory, distributed=distributed, host=options.get("host", "127.0.0.1"), owned=True)
+    try:
+        settings = load_settings()
+        memory = Kenning(settings, Wiring(settings, distributed=distributed))
+    except Exception:
+        log.exception("kenning serve: a worker could not open its memory")
+        sys.exit(STARTUP_FAILURE)
+    try:
+        return create_app(memory, distributed=distributed, host=options.get("host", "127.0.0.1"), owned=True)
+    except BaseException:
+        memory.close()
+        raise
 
 
 def serve(memory: Kenning, host: str, port: int, *, distributed: bool = False) -> None:
