@@ -29,6 +29,7 @@ from kenning.workers.api.app import listening_socket
 from kenning.workers.cli import main
 from kenning.workers.memory import Kenning
 from kenning.workers.settings import load_settings
+from tests.services import free_port
 
 ADA = b"Ada Lovelace wrote the first published algorithm for the Analytical Engine."
 BABBAGE = b"Charles Babbage designed the Analytical Engine in London."
@@ -328,7 +329,7 @@ def test_sessions_records_and_feedback(memory: Kenning, client: TestClient) -> N
 def start_serve(*options: str) -> tuple[subprocess.Popen[bytes], str]:
     """`kenning serve` on a free port of 127.0.0.1, answering, in a process group of its own
     (see `stop_serve`); the process and its base URL."""
-    port = free_tcp_port()
+    port = free_port()
     command = [sys.executable, "-m", "kenning.workers.cli", "serve", "--port", str(port), *options]
     quiet = subprocess.DEVNULL
     server = subprocess.Popen(command, stdout=quiet, stderr=quiet, start_new_session=True)
@@ -353,12 +354,6 @@ def stop_serve(server: subprocess.Popen[bytes]) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def worker_pids(pid: int) -> list[int]:
@@ -415,7 +410,7 @@ def test_kenning_serve_with_workers_runs_several_processes_on_one_home(home: Pat
 def test_kenning_serve_with_workers_refuses_bad_settings_and_a_port_in_use(home: Path) -> None:
     command = [sys.executable, "-m", "kenning.workers.cli", "serve", "--workers", "2", "--port"]
     env = {**os.environ, "KENNING_EMBEDDING_PROVIDER": "no-such-provider"}
-    refused = subprocess.run([*command, str(free_tcp_port())], env=env, capture_output=True, timeout=120)
+    refused = subprocess.run([*command, str(free_port())], env=env, capture_output=True, timeout=120)
     assert refused.returncode == 2 and b"error:" in refused.stdout + refused.stderr
 
     with socket.socket() as taken:
