@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -151,20 +152,20 @@ class LocalRunner:
                 self._passes[streamed.name] = passes
             every = max(1, config.load_batch // 4)
             stream = _Stream(self._services, job, streamed, writer, every, record, passes)
-            running: dict[Future[StepResult], int] = {}
+            running = _InFlight()
             while batches or running:
                 while batches and len(running) < pacer.limit:
                     batch = batches.popleft()
-                    running[pool.submit(step.run, self._services, job, batch)] = len(batch)
+                    running.sent(pool.submit(step.run, self._services, job, batch), len(batch))
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
-                    count = running.pop(future)
+                    count = running.answered(future)
                     record(future.result().counts)
                     done += count
                     self._progress(step.name, done, len(items))
                     if client is not None:
                         pacer.follow(client)
-                    stream.advance(count)
+                    stream.advance(count, None if batches else running)
             stream.finish()
 
     def _metered(self) -> Metered | None:
@@ -198,9 +199,12 @@ class _Stream:
         self._record = record
         self._ready = 0
         self._pass: Future[StepResult] | None = None
+        self._pass_s = 0.0  # how long the last pass took (0: none ran yet)
 
-    def advance(self, ready: int) -> None:
-        """`ready` more items are ready: start a pass if enough are and none is running."""
+    def advance(self, ready: int, last: _InFlight | None = None) -> None:
+        """`ready` more items are ready: start a pass if enough are and none is running. With
+        `last`, the fan-out's last batches, only a pass expected to end before they do: one that
+        would end later only delays the pass after the fan-out, which holds everything left."""
         if self._step is None:
             return
         self._ready += ready
@@ -208,7 +212,7 @@ class _Stream:
             if not self._pass.done():
                 return
             self.finish()
-        if self._ready >= self._every:
+        if self._ready >= self._every and (last is None or last.left_s() > (self._pass_s or last.mean_s)):
             self._ready = 0
             self._pass = self._writer.submit(self._run_pass, self._step)
 
@@ -221,10 +225,42 @@ class _Stream:
                 self._passes.next_pass()
 
     def _run_pass(self, step: Step) -> StepResult:
-        if self._passes is None:
-            return step.run(self._services, self._job, [])
-        with reporting(self._passes):
-            return step.run(self._services, self._job, [])
+        started = time.monotonic()
+        try:
+            if self._passes is None:
+                return step.run(self._services, self._job, [])
+            with reporting(self._passes):
+                return step.run(self._services, self._job, [])
+        finally:
+            self._pass_s = time.monotonic() - started
+
+
+class _InFlight(dict[Future[StepResult], tuple[int, float]]):
+    """A fan-out's batches in flight (their items, when each was sent), and how long batches
+    take on average from being sent to being answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seconds, self._answered = 0.0, 0
+
+    def sent(self, batch: Future[StepResult], items: int) -> None:
+        self[batch] = (items, time.monotonic())
+
+    def answered(self, batch: Future[StepResult]) -> int:
+        """Forget the batch; returns its items."""
+        items, sent = self.pop(batch)
+        self._seconds, self._answered = self._seconds + time.monotonic() - sent, self._answered + 1
+        return items
+
+    @property
+    def mean_s(self) -> float:
+        return self._seconds / max(1, self._answered)
+
+    def left_s(self) -> float:
+        """Seconds until the last batch in flight is expected to be answered."""
+        if not self:
+            return 0.0
+        return max(sent for _, sent in self.values()) + self.mean_s - time.monotonic()
 
 
 class _Passes:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kenning.pipeline import collection
 from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import Extraction, GraphNode, Scope
 from kenning.pipeline.offline import OfflineExtractor
@@ -88,9 +89,9 @@ class SlowExtractor(CountingExtractor):
     """Answers the first `quick` calls at once; every later one only once something was written
     (or after a bound, so that a runner that does not stream fails the test instead of hanging)."""
 
-    def __init__(self, recorder: Recorder, quick: int) -> None:
+    def __init__(self, recorder: Recorder, quick: int, patience_s: float = 10.0) -> None:
         super().__init__()
-        self.recorder, self.quick = recorder, quick
+        self.recorder, self.quick, self.patience_s = recorder, quick, patience_s
         self._slow_inner = OfflineExtractor()
         self._slow_mutex = threading.Lock()
 
@@ -99,7 +100,7 @@ class SlowExtractor(CountingExtractor):
             self.calls += 1
             late = self.calls > self.quick
         if late:
-            self.recorder.written.wait(timeout=10)
+            self.recorder.written.wait(timeout=self.patience_s)
         extraction = self._slow_inner.extract(text)
         self.recorder.note("extracted")
         return extraction
@@ -138,6 +139,26 @@ def test_load_writes_while_extraction_goes_on() -> None:
     assert {e.id for e in edges} == {e.id for e in plain_edges}
     for name in plain.vectors.list_collections():
         assert services.vectors.count(SCOPE, name) == plain.vectors.count(SCOPE, name)
+
+
+def test_no_pass_starts_when_it_would_end_after_the_last_extraction() -> None:
+    # Given every chunk's extraction in flight at once, the first answered at once and the rest
+    # only after a write (or after a bound, so that the test ends either way)
+    recorder = Recorder()
+    services = TwinServices(
+        graph=RecordingGraph(recorder), extractor=SlowExtractor(recorder, quick=1, patience_s=1.0)
+    )
+    services.config.load_batch = 2
+    ingest(services)
+    # When the dataset is cognified
+    run = LocalRunner(services, services.lock, concurrency=len(TEXTS)).run(SCOPE)
+    # Then no pass ran beside the extractions still in flight: one pass after them wrote everything
+    # (a pass begun beside them would have held the last chunks back until it ended)
+    events = recorder.events
+    last_extraction = len(events) - 1 - events[::-1].index("extracted")
+    assert run.status.value == "completed", run.error
+    assert events.index("written") > last_extraction
+    assert services.vectors.count(SCOPE, collection.CHUNKS) == len(TEXTS)
 
 
 def test_embedding_requests_to_the_llm_host_count_toward_its_limit(tmp_path: Path) -> None:
