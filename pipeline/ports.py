@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kenning.pipeline.models import (
     ChunkRecord,
@@ -43,6 +43,10 @@ class MetadataStore(Protocol):
     def list_items(self, dataset_id: str, status: ItemStatus | None = None) -> list[DataItem]: ...
     def get_items(self, item_ids: Sequence[str]) -> list[DataItem]: ...
     def set_item_status(self, item_id: str, status: ItemStatus, error: str = "") -> None: ...
+    def set_items_status(self, item_ids: Sequence[str], status: ItemStatus) -> None:
+        """Set each item's status and clear its error, in one transaction; unknown ids change nothing."""
+        ...
+
     def delete_items(self, dataset_id: str, item_ids: Sequence[str]) -> None:
         """Delete the items with their documents and chunks; unknown ids are ignored."""
         ...
@@ -321,6 +325,9 @@ class RunLock(Lock, Protocol):
         ...
 
 
-def chunked(items: Sequence[str], size: int) -> Iterator[list[str]]:
+Item = TypeVar("Item")
+
+
+def chunked(items: Sequence[Item], size: int) -> Iterator[list[Item]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])

@@ -43,6 +43,9 @@ from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_ite
 log = logging.getLogger(__name__)
 
 STRUCTURED_KINDS = frozenset({"csv", "json"})
+# Documents chunked between two writes of their chunks (one transaction for their chunks, one
+# for their statuses).
+CHUNK_GROUP = 64
 
 
 def classify(services: Services, job: Job) -> dict[str, int]:
@@ -59,8 +62,7 @@ def classify(services: Services, job: Job) -> dict[str, int]:
         report("classify", done, len(items))
     check_fence()
     services.chunks.save_documents(documents)
-    for document in documents:
-        services.metadata.set_item_status(document.data_id, ItemStatus.CLASSIFIED)
+    services.metadata.set_items_status([document.data_id for document in documents], ItemStatus.CLASSIFIED)
     structured = sum(1 for document in documents if document.kind in STRUCTURED_KINDS)
     return {
         "documents": len(documents),
@@ -88,17 +90,22 @@ def chunk(services: Services, job: Job) -> list[str]:
     items = {item.id: item for item in services.metadata.list_items(job.dataset_id, ItemStatus.CLASSIFIED)}
     documents = services.chunks.list_documents(job.dataset_id, list(items))
     report("chunk", 0, len(documents))
-    for done, document in enumerate(documents, 1):
-        item = items[document.data_id]
-        try:
-            records = _chunk_document(services, job, item, document)
-        except InputError as error:
-            check_fence()
-            services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
-        else:
-            check_fence()
-            services.chunks.save_chunks(records)
-            services.metadata.set_item_status(item.id, ItemStatus.CHUNKED)
+    done = 0
+    for group in chunked(documents, CHUNK_GROUP):
+        records: list[ChunkRecord] = []
+        chunked_ids: list[str] = []
+        for document in group:
+            item = items[document.data_id]
+            try:
+                records += _chunk_document(services, job, item, document)
+                chunked_ids.append(item.id)
+            except InputError as error:
+                check_fence()
+                services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
+        check_fence()
+        services.chunks.save_chunks(records)
+        services.metadata.set_items_status(chunked_ids, ItemStatus.CHUNKED)
+        done += len(group)
         report("chunk", done, len(documents))
     pending = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.PENDING)
     failed = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.FAILED)
@@ -382,9 +389,9 @@ def _mark_items_done(services: Services, job: Job) -> None:
         open_ids += services.chunks.list_chunk_ids(job.dataset_id, status)
     unfinished = {record.data_id for record in services.chunks.get_chunks(open_ids)}
     check_fence()
-    for item in chunked_items:
-        if item.id not in unfinished:
-            services.metadata.set_item_status(item.id, ItemStatus.DONE)
+    services.metadata.set_items_status(
+        [item.id for item in chunked_items if item.id not in unfinished], ItemStatus.DONE
+    )
 
 
 def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:

@@ -86,6 +86,13 @@ class MemoryMetadataStore:
             if item is not None:
                 self._items[item_id] = item.model_copy(update={"status": status, "error": error})
 
+    def set_items_status(self, item_ids: Sequence[str], status: ItemStatus) -> None:
+        with self._lock:
+            for item_id in item_ids:
+                item = self._items.get(item_id)
+                if item is not None:
+                    self._items[item_id] = item.model_copy(update={"status": status, "error": ""})
+
     def delete_items(self, dataset_id: str, item_ids: Sequence[str]) -> None:
         gone = set(item_ids)
         with self._lock:

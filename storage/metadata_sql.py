@@ -185,6 +185,12 @@ class SqlMetadataStore:
         with self._begin() as conn:
             conn.execute(update)
 
+    def set_items_status(self, item_ids: Sequence[str], status: ItemStatus) -> None:
+        with self._begin() as conn:
+            for batch in chunked(item_ids, BATCH):
+                where = data_items.c.id.in_(batch)
+                conn.execute(sa.update(data_items).where(where).values(status=status.value, error=""))
+
     def delete_items(self, dataset_id: str, item_ids: Sequence[str]) -> None:
         """Delete the items with their documents and chunks, in one transaction."""
         with self._begin() as conn:

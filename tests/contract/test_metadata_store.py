@@ -236,6 +236,23 @@ def test_set_item_status_clears_the_error_and_ignores_unknown_ids(store: Store, 
     assert (stored.status, stored.error) == (ItemStatus.CLASSIFIED, "")
 
 
+def test_set_items_status_sets_many_at_once_and_clears_their_errors(store: Store, scope: Scope) -> None:
+    dataset = store.ensure_dataset(scope)
+    items = [make_item(dataset, f"item {n}".encode()) for n in range(3)]
+    for item in items:
+        store.add_item(item)
+    store.set_item_status(items[0].id, ItemStatus.FAILED, error="timeout")
+
+    store.set_items_status([items[0].id, items[1].id, "no-such-item"], ItemStatus.CHUNKED)
+
+    found = {item.id: item for item in store.get_items([item.id for item in items])}
+    assert [(found[item.id].status, found[item.id].error) for item in items] == [
+        (ItemStatus.CHUNKED, ""),
+        (ItemStatus.CHUNKED, ""),
+        (ItemStatus.PENDING, ""),
+    ]
+
+
 def test_concurrent_add_of_the_same_content_stores_one_item(store: Store, scope: Scope) -> None:
     # Given eight workers adding the same bytes at the same moment
     dataset = store.ensure_dataset(scope)
