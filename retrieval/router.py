@@ -138,4 +138,3 @@ class AgenticRetriever:
 
 def _observe(hits: list[Hit]) -> str:
     return " | ".join(hit.text[:300] for hit in hits[:5]) or "nothing found"
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import DocumentRecord, Scope
@@ -173,6 +174,25 @@ def test_hybrid_entity_lane_reaches_chunks_through_graph_neighbours(services: Tw
     assert any(hit.text.startswith("Remington Rand was") for hit in near.results)
     assert [hit.text for hit in alone.results] == [near.results[0].text]
     assert "Grace Hopper" in near.results[0].text and "Facts:" not in near.context
+
+
+def test_hybrid_gives_a_chunk_missing_from_the_graph_its_indexed_text() -> None:
+    # Given a library whose graph lost the chunk about Remington Rand, still indexed as a vector
+    served = TwinServices()
+    add(served.metadata, served.blobs, LIBRARY, sources(CORPUS))
+    LocalRunner(served, served.lock, concurrency=1).run(LIBRARY)
+    [lost] = [
+        point.id
+        for point in served.vectors.search(LIBRARY, collection.CHUNKS, served.embedder.embed(["x"])[0], 10)
+        if str(point.payload.get("text", "")).startswith("Remington Rand was")
+    ]
+    served.graph.delete_elements(LIBRARY, [lost], [])
+    # When only the vector lane of chunks ranks
+    lane = {"weights": {"chunks": 1.0}, "facts": 0}
+    result = run(served, SearchType.HYBRID_COMPLETION, "Remington Rand", only_context=True, options=lane)
+    # Then the chunk still comes back with its text, read from the vector index
+    [hit] = [hit for hit in result.results if hit.chunk_id == lost]
+    assert hit.text.startswith("Remington Rand was an American") and hit.kind == "chunk"
 
 
 @pytest.mark.parametrize("kind", [*NEW_TYPES, SearchType.CHUNKS, SearchType.GRAPH_PPR])
