@@ -165,7 +165,10 @@ class LocalRunner:
                     self._progress(step.name, done, len(items))
                     if client is not None:
                         pacer.follow(client)
-                    stream.advance(count, None if batches else running)
+                    # Under a rate limit a pass mostly waits: its embeddings queue behind the
+                    # extractions at the limiter, then take a round trip. Without one it mostly
+                    # writes, and holding it back would only leave the writer idle.
+                    stream.advance(count, running if self._rpm and not batches else None)
             stream.finish()
 
     def _metered(self) -> Metered | None:

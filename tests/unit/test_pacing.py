@@ -141,7 +141,8 @@ def test_load_writes_while_extraction_goes_on() -> None:
         assert services.vectors.count(SCOPE, name) == plain.vectors.count(SCOPE, name)
 
 
-def test_no_pass_starts_when_it_would_end_after_the_last_extraction() -> None:
+@pytest.mark.parametrize("rpm", [6000, 0])
+def test_under_a_rate_limit_no_pass_starts_that_would_end_after_the_last_extraction(rpm: int) -> None:
     # Given every chunk's extraction in flight at once, the first answered at once and the rest
     # only after a write (or after a bound, so that the test ends either way)
     recorder = Recorder()
@@ -150,14 +151,15 @@ def test_no_pass_starts_when_it_would_end_after_the_last_extraction() -> None:
     )
     services.config.load_batch = 2
     ingest(services)
-    # When the dataset is cognified
-    run = LocalRunner(services, services.lock, concurrency=len(TEXTS)).run(SCOPE)
-    # Then no pass ran beside the extractions still in flight: one pass after them wrote everything
-    # (a pass begun beside them would have held the last chunks back until it ended)
+    # When the dataset is cognified, with and without a rate limit
+    run = LocalRunner(services, services.lock, concurrency=len(TEXTS), rpm=rpm).run(SCOPE)
+    # Then under the limit no pass ran beside the last extractions: one after them wrote it all
+    # (a pass mostly waits there, and one begun beside them holds the last chunks back until it
+    # ends); without it a pass wrote beside them (the writer does not idle)
     events = recorder.events
     last_extraction = len(events) - 1 - events[::-1].index("extracted")
     assert run.status.value == "completed", run.error
-    assert events.index("written") > last_extraction
+    assert (events.index("written") > last_extraction) == bool(rpm)
     assert services.vectors.count(SCOPE, collection.CHUNKS) == len(TEXTS)
 
 
