@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.spend import Breaker, Charge, Spend
@@ -17,11 +19,59 @@ from kenning.storage.sql_engine import translated_sql
 BATCH = 500
 
 
+class _GroupCommit:
+    """Writes from many threads committed together: each caller queues its write, and whichever
+    caller commits next commits every write queued by then, in one transaction. A caller returns
+    once its own write is committed, or raises what failed the transaction that held it.
+
+    Every LLM call writes twice (sent, answered): with 32 calls in flight that was 32 threads
+    taking turns at the database one row at a time, holding the connections the load needed."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        self._queued: list[_Write] = []
+        self._queue_lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+
+    def run(self, write: Callable[[sa.Connection], object]) -> None:
+        mine = _Write(write)
+        with self._queue_lock:
+            self._queued.append(mine)
+        with self._commit_lock:
+            if not mine.done:
+                with self._queue_lock:
+                    batch, self._queued = self._queued, []
+                self._commit(batch)
+        if isinstance(mine.error, StoreError):
+            raise StoreError(str(mine.error)) from mine.error  # one exception a caller
+        if mine.error is not None:
+            raise mine.error
+
+    def _commit(self, batch: list[_Write]) -> None:
+        error: BaseException | None = None
+        try:
+            with translated_sql("spend ledger"), self._engine.begin() as conn:
+                for queued in batch:
+                    queued.write(conn)
+        except Exception as failed:  # every write of the batch failed with it
+            error = failed
+        for queued in batch:
+            queued.error, queued.done = error, True
+
+
+@dataclass
+class _Write:
+    write: Callable[[sa.Connection], object]
+    done: bool = False
+    error: BaseException | None = None
+
+
 class SqlSpendLedger:
     """`pipeline.spend.SpendLedger` in the `llm_attempts` table (run `metadata_sql.migrate` first)."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
+        self._writes = _GroupCommit(engine)
 
     def sent(
         self, attempt_id: str, charge: Charge, model: str, prompt_tokens: int = 0, completion_tokens: int = 0
@@ -35,8 +85,7 @@ class SqlSpendLedger:
             "completion_tokens": completion_tokens,
             "sent_at": utcnow(),
         }
-        with translated_sql("spend ledger"), self._engine.begin() as conn:
-            conn.execute(sa.insert(llm_attempts), [row])
+        self._writes.run(lambda conn: conn.execute(sa.insert(llm_attempts), [row]))
 
     def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:
         table = llm_attempts
@@ -45,8 +94,7 @@ class SqlSpendLedger:
             .where(table.c.id == attempt_id)
             .values(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
         )
-        with translated_sql("spend ledger"), self._engine.begin() as conn:
-            conn.execute(update)
+        self._writes.run(lambda conn: conn.execute(update))
 
     def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
         table = llm_attempts

@@ -1,0 +1,100 @@
+"""The SQL spend ledger under many threads: every write committed before its call returns, fewer
+transactions than writes."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from kenning.pipeline.errors import StoreError
+from kenning.pipeline.spend import Charge, Spend
+from kenning.storage.metadata_sql import migrate
+from kenning.storage.spend_sql import SqlSpendLedger
+from kenning.storage.sql_engine import open_engine
+
+THREADS = 16
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
+    url = (
+        request.getfixturevalue("postgres_url")
+        if request.param == "postgres"
+        else f"sqlite:///{tmp_path / 'm.db'}"
+    )
+    made = open_engine(url)
+    migrate(made)
+    yield made
+    made.dispose()
+
+
+def slow_first_commit(engine: sa.Engine) -> list[int]:
+    """Counts the engine's commits; the first takes 0.3 s, so that writes queue behind it."""
+    commits: list[int] = []
+
+    def on_commit(_conn: Any) -> None:
+        commits.append(1)
+        if len(commits) == 1:
+            time.sleep(0.3)
+
+    sa.event.listen(engine, "commit", on_commit)
+    return commits
+
+
+def at_once(work: list[Any]) -> list[BaseException]:
+    """Runs the callables on threads of their own, started together; the errors they raised."""
+    start, errors = threading.Barrier(len(work)), []
+
+    def run(call: Any) -> None:
+        start.wait()
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001  (the test reads them)
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return errors
+
+
+def test_calls_sent_at_once_are_all_recorded_in_fewer_transactions(engine: sa.Engine) -> None:
+    # Given a ledger whose first commit is slow, and one run's calls sent from many threads at once
+    ledger = SqlSpendLedger(engine)
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    charge = Charge(run_id=run_id, dataset_id="d1")
+    ids = [f"{run_id}-{n}" for n in range(THREADS)]
+    commits = slow_first_commit(engine)
+    # When each thread records its call sent, then answered
+    errors = at_once([lambda attempt=attempt: _call(ledger, attempt, charge) for attempt in ids])
+    # Then every call and its tokens are recorded, in fewer transactions than writes
+    assert errors == []
+    assert ledger.totals([run_id])[run_id] == Spend(
+        calls=THREADS, prompt_tokens=10 * THREADS, completion_tokens=THREADS
+    )
+    assert len(commits) < 2 * THREADS
+
+
+def _call(ledger: SqlSpendLedger, attempt: str, charge: Charge) -> None:
+    ledger.sent(attempt, charge, "sim", prompt_tokens=5)
+    ledger.answered(attempt, prompt_tokens=10, completion_tokens=1)
+
+
+def test_every_write_of_a_failed_transaction_raises(tmp_path: Path) -> None:
+    # Given a ledger on a database without its tables
+    ledger = SqlSpendLedger(open_engine(f"sqlite:///{tmp_path / 'empty.db'}"))
+    charge = Charge(run_id="r", dataset_id="d")
+    # When calls are recorded from many threads at once
+    errors = at_once([lambda n=n: ledger.sent(f"a{n}", charge, "sim") for n in range(THREADS)])
+    # Then each of them raised a store error of its own
+    assert len(errors) == THREADS and all(isinstance(error, StoreError) for error in errors)
+    assert len({id(error) for error in errors}) == THREADS
