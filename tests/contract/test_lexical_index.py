@@ -4,10 +4,10 @@ searched in SQL and from its postings held in memory (read inline, so every sear
 from __future__ import annotations
 
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from kenning.pipeline.models import Scope
 from kenning.storage.lexical_sql import SqlLexicalIndex
 from kenning.storage.memory_lexical import MemoryLexicalIndex
 from kenning.storage.sql_engine import open_engine
+from tests.threads import at_once
 
 BACKENDS = [
     "memory",
@@ -242,19 +243,7 @@ def test_concurrent_writers_keep_statistics_exact(index: LexicalIndex, new_scope
     # Given three threads indexing overlapping ids into one scope at once
     scope, fresh = new_scope(), new_scope()
     batches = [[(f"id-{j}", f"shared term{j % 7}", {"j": j}) for j in range(i, i + 40)] for i in (0, 20, 40)]
-    errors: list[Exception] = []
-
-    def write(batch: list[tuple[str, str, dict[str, object]]]) -> None:
-        try:
-            index.index(scope, batch)
-        except Exception as error:  # reported by the assertion below
-            errors.append(error)
-
-    threads = [threading.Thread(target=write, args=(batch,)) for batch in batches]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    errors = at_once([partial(index.index, scope, batch) for batch in batches])
     # Then no write failed, and scores equal those of a single clean write of the same texts
     assert not errors
     index.index(fresh, [(f"id-{j}", f"shared term{j % 7}", {"j": j}) for j in range(80)])

@@ -3,10 +3,10 @@ transactions than writes."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from kenning.pipeline.spend import Charge, Spend
 from kenning.storage.metadata_sql import migrate
 from kenning.storage.spend_sql import SqlSpendLedger
 from kenning.storage.sql_engine import open_engine
+from tests.threads import at_once
 
 THREADS = 16
 
@@ -48,25 +49,6 @@ def slow_first_commit(engine: sa.Engine) -> list[int]:
     return commits
 
 
-def at_once(work: list[Any]) -> list[BaseException]:
-    """Runs the callables on threads of their own, started together; the errors they raised."""
-    start, errors = threading.Barrier(len(work)), []
-
-    def run(call: Any) -> None:
-        start.wait()
-        try:
-            call()
-        except BaseException as error:  # noqa: BLE001  (the test reads them)
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in work]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    return errors
-
-
 def test_calls_sent_at_once_are_all_recorded_in_fewer_transactions(engine: sa.Engine) -> None:
     # Given a ledger whose first commit is slow, and one run's calls sent from many threads at once
     ledger = SqlSpendLedger(engine)
@@ -75,7 +57,7 @@ def test_calls_sent_at_once_are_all_recorded_in_fewer_transactions(engine: sa.En
     ids = [f"{run_id}-{n}" for n in range(THREADS)]
     commits = slow_first_commit(engine)
     # When each thread records its call sent, then answered
-    errors = at_once([lambda attempt=attempt: _call(ledger, attempt, charge) for attempt in ids])
+    errors = at_once([partial(_call, ledger, attempt, charge) for attempt in ids])
     # Then every call and its tokens are recorded, in fewer transactions than writes
     assert errors == []
     assert ledger.totals([run_id])[run_id] == Spend(
@@ -94,7 +76,7 @@ def test_every_write_of_a_failed_transaction_raises(tmp_path: Path) -> None:
     ledger = SqlSpendLedger(open_engine(f"sqlite:///{tmp_path / 'empty.db'}"))
     charge = Charge(run_id="r", dataset_id="d")
     # When calls are recorded from many threads at once
-    errors = at_once([lambda n=n: ledger.sent(f"a{n}", charge, "sim") for n in range(THREADS)])
+    errors = at_once([partial(ledger.sent, f"a{n}", charge, "sim") for n in range(THREADS)])
     # Then each of them raised a store error of its own
     assert len(errors) == THREADS and all(isinstance(error, StoreError) for error in errors)
     assert len({id(error) for error in errors}) == THREADS

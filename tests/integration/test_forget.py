@@ -200,7 +200,10 @@ def test_forget_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_recall_works_when_the_session_store_is_down(tmp_path: Path) -> None:
     # Given sessions in a Redis that is not there
     settings = load_settings(
-        home=tmp_path / "home", embedding_provider="hash", session_backend="redis", redis_url="redis://127.0.0.1:1/0"
+        home=tmp_path / "home",
+        embedding_provider="hash",
+        session_backend="redis",
+        redis_url="redis://127.0.0.1:1/0",
     )
     with Kenning(settings) as kenning:
         kenning.remember("Oliver Reed flies a zeppelin.", "news")

@@ -74,4 +74,3 @@ def test_a_missing_extra_is_named() -> None:
 def test_other_missing_modules_are_not_hidden() -> None:
     with pytest.raises(ModuleNotFoundError), needs_extra("anything"):
         raise ModuleNotFoundError("No module named 'nothing_like_it'", name="nothing_like_it")
-
