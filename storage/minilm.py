@@ -80,7 +80,7 @@ class NumpyMiniLM:
 
         The texts' tokens are packed one after another, not padded to the longest: the dense
         products, nearly all the work, cost what the tokens do (a question and the short names
-        in it took three times as long padded). Each token attends to its own text's alone."""
+        in it took twice as long padded). Each token attends to its own text's alone."""
         encoded = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
         groups = _packed_groups([len(ids) for ids in encoded])
         vectors = [self._encode_packed([encoded[n] for n in group], helper) for group in groups]
@@ -135,8 +135,8 @@ class NumpyMiniLM:
 
 
 def _packed_groups(lengths: list[int]) -> list[list[int]]:
-    """The texts (by position) in groups of at most `PACKED_TOKENS` tokens, or one text each when
-    longer: attention over a group costs the square of its tokens."""
+    """The texts (by position) in groups of at most `PACKED_TOKENS` tokens (a text alone when it
+    has more): attention over a group costs the square of its tokens."""
     groups: list[list[int]] = [[]]
     held = 0
     for position, length in enumerate(lengths):
