@@ -61,71 +61,45 @@ class HybridCompletionRetriever:
     def _scope_hits(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
     ) -> list[Hit]:
-        lanes, points = self._lanes(scope, request, vector, config)
+        lanes, facts, points = self._lanes(scope, request, vector, config)
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)[: request.top_k]
-        facts = self._top_facts(scope, vector, config)
-        endpoints = [str(p.payload.get(key, "")) for p in facts for key in ("source_id", "target_id")]
+        top_facts = facts[: config.facts]
+        endpoints = [str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")]
         nodes = self._nodes(scope, [entry.id for entry in fused] + endpoints)
-        self._read_unlinked(scope, [entry.id for entry in fused if entry.id not in nodes], points)
         hits = [self._hit(scope, entry, nodes, points, config) for entry in fused]
         found = [hit for hit in hits if hit is not None]
-        _attach_facts(found, facts, nodes)
+        _attach_facts(found, top_facts, nodes)
         return found
 
     def _lanes(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
-    ) -> tuple[dict[str, list[str]], dict[str, ScoredPoint]]:
-        """(chunk ids ranked by each lane, the lexical hits by id). Lanes read no payload but
-        the chunk a point came from: a payload's text costs more to read than the search."""
+    ) -> tuple[dict[str, list[str]], list[ScoredPoint], dict[str, ScoredPoint]]:
+        """(chunk ids ranked by each lane, the edge-fact hits, the chunk hits by id)."""
         search, on, depth, query = self._ports.vectors.search, config.weight, config.depth, request.query
-        chunks = search(scope, collection.CHUNKS, vector, depth("chunks"), ()) if on("chunks") > 0 else []
+        chunks = search(scope, collection.CHUNKS, vector, depth("chunks")) if on("chunks") > 0 else []
         lexical = self._ports.lexical.search(scope, query, depth("lexical")) if on("lexical") > 0 else []
         summaries = (
             search(scope, collection.SUMMARIES, vector, depth("summaries"), CHUNK_OF)
             if on("summaries") > 0
             else []
         )
-        wide = depth("facts") * FACTS_PER_CHUNK if on("facts") > 0 else 0
-        facts = search(scope, collection.EDGES, vector, wide, CHUNK_OF) if wide else []
+        wide = max(config.facts, depth("facts") * FACTS_PER_CHUNK) if on("facts") > 0 else config.facts
+        facts = search(scope, collection.EDGES, vector, wide, FACT_FIELDS) if wide else []
         lanes = {
             "chunks": [point.id for point in chunks],
             "lexical": [point.id for point in lexical],
             "summaries": _chunk_ids(summaries),
             "entities": self._entity_lane(scope, vector, config) if on("entities") > 0 else [],
             "facts": _chunk_ids(facts)[: depth("facts")],
-            "graph": self._graph_lane(scope, request, vector, depth("graph"), chunks)
-            if on("graph") > 0
-            else [],
+            "graph": self._graph_lane(scope, request, vector, depth("graph")) if on("graph") > 0 else [],
         }
-        return lanes, {point.id: point for point in lexical}
-
-    def _top_facts(self, scope: Scope, vector: Sequence[float], config: FusionConfig) -> list[ScoredPoint]:
-        """The edge facts closest to the question, for the context."""
-        if not config.facts:
-            return []
-        return self._ports.vectors.search(scope, collection.EDGES, vector, config.facts, FACT_FIELDS)
+        return lanes, facts, {point.id: point for point in [*lexical, *chunks]}
 
     def _graph_lane(
-        self,
-        scope: Scope,
-        request: SearchRequest,
-        vector: Sequence[float],
-        depth: int,
-        closest: list[ScoredPoint],
+        self, scope: Scope, request: SearchRequest, vector: Sequence[float], depth: int
     ) -> list[str]:
-        """The walk's ranking; it starts from the chunk lane's closest chunks when that lane went
-        as deep as the walk's seeds (else it searches its own)."""
-        config = WalkConfig.model_validate(request.options)
-        seeds = closest if len(closest) >= config.chunk_seeds else None
-        ended = walk(self._ports, scope, request.query, config, vector, seeds)
+        ended = walk(self._ports, scope, request.query, WalkConfig.model_validate(request.options), vector)
         return [entry.chunk_id for entry in ended.ranked[:depth]]
-
-    def _read_unlinked(self, scope: Scope, chunk_ids: list[str], points: dict[str, ScoredPoint]) -> None:
-        """Chunks ranked but not in the graph (the stores disagree) and not found by the lexical lane:
-        their indexed payloads, read into `points`."""
-        missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in points]
-        for point in self._ports.vectors.retrieve(scope, collection.CHUNKS, missing) if missing else []:
-            points[point.id] = ScoredPoint(id=point.id, score=0.0, payload=point.payload)
 
     def _entity_lane(self, scope: Scope, vector: Sequence[float], config: FusionConfig) -> list[str]:
         seeds = self._ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_seeds, ())
