@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 STRUCTURED_KINDS = frozenset({"csv", "json"})
 # Documents chunked between two writes of their chunks (one transaction for their chunks, one
-# for their statuses).
+# for their items' statuses).
 CHUNK_GROUP = 64
 
 
@@ -90,27 +90,33 @@ def chunk(services: Services, job: Job) -> list[str]:
     items = {item.id: item for item in services.metadata.list_items(job.dataset_id, ItemStatus.CLASSIFIED)}
     documents = services.chunks.list_documents(job.dataset_id, list(items))
     report("chunk", 0, len(documents))
-    done = 0
-    for group in chunked(documents, CHUNK_GROUP):
-        records: list[ChunkRecord] = []
-        chunked_ids: list[str] = []
-        for document in group:
-            item = items[document.data_id]
-            try:
-                records += _chunk_document(services, job, item, document)
-                chunked_ids.append(item.id)
-            except InputError as error:
-                check_fence()
-                services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
-        check_fence()
-        services.chunks.save_chunks(records)
-        services.metadata.set_items_status(chunked_ids, ItemStatus.CHUNKED)
-        done += len(group)
+    records: list[ChunkRecord] = []
+    cut: list[str] = []
+    for done, document in enumerate(documents, 1):
+        item = items[document.data_id]
+        try:
+            records += _chunk_document(services, job, item, document)
+            cut.append(item.id)
+        except InputError as error:
+            check_fence()
+            services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
+        if len(cut) == CHUNK_GROUP or done == len(documents):
+            _save_chunks(services, records, cut)
+            records, cut = [], []
         report("chunk", done, len(documents))
     pending = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.PENDING)
     failed = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.FAILED)
     extracted = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
     return pending + failed + _uncached(services, extracted)
+
+
+def _save_chunks(services: Services, records: list[ChunkRecord], item_ids: list[str]) -> None:
+    """The chunks of these items, then the items marked chunked: one transaction each."""
+    if not item_ids:
+        return
+    check_fence()
+    services.chunks.save_chunks(records)
+    services.metadata.set_items_status(item_ids, ItemStatus.CHUNKED)
 
 
 def _uncached(services: Services, chunk_ids: list[str]) -> list[str]:

@@ -168,7 +168,8 @@ class LocalRunner:
                     # Under a rate limit a pass mostly waits: its embeddings queue behind the
                     # extractions at the limiter, then take a round trip. Without one it mostly
                     # writes, and holding it back would only leave the writer idle.
-                    stream.advance(count, running if self._rpm and not batches else None)
+                    left_s = running.left_s(len(batches)) if self._rpm else None
+                    stream.advance(count, left_s, running.mean_s)
             stream.finish()
 
     def _metered(self) -> Metered | None:
@@ -204,9 +205,10 @@ class _Stream:
         self._pass: Future[StepResult] | None = None
         self._pass_s = 0.0  # how long the last pass took (0: none ran yet)
 
-    def advance(self, ready: int, last: _InFlight | None = None) -> None:
+    def advance(self, ready: int, left_s: float | None = None, batch_s: float = 0.0) -> None:
         """`ready` more items are ready: start a pass if enough are and none is running. With
-        `last`, the fan-out's last batches, only a pass expected to end before they do: one that
+        `left_s`, the seconds the fan-out is expected to go on, only a pass expected to end by
+        then (taking as long as the last pass, or before any ran as a batch, `batch_s`): one that
         would end later only delays the pass after the fan-out, which holds everything left."""
         if self._step is None:
             return
@@ -215,7 +217,7 @@ class _Stream:
             if not self._pass.done():
                 return
             self.finish()
-        if self._ready >= self._every and (last is None or last.left_s() > (self._pass_s or last.mean_s)):
+        if self._ready >= self._every and (left_s is None or left_s > (self._pass_s or batch_s)):
             self._ready = 0
             self._pass = self._writer.submit(self._run_pass, self._step)
 
@@ -245,9 +247,11 @@ class _InFlight(dict[Future[StepResult], tuple[int, float]]):
     def __init__(self) -> None:
         super().__init__()
         self._seconds, self._answered = 0.0, 0
+        self._first_sent: float | None = None
 
     def sent(self, batch: Future[StepResult], items: int) -> None:
         self[batch] = (items, time.monotonic())
+        self._first_sent = self._first_sent or self[batch][1]
 
     def answered(self, batch: Future[StepResult]) -> int:
         """Forget the batch; returns its items."""
@@ -259,11 +263,16 @@ class _InFlight(dict[Future[StepResult], tuple[int, float]]):
     def mean_s(self) -> float:
         return self._seconds / max(1, self._answered)
 
-    def left_s(self) -> float:
-        """Seconds until the last batch in flight is expected to be answered."""
+    def left_s(self, queued: int) -> float:
+        """Seconds until the last batch is expected to be answered: with `queued` batches still to
+        send, once they are sent at the rate batches have been answered so far, and answered;
+        else once the last batch sent is answered."""
+        now = time.monotonic()
+        if queued and self._answered and self._first_sent is not None:
+            return queued / (self._answered / max(now - self._first_sent, 1e-6)) + self.mean_s
         if not self:
             return 0.0
-        return max(sent for _, sent in self.values()) + self.mean_s - time.monotonic()
+        return max(sent for _, sent in self.values()) + self.mean_s - now
 
 
 class _Passes:
