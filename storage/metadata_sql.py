@@ -186,6 +186,8 @@ class SqlMetadataStore:
             conn.execute(update)
 
     def set_items_status(self, item_ids: Sequence[str], status: ItemStatus) -> None:
+        if not item_ids:
+            return
         with self._begin() as conn:
             for batch in chunked(item_ids, BATCH):
                 where = data_items.c.id.in_(batch)

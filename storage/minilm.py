@@ -9,9 +9,10 @@ takes milliseconds, and its vectors agree with sentence-transformers' to about 1
 whose kernels are faster on many long texts.
 
 The forward pass is BERT's: word, position and token-type embeddings, layer norm; per layer,
-multi-head self-attention with padding masked, a residual and layer norm, a GELU feed-forward
-block, a residual and layer norm; then the mean of the token vectors under the attention
-mask, L2-normalised (the model's pooling and normalisation modules).
+multi-head self-attention (the texts of a call packed one after another, each token attending
+only within its own text), a residual and layer norm, a GELU feed-forward block, a residual and
+layer norm; then the mean of each text's token vectors, L2-normalised (the model's pooling and
+normalisation modules).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class NumpyMiniLM:
         The texts' tokens are packed one after another, not padded to the longest: the dense
         products, nearly all the work, cost what the tokens do (a question and the short names
         in it took twice as long padded). Each token attends to its own text's alone."""
+        if not texts:
+            return np.zeros((0, self._words.shape[1]), dtype=np.float32)
         encoded = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
         groups = _packed_groups([len(ids) for ids in encoded])
         vectors = [self._encode_packed([encoded[n] for n in group], helper) for group in groups]

@@ -21,8 +21,10 @@ BATCH = 500
 
 class _GroupCommit:
     """Writes from many threads committed together: each caller queues its write, and whichever
-    caller commits next commits every write queued by then, in one transaction. A caller returns
-    once its own write is committed, or raises what failed the transaction that held it.
+    caller commits next commits every write queued by then, in one transaction. When that
+    transaction fails, each of its writes is tried again in a transaction of its own, so that one
+    bad write fails alone. A caller returns once its own write is committed, or raises what
+    failed it.
 
     Every LLM call writes twice (sent, answered): with 32 calls in flight that was 32 threads
     taking turns at the database one row at a time, holding the connections the load needed."""
@@ -42,21 +44,27 @@ class _GroupCommit:
                 with self._queue_lock:
                     batch, self._queued = self._queued, []
                 self._commit(batch)
-        if isinstance(mine.error, StoreError):
-            raise StoreError(str(mine.error)) from mine.error  # one exception a caller
         if mine.error is not None:
             raise mine.error
+        if not mine.done:  # its batch was cut short (an interrupt): never report it written
+            raise StoreError("spend ledger: the write was interrupted before it was committed")
 
     def _commit(self, batch: list[_Write]) -> None:
-        error: BaseException | None = None
         try:
-            with translated_sql("spend ledger"), self._engine.begin() as conn:
-                for queued in batch:
-                    queued.write(conn)
-        except Exception as failed:  # every write of the batch failed with it
-            error = failed
+            self._transaction(batch)
+        except Exception:  # noqa: BLE001  (each write is tried again alone)
+            for queued in batch:
+                try:
+                    self._transaction([queued])
+                except Exception as failed:  # noqa: BLE001  (raised by its caller)
+                    queued.error = failed
         for queued in batch:
-            queued.error, queued.done = error, True
+            queued.done = True
+
+    def _transaction(self, writes: list[_Write]) -> None:
+        with translated_sql("spend ledger"), self._engine.begin() as conn:
+            for queued in writes:
+                queued.write(conn)
 
 
 @dataclass

@@ -29,6 +29,9 @@ EMBEDDED_PID = "embedded_pid"
 # A fan-out step's batches are cut small enough that each thread of the pool gets this many:
 # the calls in flight then stay even to the end instead of trailing off with a few long batches.
 BATCHES_PER_THREAD = 4
+# Batches this much later than they take on average are waiting out something: the fan-out's end
+# cannot be told from them, and a load pass may start.
+LATE_S = 1.0
 
 # (step name, done, total): called as work advances, from the runner's thread.
 ProgressCallback = Callable[[str, int, int], None]
@@ -247,11 +250,9 @@ class _InFlight(dict[Future[StepResult], tuple[int, float]]):
     def __init__(self) -> None:
         super().__init__()
         self._seconds, self._answered = 0.0, 0
-        self._first_sent: float | None = None
 
     def sent(self, batch: Future[StepResult], items: int) -> None:
         self[batch] = (items, time.monotonic())
-        self._first_sent = self._first_sent or self[batch][1]
 
     def answered(self, batch: Future[StepResult]) -> int:
         """Forget the batch; returns its items."""
@@ -263,16 +264,21 @@ class _InFlight(dict[Future[StepResult], tuple[int, float]]):
     def mean_s(self) -> float:
         return self._seconds / max(1, self._answered)
 
-    def left_s(self, queued: int) -> float:
+    def left_s(self, queued: int) -> float | None:
         """Seconds until the last batch is expected to be answered: with `queued` batches still to
-        send, once they are sent at the rate batches have been answered so far, and answered;
-        else once the last batch sent is answered."""
-        now = time.monotonic()
-        if queued and self._answered and self._first_sent is not None:
-            return queued / (self._answered / max(now - self._first_sent, 1e-6)) + self.mean_s
-        if not self:
+        send, once they are sent (as batches in flight are answered, by Little's law) and answered;
+        else once the last batch sent is answered; 0 when none is left. None when it cannot be
+        told: nothing answered yet, or the batches in flight are late by more than `LATE_S` or a
+        batch's time (waiting out a retry's back-off, say)."""
+        if not self and not queued:
             return 0.0
-        return max(sent for _, sent in self.values()) + self.mean_s - now
+        if not self._answered or not self:
+            return None
+        mean = self.mean_s
+        if queued:
+            return queued * mean / len(self) + mean
+        left = max(sent for _, sent in self.values()) + mean - time.monotonic()
+        return left if left > -max(mean, LATE_S) else None
 
 
 class _Passes:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from kenning.pipeline.errors import StoreError
+from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.spend import Charge, Spend
 from kenning.storage.metadata_sql import migrate
 from kenning.storage.spend_sql import SqlSpendLedger
@@ -71,12 +71,30 @@ def _call(ledger: SqlSpendLedger, attempt: str, charge: Charge) -> None:
     ledger.answered(attempt, prompt_tokens=10, completion_tokens=1)
 
 
-def test_every_write_of_a_failed_transaction_raises(tmp_path: Path) -> None:
-    # Given a ledger on a database without its tables
-    ledger = SqlSpendLedger(open_engine(f"sqlite:///{tmp_path / 'empty.db'}"))
+def test_every_write_of_a_failed_transaction_raises_its_own_transient_error(tmp_path: Path) -> None:
+    # Given a ledger on a database without its tables (as one whose tables are not there yet)
+    engine = open_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    ledger = SqlSpendLedger(engine)
     charge = Charge(run_id="r", dataset_id="d")
     # When calls are recorded from many threads at once
     errors = at_once([partial(ledger.sent, f"a{n}", charge, "sim") for n in range(THREADS)])
-    # Then each of them raised a store error of its own
-    assert len(errors) == THREADS and all(isinstance(error, StoreError) for error in errors)
+    # Then each of them raised an error of its own, still one a retry may wait out
+    assert len(errors) == THREADS and all(type(error) is TransientStoreError for error in errors)
     assert len({id(error) for error in errors}) == THREADS
+    engine.dispose()
+
+
+def test_a_write_that_fails_fails_alone(engine: sa.Engine) -> None:
+    # Given calls recorded at once from many threads, one of them under an attempt id already taken
+    ledger = SqlSpendLedger(engine)
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    charge = Charge(run_id=run_id, dataset_id="d1")
+    ledger.sent(f"{run_id}-taken", charge, "sim")
+    slow_first_commit(engine)
+    calls = [partial(_call, ledger, f"{run_id}-{n}", charge) for n in range(THREADS - 1)]
+    taken = partial(ledger.sent, f"{run_id}-taken", charge, "sim")
+    # When they are recorded
+    errors = at_once([taken, *calls])  # the last thread in leads: the taken id waits with the rest
+    # Then only the one under the taken id failed, and every other call is recorded
+    assert len(errors) == 1 and isinstance(errors[0], StoreError)
+    assert ledger.totals([run_id])[run_id].calls == THREADS

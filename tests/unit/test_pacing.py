@@ -115,14 +115,15 @@ def ingest(services: TwinServices) -> None:
     )
 
 
-def test_load_writes_while_extraction_goes_on() -> None:
+@pytest.mark.parametrize("rpm", [0, 6000])
+def test_load_writes_while_extraction_goes_on(rpm: int) -> None:
     # Given chunks loaded two at a time, and an extractor whose later calls end only after a write
     recorder = Recorder()
     services = TwinServices(graph=RecordingGraph(recorder), extractor=SlowExtractor(recorder, quick=2))
     services.config.load_batch = 2
     ingest(services)
-    # When the dataset is cognified
-    run = LocalRunner(services, services.lock, concurrency=2).run(SCOPE)
+    # When the dataset is cognified, with and without a rate limit (batches still to send)
+    run = LocalRunner(services, services.lock, concurrency=2, rpm=rpm).run(SCOPE)
     # Then the first write came before the last extraction ended
     events = recorder.events
     last_extraction = len(events) - 1 - events[::-1].index("extracted")
