@@ -98,3 +98,29 @@ def test_a_write_that_fails_fails_alone(engine: sa.Engine) -> None:
     # Then only the one under the taken id failed, and every other call is recorded
     assert len(errors) == 1 and isinstance(errors[0], StoreError)
     assert ledger.totals([run_id])[run_id].calls == THREADS
+
+
+def test_a_write_whose_transaction_was_interrupted_never_passes_for_committed(engine: sa.Engine) -> None:
+    # Given a ledger whose first commit is slow, and a database call that is interrupted (an
+    # exception that is not an error) when it writes one attempt
+    ledger = SqlSpendLedger(engine)
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    charge = Charge(run_id=run_id, dataset_id="d1")
+    doomed = f"{run_id}-doomed"
+
+    def interrupt(_conn: Any, _cursor: Any, _statement: str, parameters: Any, *_rest: Any) -> None:
+        if doomed in str(parameters):
+            raise KeyboardInterrupt
+
+    sa.event.listen(engine, "before_cursor_execute", interrupt)
+    slow_first_commit(engine)
+    # When it is recorded at once with another call, behind a third that commits first
+    sent = [
+        partial(ledger.sent, attempt, charge, "sim")
+        for attempt in (doomed, f"{run_id}-other", f"{run_id}-first")
+    ]
+    errors = at_once(sent)
+    sa.event.remove(engine, "before_cursor_execute", interrupt)
+    # Then both calls of the interrupted transaction raised: none returned as if its row were there
+    assert sorted(type(error).__name__ for error in errors) == ["KeyboardInterrupt", "StoreError"]
+    assert ledger.totals([run_id])[run_id].calls == 1

