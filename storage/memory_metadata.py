@@ -81,17 +81,17 @@ class MemoryMetadataStore:
 
     def set_item_status(self, item_id: str, status: ItemStatus, error: str = "") -> None:
         """Set the item's status and error; an unknown id changes nothing."""
-        with self._lock:
-            item = self._items.get(item_id)
-            if item is not None:
-                self._items[item_id] = item.model_copy(update={"status": status, "error": error})
+        self._set_status([item_id], status, error)
 
     def set_items_status(self, item_ids: Sequence[str], status: ItemStatus) -> None:
+        self._set_status(item_ids, status, "")
+
+    def _set_status(self, item_ids: Sequence[str], status: ItemStatus, error: str) -> None:
         with self._lock:
             for item_id in item_ids:
                 item = self._items.get(item_id)
                 if item is not None:
-                    self._items[item_id] = item.model_copy(update={"status": status, "error": ""})
+                    self._items[item_id] = item.model_copy(update={"status": status, "error": error})
 
     def delete_items(self, dataset_id: str, item_ids: Sequence[str]) -> None:
         gone = set(item_ids)
@@ -102,11 +102,13 @@ class MemoryMetadataStore:
                     del self._items[item_id]
                     self._item_hashes.discard((dataset_id, item.content_hash))
             self._documents = {
-                key: doc for key, doc in self._documents.items()
+                key: doc
+                for key, doc in self._documents.items()
                 if not (doc.dataset_id == dataset_id and doc.data_id in gone)
             }
             self._chunks = {
-                key: chunk for key, chunk in self._chunks.items()
+                key: chunk
+                for key, chunk in self._chunks.items()
                 if not (chunk.dataset_id == dataset_id and chunk.data_id in gone)
             }
 

@@ -96,8 +96,9 @@ class NumpyMiniLM:
         text_of = np.repeat(np.arange(len(lengths)), lengths)
         x = self._words[ids] + self._positions[positions] + self._token_type
         x = self._layer_norm(x, self._embedding_norm)
-        masked = np.where(text_of[:, None] == text_of[None, :], 0.0, np.finfo(np.float32).min)
-        masked = masked.astype(np.float32)
+        masked = np.where(text_of[:, None] == text_of[None, :], 0.0, np.finfo(np.float32).min).astype(
+            np.float32
+        )
         for layer in self._layers:
             x = self._attention(x, layer, masked)
             x = self._layer_norm(_feed_forward(x, layer, helper) + layer.output_bias + x, layer.output_norm)

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.locking import held, lock_name
@@ -235,9 +236,7 @@ class _Stream:
     def _run_pass(self, step: Step) -> StepResult:
         started = time.monotonic()
         try:
-            if self._passes is None:
-                return step.run(self._services, self._job, [])
-            with reporting(self._passes):
+            with reporting(self._passes) if self._passes is not None else nullcontext():
                 return step.run(self._services, self._job, [])
         finally:
             self._pass_s = time.monotonic() - started
