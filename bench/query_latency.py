@@ -14,8 +14,8 @@ twowiki questions:
 Each client asks every question once per type, starting at its own offset. A query's
 embeddings are cached for that query alone: its lanes embed the question once, as with the
 production cache, but no question is ever embedded by an earlier one. Prints
-p50/p95/queries per second per type and mode, the share of each store call in the
-single-client run, and the load average; writes bench/results/query_latency.json.
+p50/p95/queries per second per type and mode, the milliseconds per query in each store call
+(single client and processes), and the load average; writes bench/results/query_latency.json.
 """
 
 from __future__ import annotations
@@ -157,22 +157,34 @@ def single(home: Path, questions: list[str]) -> dict[str, Any]:
     """One client; with the seconds spent in each store, as shares of the store time."""
     results: dict[str, Any] = {}
     with open_memory(home) as memory:
-        table: dict[str, float] = defaultdict(float)
-        lock = threading.Lock()
-        for name in ("vectors", "graph", "lexical", "embedder", "metadata", "access"):
-            memory.wiring._made[name] = Timed(getattr(memory.wiring, name), name, table, lock)
+        table = timed_stores(memory)
         results["snapshots_waited_s"] = warm_up(memory)
         for kind in TYPES:
             table.clear()
             started = time.perf_counter()
             latencies = ask_all(memory, kind, questions)
             results[kind] = summary(latencies, time.perf_counter() - started)
-            total = sum(latencies)
-            results[kind]["ms_per_query_in"] = {
-                key: round(seconds / len(latencies) * 1000, 2) for key, seconds in sorted(table.items())
-            }
-            results[kind]["store_share_of_wall"] = round(sum(table.values()) / total, 3)
+            results[kind].update(store_times(table, latencies))
     return results
+
+
+def timed_stores(memory: Kenning) -> dict[str, float]:
+    """Wraps the memory's stores so that each call's seconds add up in the returned table."""
+    table: dict[str, float] = defaultdict(float)
+    lock = threading.Lock()
+    for name in ("vectors", "graph", "lexical", "embedder", "metadata", "access"):
+        memory.wiring._made[name] = Timed(getattr(memory.wiring, name), name, table, lock)
+    return table
+
+
+def store_times(table: dict[str, float], latencies: list[float]) -> dict[str, Any]:
+    """Milliseconds per query in each store call, and the share of the queries' time in stores."""
+    return {
+        "ms_per_query_in": {
+            key: round(seconds / len(latencies) * 1000, 2) for key, seconds in sorted(table.items())
+        },
+        "store_share_of_wall": round(sum(table.values()) / sum(latencies), 3),
+    }
 
 
 def threads(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
@@ -193,12 +205,14 @@ def client_process(
 ) -> None:
     """One process's client: opens its own `Kenning`, waits for the others, then asks."""
     with open_memory(Path(home)) as memory:
+        table = timed_stores(memory)
         warm_up(memory)
         for kind in TYPES:
             barrier.wait(START_TIMEOUT_S)
+            table.clear()
             started = time.perf_counter()
             latencies = ask_all(memory, kind, rotated(questions, client, clients))
-            out.put((kind, client, latencies, started, time.perf_counter()))
+            out.put((kind, dict(table), latencies, started, time.perf_counter()))
 
 
 def processes(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
@@ -212,10 +226,13 @@ def processes(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
     for worker in workers:
         worker.start()
     got: dict[str, list[tuple[list[float], float, float]]] = defaultdict(list)
+    tables: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     deadline = time.monotonic() + START_TIMEOUT_S + 600
     while sum(len(parts) for parts in got.values()) < clients * len(TYPES):
-        kind, _client, latencies, started, ended = out.get(timeout=max(1.0, deadline - time.monotonic()))
+        kind, table, latencies, started, ended = out.get(timeout=max(1.0, deadline - time.monotonic()))
         got[kind].append((latencies, started, ended))
+        for key, seconds in table.items():
+            tables[kind][key] += seconds
     for worker in workers:
         worker.join(timeout=60)
         if worker.exitcode != 0:
@@ -224,7 +241,8 @@ def processes(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
     for kind in TYPES:
         parts = got[kind]
         wall = max(end for _, _, end in parts) - min(start for _, start, _ in parts)
-        results[kind] = summary([t for latencies, _, _ in parts for t in latencies], wall)
+        latencies = [t for part, _, _ in parts for t in part]
+        results[kind] = {**summary(latencies, wall), **store_times(tables[kind], latencies)}
     return results
 
 

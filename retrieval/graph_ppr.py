@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import ABOUT_RELATIONSHIP, STRUCTURAL_RELATIONSHIPS
-from kenning.pipeline.models import EdgeShape, Entity, GraphEdge, Scope
+from kenning.pipeline.models import EdgeShape, Entity, GraphEdge, Scope, ScoredPoint
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
@@ -117,20 +117,25 @@ def walk(
     query: str,
     config: WalkConfig,
     vector: Sequence[float] | None = None,
+    closest: Sequence[ScoredPoint] | None = None,
 ) -> Walk:
     """Personalized PageRank from the query's entities and closest chunks over the scope's graph
-    around them; `vector` is the query's embedding, when the caller has it already."""
+    around them. A caller that has them already passes `vector`, the query's embedding, and
+    `closest`, the scope's chunks nearest to it best first (at least `chunk_seeds` of them, or
+    all the scope holds)."""
     names = question_names(query)
     exact = exact_entities(ports, scope, [*names, *question_spans(query)])
     unmatched = [name for name in names if not _within(name, exact)] if config.entity_links else []
     texts = [*([] if vector is not None else [query]), *unmatched]
     embedded = ports.embedder.embed(texts) if texts else []
     query_vector = vector if vector is not None else embedded.pop(0)
-    chunk_points = (
-        ports.vectors.search(scope, collection.CHUNKS, query_vector, config.chunk_seeds, ())
-        if config.chunk_seeds
-        else []
-    )
+    if closest is None:
+        closest = (
+            ports.vectors.search(scope, collection.CHUNKS, query_vector, config.chunk_seeds, ())
+            if config.chunk_seeds
+            else []
+        )
+    chunk_points = closest[: config.chunk_seeds]
     chunk_seeds = {point.id: max(1.0 - point.score, 0.0) for point in chunk_points}
     linked = link_entities(ports, scope, embedded, config)
     entity_seeds = linked | {entity_id: 1.0 for entity_id in exact.values()}

@@ -91,15 +91,24 @@ class HybridCompletionRetriever:
             "summaries": _chunk_ids(summaries),
             "entities": self._entity_lane(scope, vector, config) if on("entities") > 0 else [],
             "facts": _chunk_ids(facts)[: depth("facts")],
-            "graph": self._graph_lane(scope, request, vector, depth("graph")) if on("graph") > 0 else [],
+            "graph": self._graph_lane(scope, request, vector, chunks, config) if on("graph") > 0 else [],
         }
         return lanes, facts, {point.id: point for point in [*lexical, *chunks]}
 
     def _graph_lane(
-        self, scope: Scope, request: SearchRequest, vector: Sequence[float], depth: int
+        self,
+        scope: Scope,
+        request: SearchRequest,
+        vector: Sequence[float],
+        chunks: list[ScoredPoint],
+        fusion: FusionConfig,
     ) -> list[str]:
-        ended = walk(self._ports, scope, request.query, WalkConfig.model_validate(request.options), vector)
-        return [entry.chunk_id for entry in ended.ranked[:depth]]
+        """The walk's chunks. It starts from the chunks lane's closest when that lane searched as
+        deep as the walk's chunk seeds, or deeper: they are the same chunks."""
+        config = WalkConfig.model_validate(request.options)
+        deep_enough = fusion.weight("chunks") > 0 and fusion.depth("chunks") >= config.chunk_seeds
+        ended = walk(self._ports, scope, request.query, config, vector, chunks if deep_enough else None)
+        return [entry.chunk_id for entry in ended.ranked[: fusion.depth("graph")]]
 
     def _entity_lane(self, scope: Scope, vector: Sequence[float], config: FusionConfig) -> list[str]:
         seeds = self._ports.vectors.search(scope, collection.ENTITIES, vector, config.entity_seeds, ())

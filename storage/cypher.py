@@ -32,6 +32,7 @@ from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import Neighbourhood
 from kenning.storage.memory_graph import (
+    by_first_end,
     expand,
     over_stored_edges,
     over_stored_nodes,
@@ -354,8 +355,8 @@ class CypherGraphStore:
             return list(found.values())
 
         if shape_only:
-            return expand(degrees, shapes, node_ids, hops, limit, max_degree)
-        return expand(degrees, touching, node_ids, hops, limit, max_degree)
+            return expand(degrees, by_first_end(shapes), node_ids, hops, limit, max_degree)
+        return expand(degrees, by_first_end(touching), node_ids, hops, limit, max_degree)
 
     def export(self, scope: Scope) -> tuple[list[GraphNode], list[GraphEdge]]:
         nodes_statement, edges_statement = export_statements(scope)

@@ -49,8 +49,15 @@ class Shape:
             touching.setdefault(source, []).append(index)
             if target != source:
                 touching.setdefault(target, []).append(index)
-        # As tuples of ints, which the collector stops tracking, as it does the rows.
-        return cls(revision, edges, {node: tuple(indexes) for node, indexes in touching.items()})
+        # As tuples of ints in edge id order, which the collector stops tracking, as it does the rows.
+        return cls(
+            revision,
+            edges,
+            {
+                node: tuple(sorted(indexes, key=lambda index: edges[index][0]))
+                for node, indexes in touching.items()
+            },
+        )
 
     def degrees(self, node_ids: Sequence[str], skip: frozenset[str]) -> dict[str, int]:
         """Each node's edges not of a skipped relationship; nodes with none are left out."""
@@ -65,11 +72,18 @@ class Shape:
                 counts[node] = count
         return counts
 
-    def edges_of(self, node_ids: Sequence[str], skip: frozenset[str]) -> list[EdgeShape]:
-        """The edges with an end among the nodes, not of a skipped relationship."""
-        found: dict[int, None] = {}
+    def edges_by_node(self, node_ids: Sequence[str], skip: frozenset[str]) -> dict[str, list[EdgeShape]]:
+        """The edges with an end among the nodes, not of a skipped relationship, each under the
+        first of its ends in `node_ids`, in id order (as `memory_graph.by_first_end` groups them)."""
+        taken: set[int] = set()
+        owned: dict[str, list[EdgeShape]] = {}
         for node in node_ids:
-            for index in self.touching.get(node, ()):
-                if self.edges[index][3] not in skip:
-                    found[index] = None
-        return [EdgeShape._make(self.edges[index]) for index in found]
+            mine = [
+                index
+                for index in self.touching.get(node, ())
+                if index not in taken and self.edges[index][3] not in skip
+            ]
+            if mine:
+                taken.update(mine)
+                owned[node] = [EdgeShape._make(self.edges[index]) for index in mine]
+        return owned

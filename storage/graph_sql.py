@@ -15,6 +15,7 @@ from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Sc
 from kenning.pipeline.ports import Neighbourhood, chunked
 from kenning.storage.graph_shape import MAX_EDGES, Shape
 from kenning.storage.memory_graph import (
+    by_first_end,
     expand,
     over_stored_edges,
     over_stored_nodes,
@@ -187,7 +188,7 @@ class SqlGraphStore:
                 skipped = frozenset(skip)
                 return expand(
                     lambda ids: held.degrees(ids, skipped),
-                    lambda ids: held.edges_of(ids, skipped),
+                    lambda ids: held.edges_by_node(ids, skipped),
                     node_ids,
                     hops,
                     limit,
@@ -225,8 +226,8 @@ class SqlGraphStore:
                 return list(found.values())
 
             if shape_only:
-                return expand(degrees, shapes, node_ids, hops, limit, max_degree)
-            return expand(degrees, touching, node_ids, hops, limit, max_degree)
+                return expand(degrees, by_first_end(shapes), node_ids, hops, limit, max_degree)
+            return expand(degrees, by_first_end(touching), node_ids, hops, limit, max_degree)
 
     def shape_held(self, scope: Scope) -> int | None:
         """The revision at which the scope's edges are held in memory; None when they are not."""

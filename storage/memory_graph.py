@@ -125,7 +125,7 @@ Ends = TypeVar("Ends", GraphEdge, EdgeShape)
 
 def expand(
     degrees: Callable[[list[str]], dict[str, int]],
-    edges_of: Callable[[list[str]], Sequence[Ends]],
+    owned_by: Callable[[list[str]], dict[str, list[Ends]]],
     node_ids: Sequence[str],
     hops: int,
     limit: int,
@@ -133,8 +133,10 @@ def expand(
 ) -> Neighbourhood:
     """The breadth-first neighbourhood every graph adapter returns (see GraphStore.neighbourhood).
 
-    `degrees(ids)` counts each node's edges and `edges_of(ids)` returns the edges touching any
-    of them, both leaving out the skipped relationships: the adapter pushes those into its store.
+    `degrees(ids)` counts each node's edges and `owned_by(ids)` returns the edges touching any
+    of them, each under the first of its ends among the ids, in id order (`by_first_end` makes
+    it from a read of the edges), both leaving out the skipped relationships: the adapter
+    pushes those into its store.
     """
     found: dict[str, Ends] = {}
     counts: dict[str, int] = {}
@@ -148,7 +150,7 @@ def expand(
         )
         if not opened:
             break
-        owned = _edges_by_node(edges_of(opened), opened)
+        owned = owned_by(opened)
         reached: set[str] = set()
         for node in opened:
             new = [edge for edge in owned.get(node, []) if edge.id not in found]
@@ -178,6 +180,13 @@ def _with_degrees(
 def edge_shape(edge: GraphEdge) -> EdgeShape:
     """The edge's id, endpoints and relationship alone: what `neighbourhood(shape_only=True)` returns."""
     return EdgeShape(edge.id, edge.source_id, edge.target_id, edge.relationship)
+
+
+def by_first_end(
+    edges_of: Callable[[list[str]], Sequence[Ends]],
+) -> Callable[[list[str]], dict[str, list[Ends]]]:
+    """`expand`'s `owned_by` from `edges_of(ids)`, the edges touching any of the ids."""
+    return lambda nodes: _edges_by_node(edges_of(nodes), nodes)
 
 
 def _edges_by_node(edges: Iterable[Ends], nodes: Sequence[str]) -> dict[str, list[Ends]]:
@@ -279,8 +288,8 @@ class MemoryGraphStore:
             return counts
 
         if shape_only:
-            return expand(degrees, shapes, node_ids, hops, limit, max_degree)
-        return expand(degrees, touching, node_ids, hops, limit, max_degree)
+            return expand(degrees, by_first_end(shapes), node_ids, hops, limit, max_degree)
+        return expand(degrees, by_first_end(touching), node_ids, hops, limit, max_degree)
 
     def remove_data(self, scope: Scope, data_ids: Sequence[str]) -> Removal:
         gone = set(data_ids)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import random
 
 from kenning.pipeline.models import EdgeShape
 from kenning.storage.graph_shape import Shape
+from kenning.storage.memory_graph import by_first_end
 
 ROWS = [
     ("e1", "a", "b", "contains"),
@@ -29,8 +31,8 @@ def test_degrees_follow_the_skip_set_asked_each_time() -> None:
 def test_edges_come_as_shapes_and_the_collector_tracks_nothing_the_shape_holds() -> None:
     shape = Shape.read(1, ROWS)
 
-    first = shape.edges_of(["a"], frozenset({"next"}))
-    again = shape.edges_of(["a", "b"], frozenset())
+    first = [edge for edges in shape.edges_by_node(["a"], frozenset({"next"})).values() for edge in edges]
+    again = [edge for edges in shape.edges_by_node(["a", "b"], frozenset()).values() for edge in edges]
 
     assert sorted(e.id for e in first) == ["e1", "e4"]
     assert sorted(e.id for e in again) == ["e1", "e2", "e3", "e4"]
@@ -41,3 +43,24 @@ def test_edges_come_as_shapes_and_the_collector_tracks_nothing_the_shape_holds()
     gc.collect()
     assert not any(gc.is_tracked(row) for row in shape.edges)
     assert not any(gc.is_tracked(indexes) for indexes in shape.touching.values())
+
+
+def test_edges_by_node_groups_each_edge_under_its_first_end_asked_in_id_order() -> None:
+    """As `by_first_end` groups a read of the edges touching the nodes, on a random graph."""
+    chance = random.Random(7)
+    nodes = [f"n{n}" for n in range(30)]
+    kinds = ["contains", "next", "knows"]
+    rows = [
+        (f"e{chance.randrange(10**6):06d}", chance.choice(nodes), chance.choice(nodes), chance.choice(kinds))
+        for _ in range(200)
+    ]
+    rows = list({row[0]: row for row in rows}.values())
+    shape = Shape.read(1, rows)
+    for _ in range(20):
+        asked = chance.sample(nodes, chance.randint(1, 10))
+        skip = frozenset(chance.sample(kinds, chance.randint(0, 2)))
+
+        def touching(ids: list[str], skip: frozenset[str] = skip) -> list[EdgeShape]:
+            return [EdgeShape(*row) for row in rows if {row[1], row[2]} & set(ids) and row[3] not in skip]
+
+        assert shape.edges_by_node(asked, skip) == by_first_end(touching)(asked)

@@ -253,6 +253,27 @@ def test_hybrid_searches_each_requested_scope(services: TwinServices) -> None:
     assert [hit.document_id for hit in result.results if hit.dataset == "secret"] == [secret.id]
 
 
+@pytest.mark.parametrize(("chunks_depth", "chunk_searches"), [(40, 1), (5, 2)])
+def test_hybrid_walk_starts_from_the_chunks_lane_when_it_went_deep_enough(
+    services: TwinServices, monkeypatch: pytest.MonkeyPatch, chunks_depth: int, chunk_searches: int
+) -> None:
+    """The graph lane's walk needs the 10 closest chunks: the chunks lane's 40 hold them, its 5 do not."""
+    searched: list[str] = []
+    inner = services.vectors.search
+
+    def search(scope: Scope, name: str, *args: object, **kwargs: object) -> object:
+        searched.append(name)
+        return inner(scope, name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(services.vectors, "search", search)
+    options = {"depths": {"chunks": chunks_depth}}
+    result = run(
+        services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True, options=options
+    )
+    assert result.results
+    assert searched.count(collection.CHUNKS) == chunk_searches
+
+
 def test_rank_fusion_sums_weighted_reciprocal_ranks() -> None:
     # Given two lanes that disagree, and a lane switched off
     lanes = {"a": ["x", "y", "x"], "b": ["y", "z"], "off": ["w"]}
