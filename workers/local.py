@@ -33,6 +33,11 @@ BATCHES_PER_THREAD = 4
 # Batches this much later than they take on average are waiting out something: the fan-out's end
 # cannot be told from them, and a load pass may start.
 LATE_S = 1.0
+# A streamed step falls behind its fan-out when this many load batches' worth of items wait
+# for a pass: the fan-out sends nothing more until the writer catches up, so what is left to
+# write when the fan-out ends (and the memory it holds meanwhile) stays bounded. Fewer makes
+# passes smaller, and each pass costs more than its items.
+BEHIND_BATCHES = 4
 
 # (step name, done, total): called as work advances, from the runner's thread.
 ProgressCallback = Callable[[str, int, int], None]
@@ -156,24 +161,32 @@ class LocalRunner:
                 self._passes[streamed.name] = passes
             every = max(1, config.load_batch // 4)
             stream = _Stream(self._services, job, streamed, writer, every, record, passes)
+            stream.behind_at = BEHIND_BATCHES * config.load_batch
             running = _InFlight()
+            # Without a rate limit, batches in flight are answered at once: they count as waiting.
+            counts_sent = not self._rpm
             while batches or running:
-                while batches and len(running) < pacer.limit:
+                while (
+                    batches
+                    and len(running) < pacer.limit
+                    and not stream.behind(running.items_sent if counts_sent else 0)
+                ):
                     batch = batches.popleft()
                     running.sent(pool.submit(step.run, self._services, job, batch), len(batch))
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    count = running.answered(future)
+                finished, _ = wait([*running, *stream.running], return_when=FIRST_COMPLETED)
+                count = 0
+                for future in (future for future in finished if future in running):
+                    count += running.answered(future)
                     record(future.result().counts)
-                    done += count
-                    self._progress(step.name, done, len(items))
+                    self._progress(step.name, done + count, len(items))
                     if client is not None:
                         pacer.follow(client)
-                    # Under a rate limit a pass mostly waits: its embeddings queue behind the
-                    # extractions at the limiter, then take a round trip. Without one it mostly
-                    # writes, and holding it back would only leave the writer idle.
-                    left_s = running.left_s(len(batches)) if self._rpm else None
-                    stream.advance(count, left_s, running.mean_s)
+                done += count
+                # Under a rate limit a pass mostly waits: its embeddings queue behind the
+                # extractions at the limiter, then take a round trip. Without one it mostly
+                # writes, and holding it back would only leave the writer idle.
+                left_s = running.left_s(len(batches)) if self._rpm else None
+                stream.advance(count, left_s, running.mean_s)  # also when only the pass ended
             stream.finish()
 
     def _metered(self) -> Metered | None:
@@ -208,6 +221,17 @@ class _Stream:
         self._ready = 0
         self._pass: Future[StepResult] | None = None
         self._pass_s = 0.0  # how long the last pass took (0: none ran yet)
+        self.behind_at = 0  # items waiting for a pass that make the stream behind (0: never)
+
+    @property
+    def running(self) -> list[Future[StepResult]]:
+        """The pass running now, if any."""
+        return [self._pass] if self._pass is not None and not self._pass.done() else []
+
+    def behind(self, coming: int = 0) -> bool:
+        """Whether `behind_at` items or more wait for a pass, counting `coming` more that will
+        be ready soon."""
+        return self._step is not None and bool(self.behind_at) and self._ready + coming >= self.behind_at
 
     def advance(self, ready: int, left_s: float | None = None, batch_s: float = 0.0) -> None:
         """`ready` more items are ready: start a pass if enough are and none is running. With
@@ -258,6 +282,11 @@ class _InFlight(dict[Future[StepResult], tuple[int, float]]):
         items, sent = self.pop(batch)
         self._seconds, self._answered = self._seconds + time.monotonic() - sent, self._answered + 1
         return items
+
+    @property
+    def items_sent(self) -> int:
+        """The items of the batches in flight."""
+        return sum(items for items, _ in self.values())
 
     @property
     def mean_s(self) -> float:

@@ -4,6 +4,7 @@ embedding requests sharing the LLM's limit."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from kenning.pipeline.models import Extraction, GraphNode, Scope
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.pacing import Metered, Pacer, in_flight
 from kenning.storage.memory_graph import MemoryGraphStore
-from kenning.workers.local import LocalRunner
+from kenning.workers.local import BEHIND_BATCHES, LocalRunner
 from kenning.workers.settings import Settings, load_settings
 from kenning.workers.wiring import embeddings_share_llm_limit
 from tests.twins import CountingExtractor, TwinServices
@@ -162,6 +163,66 @@ def test_under_a_rate_limit_no_pass_starts_that_would_end_after_the_last_extract
     assert run.status.value == "completed", run.error
     assert (events.index("written") > last_extraction) == bool(rpm)
     assert services.vectors.count(SCOPE, collection.CHUNKS) == len(TEXTS)
+
+
+class Lead:
+    """How far extraction runs ahead of the graph writes, in chunks."""
+
+    def __init__(self) -> None:
+        self.extracted = self.written = self.most = 0
+        self.mutex = threading.Lock()
+
+    def extract(self) -> None:
+        with self.mutex:
+            self.extracted += 1
+            self.most = max(self.most, self.extracted - self.written)
+
+
+class SlowGraph(MemoryGraphStore):
+    """Writes a chunk at a time, slowly."""
+
+    def __init__(self, lead: Lead) -> None:
+        super().__init__()
+        self.lead = lead
+
+    def upsert_nodes(self, scope: Scope, nodes: Sequence[GraphNode]) -> None:
+        for node in nodes:
+            if node.type == "DocumentChunk":
+                time.sleep(0.01)
+                with self.lead.mutex:
+                    self.lead.written += 1
+        super().upsert_nodes(scope, nodes)
+
+
+class LeadingExtractor(CountingExtractor):
+    def __init__(self, lead: Lead) -> None:
+        super().__init__()
+        self.lead = lead
+
+    def extract(self, text: str) -> Extraction:
+        self.lead.extract()
+        return super().extract(text)
+
+
+def test_without_a_rate_limit_extraction_waits_for_a_writer_that_falls_behind() -> None:
+    # Given 60 chunks, extracted at once, written one load batch of 2 at a time, slowly
+    lead = Lead()
+    services = TwinServices(graph=SlowGraph(lead), extractor=LeadingExtractor(lead))
+    services.config.load_batch = 2
+    texts = [f"Person{n} Gamma moved to Town{n} in {1800 + n}." for n in range(60)]
+    add(
+        services.metadata,
+        services.blobs,
+        SCOPE,
+        [Source(name=f"{n}.txt", uri=f"t:{n}", data=t.encode()) for n, t in enumerate(texts)],
+    )
+    # When the dataset is cognified with no rate limit
+    run = LocalRunner(services, services.lock, concurrency=4).run(SCOPE)
+    # Then extraction never ran further ahead of the writes than the items waiting for a pass
+    # allow, twice over (those of the pass running and those of the next), and a batch each
+    assert run.status.value == "completed", run.error
+    assert lead.written == len(texts)
+    assert lead.most <= 2 * (BEHIND_BATCHES * services.config.load_batch + 1)
 
 
 def test_embedding_requests_to_the_llm_host_count_toward_its_limit(tmp_path: Path) -> None:
