@@ -43,6 +43,8 @@ class Step:
     # Also run, pass after pass, over what the fan-out step before it has finished so far, while
     # it goes on: so writes overlap the LLM calls. Its final run after the fan-out does the rest.
     streams: bool = False
+    # What a streamed step does once before its first pass, while the fan-out's first calls are out.
+    prepare: Callable[[Services, Job], None] | None = None
 
     def batch_size(self, config: PipelineConfig) -> int:
         return config.extract_batch if self.fan_out else 1
@@ -76,6 +78,10 @@ def _load(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
     return StepResult(counts=tasks.load(services, job))
 
 
+def _prepare_load(services: Services, _job: Job) -> None:
+    tasks.ensure_collections(services)
+
+
 def _fk_edges(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
     run = services.metadata.get_run(job.run_id)
     structured = run.stats.get("structured", 0) if run else 0
@@ -87,7 +93,7 @@ PLAN: tuple[Step, ...] = (
     Step("classify", _classify),
     Step("chunk", _chunk),
     Step("extract", _extract, fan_out=True),
-    Step("load", _load, streams=True),
+    Step("load", _load, streams=True, prepare=_prepare_load),
     Step("fk_edges", _fk_edges),
 )
 STEPS = {step.name: step for step in PLAN}

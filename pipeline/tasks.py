@@ -250,6 +250,12 @@ def _extract_unit(
     return set(shares)
 
 
+def ensure_collections(services: Services) -> None:
+    """Create the vector collections load writes, where they are missing."""
+    for name in collection.INDEXED:
+        services.vectors.ensure_collection(name, services.embedder.dimension)
+
+
 _EXTRACTABLE = frozenset({ChunkStatus.PENDING, ChunkStatus.FAILED})
 NO_EXTRACTION = (
     "no extraction of this chunk was found at load (the extractor changed since it was extracted, "
@@ -269,8 +275,7 @@ def load(services: Services, job: Job) -> dict[str, int]:
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
     totals: Counter[str] = Counter(superseded_items=len(forgotten.items))
     if chunk_ids:
-        for name in collection.INDEXED:
-            services.vectors.ensure_collection(name, services.embedder.dimension)
+        ensure_collections(services)
     written = 0
     report("load", written, len(chunk_ids))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-writer") as writer:

@@ -34,9 +34,9 @@ BATCHES_PER_THREAD = 4
 # cannot be told from them, and a load pass may start.
 LATE_S = 1.0
 # A streamed step falls behind its fan-out when this many load batches' worth of items wait
-# for a pass: the fan-out sends nothing more until the writer catches up, so what is left to
-# write when the fan-out ends (and the memory it holds meanwhile) stays bounded. Fewer makes
-# passes smaller, and each pass costs more than its items.
+# for a pass: the fan-out then keeps one batch in flight, and none at twice that, until the
+# writer catches up; so what is left to write when the fan-out ends (and the memory it holds
+# meanwhile) stays bounded. Fewer makes passes smaller, and each pass costs more than its items.
 BEHIND_BATCHES = 4
 
 # (step name, done, total): called as work advances, from the runner's thread.
@@ -162,14 +162,14 @@ class LocalRunner:
             every = max(1, config.load_batch // 4)
             stream = _Stream(self._services, job, streamed, writer, every, record, passes)
             stream.behind_at = BEHIND_BATCHES * config.load_batch
+            if batches:
+                stream.prepare()
             running = _InFlight()
             # Without a rate limit, batches in flight are answered at once: they count as waiting.
             counts_sent = not self._rpm
             while batches or running:
-                while (
-                    batches
-                    and len(running) < pacer.limit
-                    and not stream.behind(running.items_sent if counts_sent else 0)
+                while batches and len(running) < stream.allowed(
+                    pacer.limit, running.items_sent if counts_sent else 0
                 ):
                     batch = batches.popleft()
                     running.sent(pool.submit(step.run, self._services, job, batch), len(batch))
@@ -223,15 +223,25 @@ class _Stream:
         self._pass_s = 0.0  # how long the last pass took (0: none ran yet)
         self.behind_at = 0  # items waiting for a pass that make the stream behind (0: never)
 
+    def prepare(self) -> None:
+        """Start the step's preparation, if it has one, on the writer (it runs as a pass)."""
+        if self._step is not None and self._step.prepare is not None and self._pass is None:
+            self._pass = self._writer.submit(self._prepare, self._step.prepare)
+
     @property
     def running(self) -> list[Future[StepResult]]:
         """The pass running now, if any."""
         return [self._pass] if self._pass is not None and not self._pass.done() else []
 
-    def behind(self, coming: int = 0) -> bool:
-        """Whether `behind_at` items or more wait for a pass, counting `coming` more that will
-        be ready soon."""
-        return self._step is not None and bool(self.behind_at) and self._ready + coming >= self.behind_at
+    def allowed(self, limit: int, coming: int = 0) -> int:
+        """The batches the fan-out may have in flight, up to `limit`, as the items waiting for a
+        pass stand (counting `coming` more that will be ready soon): all of them while fewer than
+        `behind_at` wait; one, so the process keeps working while the writer waits on a store,
+        until twice that many wait; none beyond."""
+        waiting = self._ready + coming
+        if self._step is None or not self.behind_at or waiting < self.behind_at:
+            return limit
+        return 1 if waiting < 2 * self.behind_at else 0
 
     def advance(self, ready: int, left_s: float | None = None, batch_s: float = 0.0) -> None:
         """`ready` more items are ready: start a pass if enough are and none is running. With
@@ -253,9 +263,15 @@ class _Stream:
         """Wait for the running pass, if any, and record it."""
         if self._pass is not None:
             running, self._pass = self._pass, None
-            self._record(running.result().counts)
+            counts = running.result().counts
+            if counts:  # the step's preparation counts nothing
+                self._record(counts)
             if self._passes is not None:
                 self._passes.next_pass()
+
+    def _prepare(self, prepare: Callable[[Services, Job], None]) -> StepResult:
+        prepare(self._services, self._job)
+        return StepResult()
 
     def _run_pass(self, step: Step) -> StepResult:
         started = time.monotonic()
