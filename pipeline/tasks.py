@@ -390,15 +390,15 @@ def _write(services: Services, job: Job, assembly: Assembly, indexed: Indexed) -
     return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=len(vectors))
 
 
+OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED)
+
+
 def _mark_items_done(services: Services, job: Job) -> None:
     """Items whose chunks are all loaded are done; failed chunks keep theirs open for a retry."""
     chunked_items = services.metadata.list_items(job.dataset_id, ItemStatus.CHUNKED)
     if not chunked_items:
         return
-    open_ids: list[str] = []
-    for status in (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED):
-        open_ids += services.chunks.list_chunk_ids(job.dataset_id, status)
-    unfinished = {record.data_id for record in services.chunks.get_chunks(open_ids)}
+    unfinished = services.chunks.data_ids_with_chunks(job.dataset_id, OPEN_CHUNKS)
     check_fence()
     services.metadata.set_items_status(
         [item.id for item in chunked_items if item.id not in unfinished], ItemStatus.DONE

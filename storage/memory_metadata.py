@@ -186,6 +186,15 @@ class MemoryMetadataStore:
             ]
         return [chunk.id for chunk in sorted(found, key=lambda chunk: (chunk.document_id, chunk.index))]
 
+    def data_ids_with_chunks(self, dataset_id: str, statuses: Sequence[ChunkStatus]) -> set[str]:
+        wanted = set(statuses)
+        with self._lock:
+            return {
+                chunk.data_id
+                for chunk in self._chunks.values()
+                if chunk.dataset_id == dataset_id and chunk.status in wanted
+            }
+
     def chunks_of(self, dataset_id: str, data_ids: Sequence[str]) -> list[ChunkRecord]:
         wanted = set(data_ids)
         with self._lock:

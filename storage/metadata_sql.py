@@ -286,6 +286,13 @@ class SqlMetadataStore:
         with self._begin() as conn:
             return list(conn.scalars(query))
 
+    def data_ids_with_chunks(self, dataset_id: str, statuses: Sequence[ChunkStatus]) -> set[str]:
+        wanted = [status.value for status in statuses]
+        query = sa.select(chunks.c.data_id).distinct()
+        query = query.where(chunks.c.dataset_id == dataset_id, chunks.c.status.in_(wanted))
+        with self._begin() as conn:
+            return set(conn.scalars(query))
+
     def chunks_of(self, dataset_id: str, data_ids: Sequence[str]) -> list[ChunkRecord]:
         query = sa.select(chunks).where(chunks.c.dataset_id == dataset_id)
         with self._begin() as conn:

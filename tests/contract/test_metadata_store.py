@@ -414,6 +414,26 @@ def test_chunk_status_is_set_for_many_and_filters_the_listing(store: Store, scop
     assert store.list_chunk_ids(dataset.id, ChunkStatus.EXTRACTED) == []
 
 
+def test_data_ids_with_chunks_in_given_statuses(store: Store, scope: Scope) -> None:
+    dataset = store.ensure_dataset(scope)
+    chunks = [
+        make_chunk(dataset, document, index) for document in ("doc-a", "doc-b", "doc-c") for index in range(2)
+    ]
+    store.save_chunks(chunks)
+    store.set_chunk_status([chunk.id for chunk in chunks if chunk.document_id != "doc-a"], ChunkStatus.LOADED)
+    store.set_chunk_status([chunks[3].id], ChunkStatus.FAILED)
+
+    assert store.data_ids_with_chunks(dataset.id, [ChunkStatus.PENDING]) == {"data-doc-a"}
+    assert store.data_ids_with_chunks(dataset.id, [ChunkStatus.PENDING, ChunkStatus.FAILED]) == {
+        "data-doc-a",
+        "data-doc-b",
+    }
+    assert store.data_ids_with_chunks(dataset.id, [ChunkStatus.LOADED]) == {"data-doc-b", "data-doc-c"}
+    assert store.data_ids_with_chunks(dataset.id, [ChunkStatus.EXTRACTED]) == set()
+    assert store.data_ids_with_chunks(dataset.id, []) == set()
+    assert store.data_ids_with_chunks("no-such-dataset", [ChunkStatus.PENDING]) == set()
+
+
 def test_large_chunk_batches_are_stored_whole(store: Store, scope: Scope) -> None:
     # Given more chunks than one insert batch holds, with about 4 MB of text
     dataset = store.ensure_dataset(scope)
