@@ -104,7 +104,8 @@ class HybridCompletionRetriever:
         fusion: FusionConfig,
     ) -> list[str]:
         """The walk's chunks. It starts from the chunks lane's closest when that lane searched as
-        deep as the walk's chunk seeds, or deeper: they are the same chunks."""
+        deep as the walk's chunk seeds, or deeper: the same chunks, up to an ANN index's
+        approximation (a deeper search of one misses fewer)."""
         config = WalkConfig.model_validate(request.options)
         deep_enough = fusion.weight("chunks") > 0 and fusion.depth("chunks") >= config.chunk_seeds
         ended = walk(self._ports, scope, request.query, config, vector, chunks if deep_enough else None)

@@ -29,7 +29,7 @@ class Shape:
 
     revision: int
     edges: list[Row]
-    touching: dict[str, tuple[int, ...]]  # node -> the edges with an end there (a loop once)
+    touching: dict[str, tuple[int, ...]]  # node -> the edges with an end there (a loop once), in id order
     _degrees: dict[frozenset[str], dict[str, int]] = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -161,16 +161,14 @@ class LocalRunner:
                 self._passes[streamed.name] = passes
             every = max(1, config.load_batch // 4)
             stream = _Stream(self._services, job, streamed, writer, every, record, passes)
-            stream.behind_at = BEHIND_BATCHES * config.load_batch
+            # Under a rate limit the writer keeps up, and a pass held back near the end is meant to be.
+            stream.behind_at = 0 if self._rpm else BEHIND_BATCHES * config.load_batch
             if batches:
                 stream.prepare()
             running = _InFlight()
-            # Without a rate limit, batches in flight are answered at once: they count as waiting.
-            counts_sent = not self._rpm
             while batches or running:
-                while batches and len(running) < stream.allowed(
-                    pacer.limit, running.items_sent if counts_sent else 0
-                ):
+                # Batches in flight are answered at once (no rate limit): they count as waiting.
+                while batches and len(running) < stream.allowed(pacer.limit, running.items_sent):
                     batch = batches.popleft()
                     running.sent(pool.submit(step.run, self._services, job, batch), len(batch))
                 finished, _ = wait([*running, *stream.running], return_when=FIRST_COMPLETED)
@@ -222,16 +220,18 @@ class _Stream:
         self._pass: Future[StepResult] | None = None
         self._pass_s = 0.0  # how long the last pass took (0: none ran yet)
         self.behind_at = 0  # items waiting for a pass that make the stream behind (0: never)
+        self._preparation: Future[StepResult] | None = None
 
     def prepare(self) -> None:
-        """Start the step's preparation, if it has one, on the writer (it runs as a pass)."""
+        """Start the step's preparation, if it has one, on the writer: passes wait for it as for
+        a pass, but it is neither recorded nor counted as one."""
         if self._step is not None and self._step.prepare is not None and self._pass is None:
-            self._pass = self._writer.submit(self._prepare, self._step.prepare)
+            self._pass = self._preparation = self._writer.submit(self._prepare, self._step.prepare)
 
     @property
     def running(self) -> list[Future[StepResult]]:
-        """The pass running now, if any."""
-        return [self._pass] if self._pass is not None and not self._pass.done() else []
+        """The pass not yet recorded (running, or ended since the last `advance`), if any."""
+        return [self._pass] if self._pass is not None else []
 
     def allowed(self, limit: int, coming: int = 0) -> int:
         """The batches the fan-out may have in flight, up to `limit`, as the items waiting for a
@@ -239,8 +239,8 @@ class _Stream:
         `behind_at` wait; one, so the process keeps working while the writer waits on a store,
         until twice that many wait; none beyond."""
         waiting = self._ready + coming
-        if self._step is None or not self.behind_at or waiting < self.behind_at:
-            return limit
+        if self._step is None or not self.behind_at or waiting < self.behind_at or self._pass is None:
+            return limit  # an idle writer starts a pass at once
         return 1 if waiting < 2 * self.behind_at else 0
 
     def advance(self, ready: int, left_s: float | None = None, batch_s: float = 0.0) -> None:
@@ -263,9 +263,10 @@ class _Stream:
         """Wait for the running pass, if any, and record it."""
         if self._pass is not None:
             running, self._pass = self._pass, None
-            counts = running.result().counts
-            if counts:  # the step's preparation counts nothing
-                self._record(counts)
+            result = running.result()
+            if running is self._preparation:
+                return
+            self._record(result.counts)
             if self._passes is not None:
                 self._passes.next_pass()
 

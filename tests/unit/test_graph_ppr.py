@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kenning.pipeline import collection
 from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import DocumentRecord, Entity, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import Neighbourhood
@@ -17,6 +18,7 @@ from kenning.retrieval.graph_ppr import (
     question_names,
     question_spans,
     restart_weights,
+    walk,
 )
 from kenning.retrieval.registry import search
 from kenning.storage.memory_graph import MemoryGraphStore
@@ -185,6 +187,22 @@ def test_hybrid_graph_lane_is_the_walk(services: TwinServices) -> None:
         hit.chunk_id for hit in ask(services, query, **options).results
     ]
     assert all(set(hit.extra["lanes"]) == {"graph"} for hit in hybrid.results)
+
+
+def test_the_walk_from_a_deeper_search_of_the_closest_chunks_ranks_as_from_its_own(
+    services: TwinServices,
+) -> None:
+    # Given the chunks closest to the question, searched deeper than the walk's chunk seeds
+    query = "Where was the maker based where Grace Hopper built a compiler?"
+    config = WalkConfig(chunk_seeds=3, chunk_weight=1.0)
+    vector = services.embedder.embed([query])[0]
+    closest = services.vectors.search(LIBRARY, collection.CHUNKS, vector, 40, ())
+    # When the walk starts from them, and from its own search
+    given = walk(services, LIBRARY, query, config, vector, closest)
+    own = walk(services, LIBRARY, query, config, vector)
+    # Then both rank alike
+    assert len(closest) > config.chunk_seeds
+    assert given.ranked and given == own
 
 
 def test_graph_completion_gives_the_facts_of_the_walks_best_chunks_one_chunk_at_a_time(
