@@ -4,7 +4,6 @@ a hashing embedder for tests, and an LRU cache in front of any of them."""
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import importlib.util
 import math
@@ -70,9 +69,8 @@ class LocalEmbedder:
         if not texts:
             return []
         if len(texts) <= FEW_TEXTS:
-            with _ONE_BLAS_THREAD.held() as alone:
-                helper = _query_helper() if alone else None
-                return self._load_numpy().encode(list(texts), helper).tolist()  # type: ignore[no-any-return]
+            with _ONE_BLAS_THREAD.held():
+                return self._load_numpy().encode(list(texts)).tolist()  # type: ignore[no-any-return]
         # sentence-transformers models are not documented as thread-safe; one encode at a time.
         with self._lock:
             model = self._load()
@@ -127,15 +125,14 @@ class _OneBlasThread:
         return self._libraries
 
     @contextmanager
-    def held(self) -> Iterator[bool]:
-        """Held while a query is embedded; yields whether it is the only one in this process."""
+    def held(self) -> Iterator[None]:
+        """Held while a query is embedded."""
         with self._lock:
             if not self._inside:
                 self._limit = self._controller().limit(limits=1, user_api="blas")
             self._inside += 1
-            alone = self._inside == 1
         try:
-            yield alone
+            yield
         finally:
             with self._lock:
                 self._inside -= 1
@@ -144,19 +141,6 @@ class _OneBlasThread:
 
 
 _ONE_BLAS_THREAD = _OneBlasThread()
-
-
-@functools.cache
-def _query_helper() -> ThreadPoolExecutor:
-    """The one thread that computes half of a query's embedding when the query is the only one
-    in flight (`NumpyMiniLM.encode`). Several queries at once each run on their own thread
-    alone: they keep the cores busy without it. Its waits block, they do not spin as BLAS
-    threads do, so a busy machine costs a late half, not a stalled query."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="kenning-embed-half")
-
-
-# In a forked child the helper's thread does not exist: the child makes its own.
-os.register_at_fork(after_in_child=_query_helper.cache_clear)
 
 
 # Bytes an empty numpy array takes besides its numbers (its object header and shape).

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +39,9 @@ class _Layer:
     attention_out: Array
     attention_out_bias: Array
     attention_norm: tuple[Array, Array]
-    # The feed-forward block in two halves of its inner width, each half's product independent
-    # of the other's until they are summed: two threads can each take one.
-    intermediate: tuple[Array, Array]
-    intermediate_bias: tuple[Array, Array]
-    output: tuple[Array, Array]
+    intermediate: Array
+    intermediate_bias: Array
+    output: Array
     output_bias: Array
     output_norm: tuple[Array, Array]
 
@@ -73,11 +70,10 @@ class NumpyMiniLM:
         self._tokenizer.enable_truncation(min(max_tokens, self._positions.shape[0]))
         self._tokenizer.no_padding()  # the file pads every text to a fixed length; tokens are packed
 
-    def encode(self, texts: list[str], helper: Executor | None = None) -> Array:
-        """One L2-normalised float32 row per text. With a `helper`, its thread computes half of
-        each feed-forward block (two thirds of the work) while this one computes the other:
-        numpy lets go of the GIL in both, so on an idle second core a query takes a quarter
-        less time.
+    def encode(self, texts: list[str]) -> Array:
+        """One L2-normalised float32 row per text, on this thread alone (a second thread taking
+        half of each feed-forward block saved a twentieth of a query's time for a third more
+        CPU, which concurrent queries pay for).
 
         The texts' tokens are packed one after another, not padded to the longest: the dense
         products, nearly all the work, cost what the tokens do (a question and the short names
@@ -86,10 +82,10 @@ class NumpyMiniLM:
             return np.zeros((0, self._words.shape[1]), dtype=np.float32)
         encoded = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
         groups = _packed_groups([len(ids) for ids in encoded])
-        vectors = [self._encode_packed([encoded[n] for n in group], helper) for group in groups]
+        vectors = [self._encode_packed([encoded[n] for n in group]) for group in groups]
         return np.concatenate(vectors) if len(vectors) > 1 else vectors[0]
 
-    def _encode_packed(self, texts_ids: list[list[int]], helper: Executor | None) -> Array:
+    def _encode_packed(self, texts_ids: list[list[int]]) -> Array:
         lengths = np.array([len(ids) for ids in texts_ids])
         ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in texts_ids])
         positions = np.concatenate([np.arange(length) for length in lengths])
@@ -101,7 +97,7 @@ class NumpyMiniLM:
         )
         for layer in self._layers:
             x = self._attention(x, layer, masked)
-            x = self._layer_norm(_feed_forward(x, layer, helper) + layer.output_bias + x, layer.output_norm)
+            x = self._layer_norm(_feed_forward(x, layer) + layer.output_bias + x, layer.output_norm)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         pooled = np.add.reduceat(x, starts, axis=0) / lengths[:, None].astype(np.float32)
         norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
@@ -152,16 +148,10 @@ def _packed_groups(lengths: list[int]) -> list[list[int]]:
     return groups
 
 
-def _feed_forward(x: Array, layer: _Layer, helper: Executor | None) -> Array:
-    """GELU(x W1 + b1) W2 without its bias, as the sum of its two halves' products."""
-
-    def half(part: int) -> Array:
-        return _gelu(x @ layer.intermediate[part] + layer.intermediate_bias[part]) @ layer.output[part]
-
-    other = helper.submit(half, 1) if helper is not None else None
-    first = half(0)
-    second = other.result() if other is not None else half(1)
-    return first + second
+def _feed_forward(x: Array, layer: _Layer) -> Array:
+    """GELU(x W1 + b1) W2, without its bias."""
+    product: Array = _gelu(x @ layer.intermediate + layer.intermediate_bias) @ layer.output
+    return product
 
 
 def _gelu(x: Array) -> Array:
@@ -196,19 +186,15 @@ def _layer(weights: dict[str, Array], prefix: str) -> _Layer:
         return np.ascontiguousarray(get(f"{name}.weight").T)
 
     parts = ("attention.self.query", "attention.self.key", "attention.self.value")
-    inner = dense("intermediate.dense")
-    middle = inner.shape[1] // 2
-    output = dense("output.dense")
-    bias = get("intermediate.dense.bias")
     return _Layer(
         qkv_weight=np.concatenate([dense(part) for part in parts], axis=1),
         qkv_bias=np.concatenate([get(f"{part}.bias") for part in parts]),
         attention_out=dense("attention.output.dense"),
         attention_out_bias=get("attention.output.dense.bias"),
         attention_norm=_norm(weights, prefix + "attention.output.LayerNorm"),
-        intermediate=(np.ascontiguousarray(inner[:, :middle]), np.ascontiguousarray(inner[:, middle:])),
-        intermediate_bias=(bias[:middle], bias[middle:]),
-        output=(output[:middle], output[middle:]),
+        intermediate=dense("intermediate.dense"),
+        intermediate_bias=get("intermediate.dense.bias"),
+        output=dense("output.dense"),
         output_bias=get("output.dense.bias"),
         output_norm=_norm(weights, prefix + "output.LayerNorm"),
     )
