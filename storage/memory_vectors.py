@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +91,7 @@ class MemoryVectorStore:
             if target is None or limit <= 0:
                 return []
             require_dimension(collection, target.dimension, vector)
-            rows = [(pid, p) for pid, p in target.points.items() if _in_scope(p.payload, scope)]
+            rows = [(pid, p) for pid, p in target.points.items() if in_scope(p.payload, scope)]
         if not rows:
             return []
         similarities = np.stack([p.vector for _, p in rows]) @ _normalized(vector)
@@ -121,7 +121,7 @@ class MemoryVectorStore:
                     payload=_selected(_json_copy(p.payload), fields),
                 )
                 for pid, p in found
-                if p is not None and _in_scope(p.payload, scope)
+                if p is not None and in_scope(p.payload, scope)
             ]
 
     def delete(self, scope: Scope, collection: str, ids: Sequence[str]) -> None:
@@ -131,7 +131,7 @@ class MemoryVectorStore:
                 return
             for point_id in map(_point_id, ids):
                 point = target.points.get(point_id)
-                if point is not None and _in_scope(point.payload, scope):
+                if point is not None and in_scope(point.payload, scope):
                     del target.points[point_id]
 
     def set_payload(self, scope: Scope, collection: str, values: dict[str, dict[str, Any]]) -> None:
@@ -141,7 +141,7 @@ class MemoryVectorStore:
                 return
             for raw_id, patch in values.items():
                 point = target.points.get(_point_id(raw_id))
-                if point is not None and _in_scope(point.payload, scope):
+                if point is not None and in_scope(point.payload, scope):
                     point.payload.update(_json_copy(scoped_payload(scope, patch)))
 
     def list_collections(self) -> list[str]:
@@ -153,7 +153,7 @@ class MemoryVectorStore:
             target = self._collections.get(collection)
             if target is None:
                 return 0
-            return sum(1 for p in target.points.values() if _in_scope(p.payload, scope))
+            return sum(1 for p in target.points.values() if in_scope(p.payload, scope))
 
     def close(self) -> None:
         """Nothing to release; the data stays for the life of the object."""
@@ -186,8 +186,13 @@ def _normalized(vector: Sequence[float]) -> Vector:
     return array / norm if norm > 0.0 else array
 
 
-def _in_scope(payload: dict[str, Any], scope: Scope) -> bool:
-    return payload.get("tenant") == scope.tenant and payload.get("dataset") == scope.dataset
+def in_scope(payload: Mapping[str, Any] | None, scope: Scope) -> bool:
+    """Whether a stored payload is the scope's (its `tenant` and `dataset` fields say so)."""
+    return (
+        payload is not None
+        and payload.get("tenant") == scope.tenant
+        and payload.get("dataset") == scope.dataset
+    )
 
 
 def _selected(payload: dict[str, Any], fields: Sequence[str] | None) -> dict[str, Any]:

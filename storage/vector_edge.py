@@ -43,7 +43,7 @@ import qdrant_edge as qe
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
-from kenning.storage.memory_vectors import distance_of, mismatch, require_dimension, scoped_payload
+from kenning.storage.memory_vectors import distance_of, in_scope, mismatch, require_dimension, scoped_payload
 from kenning.storage.shard_server import SearchServer, search_remotely
 
 DEFAULT_BATCH_SIZE = 256
@@ -545,17 +545,35 @@ def _answer(
 def _search(
     engine: qe.EdgeShard, scope: Scope, vector: Sequence[float], limit: int, fields: Sequence[str] | None
 ) -> list[ScoredPoint]:
+    """The scope's closest points. When the payload index estimates that every point of the shard
+    is the scope's (one dataset in the collection, the common case embedded), the engine searches
+    without the scope filter, which on a segment without an HNSW index doubles a search's time;
+    its hits are then checked, and any not of the scope (a write between the estimate and the
+    search, or an estimate too high) sends the search again with the filter."""
     selector: bool | list[str] = [*fields, "tenant", "dataset"] if fields is not None else True
-    request = qe.QueryRequest(
-        limit=limit,
-        query=qe.Query.Nearest(list(vector)),
-        filter=_scope_filter(scope),
-        with_payload=selector,
-        with_vector=False,
+    query = qe.Query.Nearest(list(vector))
+    if _all_of_scope(engine, scope):
+        hits = engine.query(
+            qe.QueryRequest(limit=limit, query=query, with_payload=selector, with_vector=False)
+        )
+        if all(in_scope(hit.payload, scope) for hit in hits):
+            return _scored(hits)
+    filtered = qe.QueryRequest(
+        limit=limit, query=query, filter=_scope_filter(scope), with_payload=selector, with_vector=False
     )
+    return _scored(engine.query(filtered))
+
+
+def _all_of_scope(engine: qe.EdgeShard, scope: Scope) -> bool:
+    """Whether the payload index estimates that the shard holds the scope's points alone."""
+    total = engine.info().points_count
+    return total > 0 and engine.count(qe.CountRequest(filter=_scope_filter(scope), exact=False)) >= total
+
+
+def _scored(hits: Sequence[qe.ScoredPoint]) -> list[ScoredPoint]:
     return [
         ScoredPoint(id=str(hit.id), score=distance_of(hit.score), payload=dict(hit.payload or {}))
-        for hit in engine.query(request)
+        for hit in hits
     ]
 
 

@@ -17,7 +17,7 @@ from qdrant_client.http.exceptions import ApiException, ResponseHandlingExceptio
 
 from kenning.pipeline.errors import ConfigError, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
-from kenning.storage.memory_vectors import distance_of, mismatch, require_dimension, scoped_payload
+from kenning.storage.memory_vectors import distance_of, in_scope, mismatch, require_dimension, scoped_payload
 
 DEFAULT_BATCH_SIZE = 128
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -298,15 +298,10 @@ def _query_local(
     """
     wide = max(limit * LOCAL_OVERSAMPLE, LOCAL_MIN_WIDE)
     hits = _query(client, collection, vector, None, wide, selector)
-    mine = [hit for hit in hits if _in_scope(hit, scope)]
+    mine = [hit for hit in hits if in_scope(hit.payload, scope)]
     if len(mine) >= limit or len(hits) < wide:
         return mine[:limit]
     return _query(client, collection, vector, _scope_filter(scope), limit, selector)
-
-
-def _in_scope(hit: qm.ScoredPoint, scope: Scope) -> bool:
-    payload = hit.payload or {}
-    return payload.get("tenant") == scope.tenant and payload.get("dataset") == scope.dataset
 
 
 def _vector_point(record: qm.Record) -> VectorPoint:

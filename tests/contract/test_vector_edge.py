@@ -210,6 +210,58 @@ def test_the_index_is_built_past_the_threshold_and_searches_stay_right(tmp_path:
         shard.close()
 
 
+def test_a_collection_of_one_dataset_is_searched_without_the_scope_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a collection whose points are all one dataset's, and a record of the engine's queries
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 4)
+    store.upsert(SCOPE, "Entity_name", [point(str(i), [1.0, i / 10, 0.5, 0.0]) for i in range(10)])
+    filters: list[bool] = []
+    query = qe.EdgeShard.query
+    monkeypatch.setattr(
+        qe.EdgeShard,
+        "query",
+        lambda shard, request: filters.append(request.filter is not None) or query(shard, request),
+    )
+    # When it is searched, then another dataset writes there and both are searched
+    alone = store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3)
+    other = Scope(tenant="acme", dataset="notes")
+    store.upsert(other, "Entity_name", [point("n", [1.0, 0.0, 0.5, 0.0])])
+    mixed = store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3)
+    # Then the first search ran unfiltered, the later ones filtered, and each found its own points
+    assert filters == [False, True]
+    assert (
+        [hit.id for hit in alone]
+        == [hit.id for hit in mixed]
+        == [stable_id("test", str(i)) for i in range(3)]
+    )
+    assert [hit.id for hit in store.search(other, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3)] == [
+        stable_id("test", "n")
+    ]
+    store.close()
+
+
+def test_an_unfiltered_search_that_finds_another_scopes_point_is_run_again_filtered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two datasets in one collection, the closest point the other's, and an estimate that
+    # wrongly says every point is this dataset's (as a write racing the estimate would make it)
+    from kenning.storage import vector_edge
+
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 4)
+    store.upsert(SCOPE, "Entity_name", [point(str(i), [1.0, i / 10, 0.5, 0.0]) for i in range(5)])
+    store.upsert(Scope(tenant="other", dataset="papers"), "Entity_name", [point("x", [1.0, 0.0, 0.5, 0.0])])
+    monkeypatch.setattr(vector_edge, "_all_of_scope", lambda engine, scope: True)
+    # When this dataset is searched
+    hits = store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3)
+    # Then only its own points come back, the closest first
+    assert [hit.id for hit in hits] == [stable_id("test", str(i)) for i in range(3)]
+    assert {hit.payload["tenant"] for hit in hits} == {SCOPE.tenant}
+    store.close()
+
+
 def test_threads_share_one_open_shard(tmp_path: Path) -> None:
     # Given one store used by four threads at once, each writing and searching its own dataset
     store = EdgeVectorStore(tmp_path / "vectors")
