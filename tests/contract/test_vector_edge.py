@@ -210,13 +210,20 @@ def test_the_index_is_built_past_the_threshold_and_searches_stay_right(tmp_path:
         shard.close()
 
 
+def names_of_one_dataset(tmp_path: Path, count: int) -> EdgeVectorStore:
+    """A store whose Entity_name collection holds `count` points of SCOPE, the first closest to
+    [1, 0, 0.5, 0] and each next one farther."""
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 4)
+    store.upsert(SCOPE, "Entity_name", [point(str(i), [1.0, i / 10, 0.5, 0.0]) for i in range(count)])
+    return store
+
+
 def test_a_collection_of_one_dataset_is_searched_without_the_scope_filter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a collection whose points are all one dataset's, and a record of the engine's queries
-    store = EdgeVectorStore(tmp_path / "vectors")
-    store.ensure_collection("Entity_name", 4)
-    store.upsert(SCOPE, "Entity_name", [point(str(i), [1.0, i / 10, 0.5, 0.0]) for i in range(10)])
+    store = names_of_one_dataset(tmp_path, 10)
     filters: list[bool] = []
     query = qe.EdgeShard.query
     monkeypatch.setattr(
@@ -249,9 +256,7 @@ def test_an_unfiltered_search_that_finds_another_scopes_point_is_run_again_filte
     # wrongly says every point is this dataset's (as a write racing the estimate would make it)
     from kenning.storage import vector_edge
 
-    store = EdgeVectorStore(tmp_path / "vectors")
-    store.ensure_collection("Entity_name", 4)
-    store.upsert(SCOPE, "Entity_name", [point(str(i), [1.0, i / 10, 0.5, 0.0]) for i in range(5)])
+    store = names_of_one_dataset(tmp_path, 5)
     store.upsert(Scope(tenant="other", dataset="papers"), "Entity_name", [point("x", [1.0, 0.0, 0.5, 0.0])])
     monkeypatch.setattr(vector_edge, "_all_of_scope", lambda engine, scope: True)
     # When this dataset is searched
