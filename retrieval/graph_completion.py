@@ -132,7 +132,8 @@ def source_labels(graph: GraphStore, scopes: Sequence[Scope], hits: Sequence[Hit
     """
     labels: dict[str, str] = {}
     for scope in scopes:
-        chunks = chunk_nodes(graph, scope, (hit.chunk_id for hit in hits if hit.dataset == scope.dataset))
+        mine = (hit.chunk_id for hit in hits if hit.dataset == scope.dataset)
+        chunks = chunk_nodes(graph, scope, mine, provenance=False)
         documents = {str(node.properties.get("document_id") or "") for node in chunks.values()} - {""}
         openings = {document_id: _first_chunk_id(scope, document_id) for document_id in documents}
         wanted = sorted(documents | {*openings.values()})

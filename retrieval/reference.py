@@ -22,12 +22,16 @@ def weighted_score(point: ScoredPoint) -> float:
     return point.score - WEIGHT_EFFECT * (float(weight) - NEUTRAL_WEIGHT)
 
 
-def chunk_nodes(graph: GraphStore, scope: Scope, chunk_ids: Iterable[str | None]) -> dict[str, GraphNode]:
-    """The chunk nodes of the scope among these ids, by id; one graph read."""
+def chunk_nodes(
+    graph: GraphStore, scope: Scope, chunk_ids: Iterable[str | None], *, provenance: bool = True
+) -> dict[str, GraphNode]:
+    """The chunk nodes of the scope among these ids, by id; one graph read (two with
+    `provenance`, their data ids)."""
     wanted = sorted({chunk_id for chunk_id in chunk_ids if chunk_id})
     if not wanted:
         return {}
-    return {node.id: node for node in graph.get_nodes(scope, wanted) if node.type == CHUNK_TYPE}
+    found = graph.get_nodes(scope, wanted, provenance=provenance)
+    return {node.id: node for node in found if node.type == CHUNK_TYPE}
 
 
 def point_hit(scope: Scope, point: ScoredPoint, kind: str, chunks: dict[str, GraphNode]) -> Hit:
