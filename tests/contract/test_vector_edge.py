@@ -249,21 +249,28 @@ def test_a_collection_of_one_dataset_is_searched_without_the_scope_filter(
     store.close()
 
 
+@pytest.mark.parametrize(
+    "theirs", [Scope(tenant="other", dataset="papers"), Scope(tenant="acme", dataset="notes")], ids=str
+)
+@pytest.mark.parametrize("fields", [None, ("n",)], ids=["all fields", "some fields"])
 def test_an_unfiltered_search_that_finds_another_scopes_point_is_run_again_filtered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, theirs: Scope, fields: tuple[str, ...] | None
 ) -> None:
-    # Given two datasets in one collection, the closest point the other's, and an estimate that
+    # Given two scopes in one collection (another tenant's, or another dataset of the same
+    # tenant), the closest point the other's, with a payload field, and an estimate that
     # wrongly says every point is this dataset's (as a write racing the estimate would make it)
     from kenning.storage import vector_edge
 
     store = names_of_one_dataset(tmp_path, 5)
-    store.upsert(Scope(tenant="other", dataset="papers"), "Entity_name", [point("x", [1.0, 0.0, 0.5, 0.0])])
+    store.upsert(theirs, "Entity_name", [point("x", [1.0, 0.0, 0.5, 0.0], n=1)])
     monkeypatch.setattr(vector_edge, "_all_of_scope", lambda engine, scope: True)
     # When this dataset is searched
-    hits = store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3)
+    hits = store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3, fields=fields)
     # Then only its own points come back, the closest first
     assert [hit.id for hit in hits] == [stable_id("test", str(i)) for i in range(3)]
-    assert {hit.payload["tenant"] for hit in hits} == {SCOPE.tenant}
+    assert {(hit.payload["tenant"], hit.payload["dataset"]) for hit in hits} == {
+        (SCOPE.tenant, SCOPE.dataset)
+    }
     store.close()
 
 
