@@ -67,7 +67,9 @@ class EdgeVectorStore:
     points outside its HNSW index, the write that crossed it builds the index (searches of
     other processes wait meanwhile), unless `auto_index` is off and `optimize` is left to
     the caller; below it, searches scan the scope's points exactly.
-    Tenant and dataset are payload-indexed, so a search reads only its scope's points.
+    Tenant and dataset are payload-indexed, so a search reads only its scope's points; where
+    those indexes estimate that the collection holds the scope's points alone, a search skips
+    the filter and checks its hits instead (`_search`).
     A process waits at most `lock_timeout_s` for a collection another process holds, then
     raises `TransientStoreError`. Nothing is opened until first use; `close` lets go of
     everything, and a later call opens again.
