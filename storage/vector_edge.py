@@ -554,22 +554,25 @@ def _search(
     search, or an estimate too high) sends the search again with the filter."""
     selector: bool | list[str] = [*fields, "tenant", "dataset"] if fields is not None else True
     query = qe.Query.Nearest(list(vector))
-    if _all_of_scope(engine, scope):
-        hits = engine.query(
-            qe.QueryRequest(limit=limit, query=query, with_payload=selector, with_vector=False)
+    scope_filter = _scope_filter(scope)
+
+    def ask(only: qe.Filter | None) -> list[qe.ScoredPoint]:
+        request = qe.QueryRequest(
+            limit=limit, query=query, filter=only, with_payload=selector, with_vector=False
         )
+        return engine.query(request)
+
+    if _all_of_scope(engine, scope_filter):
+        hits = ask(None)
         if all(in_scope(hit.payload, scope) for hit in hits):
             return _scored(hits)
-    filtered = qe.QueryRequest(
-        limit=limit, query=query, filter=_scope_filter(scope), with_payload=selector, with_vector=False
-    )
-    return _scored(engine.query(filtered))
+    return _scored(ask(scope_filter))
 
 
-def _all_of_scope(engine: qe.EdgeShard, scope: Scope) -> bool:
+def _all_of_scope(engine: qe.EdgeShard, scope_filter: qe.Filter) -> bool:
     """Whether the payload index estimates that the shard holds the scope's points alone."""
     total = engine.info().points_count
-    return total > 0 and engine.count(qe.CountRequest(filter=_scope_filter(scope), exact=False)) >= total
+    return total > 0 and engine.count(qe.CountRequest(filter=scope_filter, exact=False)) >= total
 
 
 def _scored(hits: Sequence[qe.ScoredPoint]) -> list[ScoredPoint]:
