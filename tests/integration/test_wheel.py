@@ -56,6 +56,7 @@ def test_the_wheel_holds_kenning_alone(wheel: Path) -> None:
         "kenning/py.typed",
         "kenning/workers/samples/the-lamp.md",
         "kenning/workers/assets/graph_view.html",
+        "kenning/storage/minilm_graph.onnx",
         "kenning/storage/migrations/env.py",
         "kenning/storage/migrations/script.py.mako",
         "kenning/storage/migrations/versions/0001_initial.py",

