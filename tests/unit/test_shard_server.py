@@ -1,0 +1,56 @@
+"""The search server a collection's holder runs: its answering threads and its stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kenning.pipeline.models import Scope, ScoredPoint
+from kenning.storage.shard_server import ANSWERING_THREADS, SearchServer, search_remotely
+
+SCOPE = Scope(tenant="t", dataset="d")
+
+
+class SlowSearch:
+    """Answers every search with one hit after a pause, noting the thread that answered."""
+
+    def __init__(self) -> None:
+        self.threads: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, scope: Scope, vector: Sequence[float], limit: int, fields: Sequence[str] | None
+    ) -> list[ScoredPoint]:
+        with self._lock:
+            self.threads.add(threading.current_thread().name)
+        time.sleep(0.02)
+        return [ScoredPoint(id=f"{scope.dataset}-{limit}", score=float(vector[0]), payload={})]
+
+
+def test_searches_are_answered_by_the_servers_own_threads_and_stop_ends_them(tmp_path: Path) -> None:
+    # Given a server answering with a search that takes a while
+    search = SlowSearch()
+    server = SearchServer(tmp_path, search)
+    server.start()
+    try:
+        # When 24 searches come at once from other threads
+        with ThreadPoolExecutor(max_workers=12) as askers:
+            answers = list(
+                askers.map(lambda n: search_remotely(tmp_path, SCOPE, [float(n)], n, None), range(24))
+            )
+    finally:
+        server.stop()
+    # Then each gets its own answer, from the server's few answering threads, which stop ends
+    assert [answer and (answer[0].id, answer[0].score) for answer in answers] == [
+        (f"d-{n}", float(n)) for n in range(24)
+    ]
+    assert 1 <= len(search.threads) <= ANSWERING_THREADS
+    assert all(name.startswith(f"kenning-search-{tmp_path.name}-") for name in search.threads)
+    alive = [t.name for t in threading.enumerate() if t.name.startswith(f"kenning-search-{tmp_path.name}")]
+    assert alive == []
+    assert not (tmp_path / ".sock").exists()
+    # And nobody answers there any more
+    assert search_remotely(tmp_path, SCOPE, [1.0], 1, None, timeout_s=1.0) is None
