@@ -18,7 +18,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,9 @@ BACKLOG = 64
 # waited behind every busy thread for its first turn on the CPU: with 8 query processes on 2
 # cores, a search from another process took 28 ms where a waiting thread answers in 18.
 ANSWERING_THREADS = 4
-# How long `stop` waits for the searches being answered.
-STOP_WAIT_S = 10.0
-# How long an answering thread waits for a request line before it gives up on the asker.
-READ_TIMEOUT_S = 60.0
+# How long an answering thread waits for a request line before it gives up on the asker (which
+# sends it as soon as it connects): a thread waiting answers nobody else.
+READ_TIMEOUT_S = 5.0
 # How long an asker waits for an answer before it takes its turn on the shard instead.
 ANSWER_TIMEOUT_S = 30.0
 
@@ -76,8 +74,9 @@ class SearchServer:
             thread.start()
 
     def stop(self) -> None:
-        """Stop answering and remove the socket; searches already being answered finish (waited
-        for up to STOP_WAIT_S in all)."""
+        """Stop answering and remove the socket. The answering threads end once their search in
+        hand is answered; they are not waited for, since that search may itself wait for the
+        caller (the collection's holder closing its shard)."""
         listener, self._listener = self._listener, None
         if listener is None:
             return
@@ -86,10 +85,7 @@ class SearchServer:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        deadline = time.monotonic() + STOP_WAIT_S
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
 
     def forget(self) -> None:
         """In a forked child: close this process's copy of the parent's listening socket, which

@@ -249,6 +249,29 @@ def test_a_collection_of_one_dataset_is_searched_without_the_scope_filter(
     store.close()
 
 
+def test_the_estimate_that_one_dataset_fills_a_collection_is_kept_until_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a collection of one dataset, and a count of the engine's estimates
+    store = names_of_one_dataset(tmp_path, 10)
+    estimates: list[bool] = []
+    count = qe.EdgeShard.count
+    monkeypatch.setattr(
+        qe.EdgeShard, "count", lambda shard, request: estimates.append(True) or count(shard, request)
+    )
+    vector = [1.0, 0.0, 0.5, 0.0]
+    # When it is searched twice, written to, then searched again
+    store.search(SCOPE, "Entity_name", vector, limit=3)
+    store.search(SCOPE, "Entity_name", vector, limit=3)
+    asked_before_write = len(estimates)
+    store.upsert(Scope(tenant="acme", dataset="notes"), "Entity_name", [point("n", vector)])
+    after = store.search(SCOPE, "Entity_name", vector, limit=3)
+    # Then the two searches asked once, the write made the next search ask again, and it kept to its scope
+    assert (asked_before_write, len(estimates)) == (1, 2)
+    assert [hit.id for hit in after] == [stable_id("test", str(i)) for i in range(3)]
+    store.close()
+
+
 @pytest.mark.parametrize(
     "theirs", [Scope(tenant="other", dataset="papers"), Scope(tenant="acme", dataset="notes")], ids=str
 )

@@ -49,8 +49,47 @@ def test_searches_are_answered_by_the_servers_own_threads_and_stop_ends_them(tmp
     ]
     assert 1 <= len(search.threads) <= ANSWERING_THREADS
     assert all(name.startswith(f"kenning-search-{tmp_path.name}-") for name in search.threads)
-    alive = [t.name for t in threading.enumerate() if t.name.startswith(f"kenning-search-{tmp_path.name}")]
-    assert alive == []
+    assert ended(f"kenning-search-{tmp_path.name}")
     assert not (tmp_path / ".sock").exists()
     # And nobody answers there any more
     assert search_remotely(tmp_path, SCOPE, [1.0], 1, None, timeout_s=1.0) is None
+
+
+def ended(prefix: str, within_s: float = 5.0) -> bool:
+    """Whether every thread named `prefix...` has ended, waiting at most `within_s`."""
+    deadline = time.monotonic() + within_s
+    while any(thread.name.startswith(prefix) for thread in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_stop_does_not_wait_for_a_search_that_waits_for_the_stopping_thread(tmp_path: Path) -> None:
+    # Given a server whose search needs a lock that the thread stopping the server holds (a
+    # collection's holder closes its shard holding the shard's state)
+    held = threading.Lock()
+
+    def search(
+        scope: Scope, vector: Sequence[float], limit: int, fields: Sequence[str] | None
+    ) -> list[ScoredPoint]:
+        with held:
+            return []
+
+    server = SearchServer(tmp_path, search)
+    server.start()
+    with held:
+        asker = threading.Thread(target=search_remotely, args=(tmp_path, SCOPE, [1.0], 1, None, 5.0))
+        asker.start()
+        time.sleep(0.2)  # the search is being answered, waiting for the lock
+        # When the holder stops the server, holding that lock
+        stopper = threading.Thread(target=server.stop)
+        stopper.start()
+        stopper.join(timeout=5)
+        # Then stop has returned while that search still waits
+        assert not stopper.is_alive()
+        assert asker.is_alive()
+    # And the search is answered once the lock is free, and the answering threads end
+    asker.join(timeout=10)
+    assert not asker.is_alive()
+    assert ended(f"kenning-search-{tmp_path.name}")
