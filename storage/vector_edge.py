@@ -314,11 +314,8 @@ class _Shard:
         self.estimates = _Estimates()
 
     def enter(self, create: int | None) -> qe.EdgeShard:
-        # `.want` is read before taking `_state`: its system calls, made holding it, kept this
-        # process's other searches waiting (with 8 query processes, 30% of an answer's time).
-        waiting = self._engine is not None and _others_waiting(self.folder)
         with self._state:
-            if waiting and self._engine is not None:
+            if self._engine is not None and _others_waiting(self.folder):
                 # Hand over before starting more work here, or a busy process would keep it forever.
                 self._state.wait_for(lambda: self._users == 0)
                 if self._engine is not None:
@@ -347,10 +344,8 @@ class _Shard:
 
     def enter_if_open(self) -> qe.EdgeShard | None:
         """Like `enter`, but only while the shard is open here and no other process waits for it."""
-        if self._engine is None or _others_waiting(self.folder):
-            return None
         with self._state:
-            if self._engine is None:
+            if self._engine is None or _others_waiting(self.folder):
                 return None
             self._users += 1
             return self._engine
@@ -359,12 +354,9 @@ class _Shard:
         with self._state:
             self._users -= 1
             self._last_used = time.monotonic()
-            if self._users:
-                return
-            self._state.notify_all()
-        if _others_waiting(self.folder):
-            with self._state:
-                if self._users == 0 and self._engine is not None:
+            if self._users == 0:
+                self._state.notify_all()
+                if _others_waiting(self.folder):
                     self._release()
 
     def release_if_due(self, linger_s: float) -> None:
@@ -493,7 +485,10 @@ def _try_lock(fd: int) -> bool:
 
 
 def _others_waiting(folder: Path) -> bool:
-    """Whether some process holds `.want`: it waits for this collection's lock."""
+    """Whether some process holds `.want`: it waits for this collection's lock. Call it holding
+    the shard's `_state`: it probes with a lock of its own, which a second probe from this process
+    at the same moment takes for a waiting process (then the shard is handed over for nothing,
+    and with 8 query processes every search took its turn on the shard, 20 times slower)."""
     try:
         fd = os.open(folder / WANT_FILE, os.O_RDWR)
     except FileNotFoundError:
