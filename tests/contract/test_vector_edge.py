@@ -219,6 +219,35 @@ def names_of_one_dataset(tmp_path: Path, count: int) -> EdgeVectorStore:
     return store
 
 
+def test_searches_on_many_threads_keep_the_shard_when_no_other_process_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a store holding a collection open, a `.want` file left by an earlier wait, and a
+    # count of the shard's openings
+    store = names_of_one_dataset(tmp_path, 10)
+    shard = store._shard("Entity_name")
+    (shard.folder / ".want").touch()
+    vector = [1.0, 0.0, 0.5, 0.0]
+    store.search(SCOPE, "Entity_name", vector, limit=2)
+    opened: list[bool] = []
+    load = qe.EdgeShard.load
+    monkeypatch.setattr(qe.EdgeShard, "load", lambda path: opened.append(True) or load(path))
+
+    def searches() -> None:
+        for _ in range(200):
+            store.search(SCOPE, "Entity_name", vector, limit=2)
+
+    # When 8 threads search it at once
+    threads = [threading.Thread(target=searches) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    # Then it stayed open here all along: no search took another's probe for a waiting process
+    assert shard.is_open and opened == []
+    store.close()
+
+
 def test_a_collection_of_one_dataset_is_searched_without_the_scope_filter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
