@@ -11,8 +11,10 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -210,6 +212,15 @@ def test_the_index_is_built_past_the_threshold_and_searches_stay_right(tmp_path:
         shard.close()
 
 
+def engine_calls(monkeypatch: pytest.MonkeyPatch, method: str, note: Callable[[Any], Any]) -> list[Any]:
+    """What `note` makes of the last argument of each call of the engine's `method`, which still
+    runs as it would."""
+    calls: list[Any] = []
+    real = getattr(qe.EdgeShard, method)
+    monkeypatch.setattr(qe.EdgeShard, method, lambda *args: calls.append(note(args[-1])) or real(*args))
+    return calls
+
+
 def names_of_one_dataset(tmp_path: Path, count: int) -> EdgeVectorStore:
     """A store whose Entity_name collection holds `count` points of SCOPE, the first closest to
     [1, 0, 0.5, 0] and each next one farther."""
@@ -229,9 +240,7 @@ def test_searches_on_many_threads_keep_the_shard_when_no_other_process_waits(
     (shard.folder / ".want").touch()
     vector = [1.0, 0.0, 0.5, 0.0]
     store.search(SCOPE, "Entity_name", vector, limit=2)
-    opened: list[bool] = []
-    load = qe.EdgeShard.load
-    monkeypatch.setattr(qe.EdgeShard, "load", lambda path: opened.append(True) or load(path))
+    opened = engine_calls(monkeypatch, "load", lambda path: path)
 
     def searches() -> None:
         for _ in range(200):
@@ -253,13 +262,7 @@ def test_a_collection_of_one_dataset_is_searched_without_the_scope_filter(
 ) -> None:
     # Given a collection whose points are all one dataset's, and a record of the engine's queries
     store = names_of_one_dataset(tmp_path, 10)
-    filters: list[bool] = []
-    query = qe.EdgeShard.query
-    monkeypatch.setattr(
-        qe.EdgeShard,
-        "query",
-        lambda shard, request: filters.append(request.filter is not None) or query(shard, request),
-    )
+    filters = engine_calls(monkeypatch, "query", lambda request: request.filter is not None)
     # When it is searched, then another dataset writes there and both are searched
     alone = store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3)
     other = Scope(tenant="acme", dataset="notes")
@@ -283,11 +286,7 @@ def test_the_estimate_that_one_dataset_fills_a_collection_is_kept_until_a_write(
 ) -> None:
     # Given a collection of one dataset, and a count of the engine's estimates
     store = names_of_one_dataset(tmp_path, 10)
-    estimates: list[bool] = []
-    count = qe.EdgeShard.count
-    monkeypatch.setattr(
-        qe.EdgeShard, "count", lambda shard, request: estimates.append(True) or count(shard, request)
-    )
+    estimates = engine_calls(monkeypatch, "count", lambda request: True)
     vector = [1.0, 0.0, 0.5, 0.0]
     # When it is searched twice, written to, then searched again
     store.search(SCOPE, "Entity_name", vector, limit=3)
