@@ -62,7 +62,8 @@ class MiniLM:
         in it took twice as long padded). Each token attends to its own text's alone. Texts of
         at most `PACKED_TOKENS` tokens in all (a query) run on the calling thread: a second
         thread inside the products saves an idle machine little and costs concurrent queries
-        CPU. Larger batches run a group of texts per CPU at a time."""
+        CPU. Larger batches run their groups on up to one thread per CPU (MAX_BATCH_THREADS
+        at most)."""
         if not texts:
             return np.zeros((0, ARCHITECTURE["hidden_size"]), dtype=np.float32)
         encoded = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
