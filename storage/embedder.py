@@ -7,8 +7,10 @@ import base64
 import hashlib
 import importlib.util
 import math
+import os
 import re
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +32,8 @@ class LocalEmbedder:
     run by ONNX Runtime (`storage.minilm`): no torch import, in a search or in a cognify.
 
     The model loads on the first `embed` (a fraction of a second), never from the network.
-    Embeddings are L2-normalized. Safe to call from several threads.
+    Embeddings are L2-normalized. Safe to call from several threads. A forked child loads the
+    model again: the parent's may be mid-run on another thread, its runtime's locks held.
     """
 
     MODEL = "all-MiniLM-L6-v2"
@@ -46,6 +49,7 @@ class LocalEmbedder:
             )
         self._model: MiniLM | None = None
         self._lock = threading.Lock()
+        _LOCAL_EMBEDDERS.add(self)
 
     @property
     def dimension(self) -> int:
@@ -74,6 +78,26 @@ class LocalEmbedder:
                         problem = f"could not load the local embedding model {self.MODEL}: {exc}"
                         raise ConfigError(problem) from exc
         return self._model
+
+    def _forget_model(self) -> None:
+        """In a forked child: load the model again when next asked. The parent's is kept, never
+        used nor freed here (freeing it could wait for a lock the parent held at the fork)."""
+        if self._model is not None:
+            _INHERITED_MODELS.append(self._model)
+        self._model = None
+        self._lock = threading.Lock()
+
+
+_LOCAL_EMBEDDERS: weakref.WeakSet[LocalEmbedder] = weakref.WeakSet()
+_INHERITED_MODELS: list[MiniLM] = []
+
+
+def _forget_models_after_fork() -> None:
+    for embedder in list(_LOCAL_EMBEDDERS):
+        embedder._forget_model()
+
+
+os.register_at_fork(after_in_child=_forget_models_after_fork)
 
 
 # Bytes an empty numpy array takes besides its numbers (its object header and shape).
