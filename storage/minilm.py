@@ -48,10 +48,10 @@ class MiniLM:
         _require_supported(folder, config)
         weights = load_file(str(folder / "model.safetensors"))
         self._session = _session(onnxruntime, weights)
-        self._positions = int(config["max_position_embeddings"])
+        positions = int(config["max_position_embeddings"])
         max_tokens = int(_read_json(folder / "sentence_bert_config.json").get("max_seq_length", 256))
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self._tokenizer.enable_truncation(min(max_tokens, self._positions))
+        self._tokenizer.enable_truncation(min(max_tokens, positions))
         self._tokenizer.no_padding()  # the file pads every text to a fixed length; tokens are packed
 
     def encode(self, texts: list[str]) -> Array:

@@ -50,7 +50,6 @@ class SearchServer:
         self.path = folder / SOCKET_FILE
         self._search = search
         self._listener: socket.socket | None = None
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Listen, replacing what a holder before it left behind. Call it holding the collection's lock."""
@@ -66,12 +65,8 @@ class SearchServer:
             raise
         self._listener = listener
         name = f"kenning-search-{self.path.parent.name}"
-        self._threads = [
-            threading.Thread(target=self._accept, args=(listener,), name=f"{name}-{n}", daemon=True)
-            for n in range(ANSWERING_THREADS)
-        ]
-        for thread in self._threads:
-            thread.start()
+        for n in range(ANSWERING_THREADS):
+            threading.Thread(target=self._accept, args=(listener,), name=f"{name}-{n}", daemon=True).start()
 
     def stop(self) -> None:
         """Stop answering and remove the socket. The answering threads end once their search in
@@ -81,11 +76,10 @@ class SearchServer:
         if listener is None:
             return
         with contextlib.suppress(OSError):
-            listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked in accept()
         listener.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-
 
     def forget(self) -> None:
         """In a forked child: close this process's copy of the parent's listening socket, which
