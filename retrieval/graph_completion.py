@@ -71,12 +71,12 @@ class GraphCompletionRetriever:
             chunks = [entry.chunk_id for entry in ended.ranked[: min(request.top_k, top)]]
             fragment = self._project(scope, chunks)
             ranked = in_rounds(fragment, chunks, ended)[:top]
+            self._add_nodes(scope, fragment, chunks, [edge for edge, _ in ranked])
             hits += [self._hit(scope, fragment, edge, score) for edge, score in ranked]
         return sorted(hits, key=lambda hit: hit.score)[:top]
 
     def _project(self, scope: Scope, chunks: list[str]) -> Fragment:
-        """The chunks, the entities they contain and the facts extracted from them. Only the
-        chunks come with their data ids: a hit's data item is its chunk's."""
+        """The `contains` edges of the chunks and the facts extracted from them, without nodes."""
         if not chunks:
             return Fragment()
         graph, wanted = self._ports.graph, set(chunks)
@@ -88,10 +88,21 @@ class GraphCompletionRetriever:
             for edge in (graph.get_edges(scope, entities, among=True, provenance=False) if entities else [])
             if edge.relationship not in STRUCTURAL_RELATIONSHIPS and _chunk_of(edge) in wanted
         ]
-        nodes = [*graph.get_nodes(scope, chunks), *graph.get_nodes(scope, entities, provenance=False)]
-        return Fragment(
-            nodes={node.id: node for node in nodes}, edges={edge.id: edge for edge in [*facts, *contains]}
-        )
+        return Fragment(edges={edge.id: edge for edge in [*facts, *contains]})
+
+    def _add_nodes(self, scope: Scope, fragment: Fragment, chunks: list[str], edges: list[GraphEdge]) -> None:
+        """The chunks and the ends of `edges`, read once the edges are ranked: the triplets name
+        only the ends of the edges they keep. Only the chunks come with their data ids: a hit's
+        data item is its chunk's."""
+        if not edges:
+            return
+        graph, wanted = self._ports.graph, set(chunks)
+        ends = sorted({end for edge in edges for end in (edge.source_id, edge.target_id)} - wanted)
+        nodes = [
+            *graph.get_nodes(scope, chunks),
+            *(graph.get_nodes(scope, ends, provenance=False) if ends else []),
+        ]
+        fragment.nodes.update((node.id, node) for node in nodes)
 
     def _hit(self, scope: Scope, fragment: Fragment, edge: GraphEdge, score: float) -> Hit:
         chunk_id = str(edge.properties.get("chunk_id") or "") or _chunk_endpoint(fragment, edge)

@@ -7,7 +7,7 @@ import pytest
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.ingest import Source, add
-from kenning.pipeline.models import DocumentRecord, Scope
+from kenning.pipeline.models import DocumentRecord, GraphNode, Scope
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
 from kenning.retrieval.fusion import LANES, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.registry import REGISTRY, search
@@ -136,6 +136,42 @@ def test_each_type_finds_the_source_and_cites_it(
     assert [hit.score for hit in result.results] == sorted(hit.score for hit in result.results)
     assert all(hit.text in result.context for hit in result.results)
     assert result.answer is None and result.notice is None
+
+
+class NodeReads:
+    """A graph store that notes the ids of every node it gives out."""
+
+    def __init__(self, graph: object) -> None:
+        self._graph = graph
+        self.read: set[str] = set()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._graph, name)
+
+    def get_nodes(self, scope: Scope, node_ids: list[str], **options: object) -> list[GraphNode]:
+        found: list[GraphNode] = self._graph.get_nodes(scope, node_ids, **options)  # type: ignore[attr-defined]
+        self.read.update(node.id for node in found)
+        return found
+
+
+def test_graph_completion_reads_only_the_entities_its_triplets_name(services: TwinServices) -> None:
+    # Given a store that notes the nodes it gives out
+    graph = NodeReads(services.graph)
+    noting = TwinServices(**{**services.__dict__, "graph": graph})
+    # When GRAPH_COMPLETION keeps one triplet of a question that names no entity
+    request = SearchRequest.model_validate(
+        {
+            "query": "who built the first compiler?",
+            "type": SearchType.GRAPH_COMPLETION,
+            "scopes": [LIBRARY],
+            "only_context": True,
+            "options": {"top_edges": 1},
+        }
+    )
+    [hit] = search(noting, request).results
+    # Then the only entities it read are the ends of that triplet
+    entities = {n.id for n in services.graph.get_nodes(LIBRARY, sorted(graph.read)) if n.type == "Entity"}
+    assert entities and entities <= {hit.extra["source_id"], hit.extra["target_id"]}
 
 
 def test_lexical_hits_carry_their_bm25_score(services: TwinServices) -> None:
