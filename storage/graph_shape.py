@@ -9,10 +9,11 @@ dictionary look-ups. Used only at the revision it was read at (`storage.snapshot
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kenning.pipeline.models import EdgeShape
+from kenning.pipeline.ports import Neighbourhood
 
 # Edges held by all the shapes of one graph store at most (about 300 bytes each).
 MAX_EDGES = 500_000
@@ -22,7 +23,8 @@ Row = tuple[str, str, str, str]  # id, source, target, relationship
 
 @dataclass(frozen=True)
 class Shape:
-    """Immutable at its revision, so what it works out once (degrees) it keeps. It holds plain
+    """Immutable at its revision, so what it works out once (a node's edges that a skip set leaves)
+    it keeps. It holds plain
     tuples, which the garbage collector stops tracking: when it kept 50,000 edges built as
     `GraphEdge`s, every full collection went over them (100 ms and more on the full 2Wiki
     store). The `EdgeShape`s it returns are made per read, a fraction of a microsecond each."""
@@ -30,7 +32,9 @@ class Shape:
     revision: int
     edges: list[Row]
     touching: dict[str, tuple[int, ...]]  # node -> the edges with an end there (a loop once), in id order
-    _degrees: dict[frozenset[str], dict[str, int]] = field(default_factory=dict, compare=False, repr=False)
+    _kept: dict[frozenset[str], dict[str, tuple[int, ...]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def size(self) -> int:
@@ -59,31 +63,58 @@ class Shape:
             },
         )
 
-    def degrees(self, node_ids: Sequence[str], skip: frozenset[str]) -> dict[str, int]:
-        """Each node's edges not of a skipped relationship; nodes with none are left out."""
-        known = self._degrees.setdefault(skip, {})
-        counts: dict[str, int] = {}
-        for node in node_ids:
-            count = known.get(node)
-            if count is None:
-                count = sum(1 for index in self.touching.get(node, ()) if self.edges[index][3] not in skip)
-                known[node] = count
-            if count:
-                counts[node] = count
-        return counts
+    def neighbourhood(
+        self, node_ids: Sequence[str], hops: int, limit: int, max_degree: int, skip: frozenset[str]
+    ) -> Neighbourhood:
+        """`memory_graph.expand` over this shape, on edge positions: the same edges in the same
+        order and the same degrees, with no edge made before it is kept."""
+        kept = self._kept.setdefault(skip, {})
 
-    def edges_by_node(self, node_ids: Sequence[str], skip: frozenset[str]) -> dict[str, list[EdgeShape]]:
-        """The edges with an end among the nodes, not of a skipped relationship, each under the
-        first of its ends in `node_ids`, in id order (as `memory_graph.by_first_end` groups them)."""
-        taken: set[int] = set()
-        owned: dict[str, list[EdgeShape]] = {}
-        for node in node_ids:
-            mine = [
-                index
-                for index in self.touching.get(node, ())
-                if index not in taken and self.edges[index][3] not in skip
-            ]
-            if mine:
-                taken.update(mine)
-                owned[node] = [EdgeShape._make(self.edges[index]) for index in mine]
-        return owned
+        def edges_of(node: str) -> tuple[int, ...]:
+            found = kept.get(node)
+            if found is None:
+                found = tuple(i for i in self.touching.get(node, ()) if self.edges[i][3] not in skip)
+                kept[node] = found
+            return found
+
+        counts: dict[str, int] = {}
+        found: dict[int, None] = {}
+        seen = set(node_ids)
+        frontier = sorted(seen)
+        for _ in range(max(hops, 0)):
+            counts.update((node, len(edges_of(node))) for node in frontier if edges_of(node))
+            opened = sorted(
+                (node for node in frontier if 0 < counts.get(node, 0) <= max_degree),
+                key=lambda node: (counts[node], node),
+            )
+            if not opened:
+                break
+            new = self._open(opened, edges_of, found, limit)
+            if new is None:
+                break
+            frontier = sorted(self._ends(new) - seen)
+            seen.update(frontier)
+        ends = self._ends(found)
+        counts.update((node, len(edges_of(node))) for node in sorted(ends - set(counts)) if edges_of(node))
+        known = {node: count for node, count in counts.items() if count and (node in ends or node in seen)}
+        return Neighbourhood(edges=[EdgeShape._make(self.edges[i]) for i in found], degrees=known)
+
+    def _ends(self, positions: Iterable[int]) -> set[str]:
+        rows = [self.edges[i] for i in positions]
+        return {row[1] for row in rows} | {row[2] for row in rows}
+
+    @staticmethod
+    def _open(
+        opened: list[str], edges_of: Callable[[str], tuple[int, ...]], found: dict[int, None], limit: int
+    ) -> list[int] | None:
+        """Add to `found` the edges of each opened node in turn (an edge of two opened nodes goes
+        with the first), and return them; None, adding nothing more, at the first node whose edges
+        would pass `limit`."""
+        added: list[int] = []
+        for node in opened:
+            new = [i for i in edges_of(node) if i not in found]
+            if len(found) + len(new) > limit:
+                return None
+            found.update(dict.fromkeys(new))
+            added += new
+        return added

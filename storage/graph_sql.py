@@ -179,21 +179,13 @@ class SqlGraphStore:
         skip: Sequence[str] = (),
         shape_only: bool = False,
     ) -> Neighbourhood:
-        table = edges_table
-        followed = sa.and_(_in_scope(table, scope), table.c.relationship.not_in(list(skip)))
-        columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
         with _translated(), self._engine.connect() as conn:
             held = self._shape(conn, scope) if shape_only else None
             if held is not None:
-                skipped = frozenset(skip)
-                return expand(
-                    lambda ids: held.degrees(ids, skipped),
-                    lambda ids: held.edges_by_node(ids, skipped),
-                    node_ids,
-                    hops,
-                    limit,
-                    max_degree,
-                )
+                return held.neighbourhood(node_ids, hops, limit, max_degree, frozenset(skip))
+            table = edges_table
+            followed = sa.and_(_in_scope(table, scope), table.c.relationship.not_in(list(skip)))
+            columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
 
             def degrees(ids: list[str]) -> dict[str, int]:
                 counts: dict[str, int] = {}

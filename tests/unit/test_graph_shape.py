@@ -1,13 +1,14 @@
-"""A graph shape held in memory: degrees and edges per skip set, worked out once and kept."""
+"""A graph shape held in memory: the walk's neighbourhood, as `expand` gives it over the same edges."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import random
 
 from kenning.pipeline.models import EdgeShape
-from kenning.storage.graph_shape import Shape
-from kenning.storage.memory_graph import by_first_end
+from kenning.storage.graph_shape import Row, Shape
+from kenning.storage.memory_graph import by_first_end, expand
 
 ROWS = [
     ("e1", "a", "b", "contains"),
@@ -20,19 +21,19 @@ ROWS = [
 def test_degrees_follow_the_skip_set_asked_each_time() -> None:
     shape = Shape.read(1, ROWS)
 
-    assert shape.degrees(["a", "b", "z"], frozenset()) == {"a": 3, "b": 2}
-    assert shape.degrees(["a", "b"], frozenset({"next"})) == {"a": 2, "b": 2}
-    assert shape.degrees(["c"], frozenset({"next", "contains"})) == {}
+    assert shape.neighbourhood(["a", "z"], 1, 100, 100, frozenset()).degrees == {"a": 3, "b": 2, "c": 2}
+    assert shape.neighbourhood(["a"], 1, 100, 100, frozenset({"next"})).degrees == {"a": 2, "b": 2}
+    assert shape.neighbourhood(["c"], 1, 100, 100, frozenset({"next", "contains"})).degrees == {}
     # asked again, from what was kept: the same answers
-    assert shape.degrees(["a"], frozenset()) == {"a": 3}
-    assert shape.degrees(["a"], frozenset({"next"})) == {"a": 2}
+    assert shape.neighbourhood(["a"], 1, 100, 100, frozenset()).degrees == {"a": 3, "b": 2, "c": 2}
+    assert shape.neighbourhood(["a"], 1, 100, 100, frozenset({"next"})).degrees == {"a": 2, "b": 2}
 
 
 def test_edges_come_as_shapes_and_the_collector_tracks_nothing_the_shape_holds() -> None:
     shape = Shape.read(1, ROWS)
 
-    first = [edge for edges in shape.edges_by_node(["a"], frozenset({"next"})).values() for edge in edges]
-    again = [edge for edges in shape.edges_by_node(["a", "b"], frozenset()).values() for edge in edges]
+    first = shape.neighbourhood(["a"], 1, 100, 100, frozenset({"next"})).edges
+    again = shape.neighbourhood(["a", "b"], 1, 100, 100, frozenset()).edges
 
     assert sorted(e.id for e in first) == ["e1", "e4"]
     assert sorted(e.id for e in again) == ["e1", "e2", "e3", "e4"]
@@ -45,22 +46,49 @@ def test_edges_come_as_shapes_and_the_collector_tracks_nothing_the_shape_holds()
     assert not any(gc.is_tracked(indexes) for indexes in shape.touching.values())
 
 
-def test_edges_by_node_groups_each_edge_under_its_first_end_asked_in_id_order() -> None:
-    """As `by_first_end` groups a read of the edges touching the nodes, on a random graph."""
-    chance = random.Random(7)
-    nodes = [f"n{n}" for n in range(30)]
+def test_neighbourhood_is_what_expand_gives_over_the_same_edges() -> None:
+    """The same edges in the same order and the same degrees as `expand` over a read of the rows,
+    on random graphs, seeds, hops, bounds and skip sets, the edge limit reached or not."""
+    chance = random.Random(11)
+    nodes = [f"n{n}" for n in range(40)]
     kinds = ["contains", "next", "knows"]
-    rows = [
-        (f"e{chance.randrange(10**6):06d}", chance.choice(nodes), chance.choice(nodes), chance.choice(kinds))
-        for _ in range(200)
-    ]
-    rows = list({row[0]: row for row in rows}.values())
-    shape = Shape.read(1, rows)
-    for _ in range(20):
-        asked = chance.sample(nodes, chance.randint(1, 10))
+    limited = 0
+    for _ in range(80):
+        rows = [
+            (
+                f"e{chance.randrange(10**6):06d}",
+                chance.choice(nodes),
+                chance.choice(nodes),
+                chance.choice(kinds),
+            )
+            for _ in range(chance.randint(0, 150))
+        ]
+        rows = list({row[0]: row for row in rows}.values())
         skip = frozenset(chance.sample(kinds, chance.randint(0, 2)))
+        seeds = chance.sample(nodes, chance.randint(0, 4))
+        hops, limit, max_degree = chance.randint(0, 3), chance.randint(1, 120), chance.randint(1, 12)
+        kept = [row for row in rows if row[3] not in skip]
+        expected = expand(
+            functools.partial(_degrees, kept),
+            by_first_end(functools.partial(_touching, kept)),
+            seeds,
+            hops,
+            limit,
+            max_degree,
+        )
+        found = Shape.read(1, rows).neighbourhood(seeds, hops, limit, max_degree, skip)
+        assert found.edges == expected.edges
+        assert list(found.degrees.items()) == list(expected.degrees.items())
+        limited += len(found.edges) < len(
+            Shape.read(1, kept).neighbourhood(seeds, hops, 10**6, 10**6, skip).edges
+        )
+    assert limited > 10  # the bounds cut some neighbourhoods short
 
-        def touching(ids: list[str], skip: frozenset[str] = skip) -> list[EdgeShape]:
-            return [EdgeShape(*row) for row in rows if {row[1], row[2]} & set(ids) and row[3] not in skip]
 
-        assert shape.edges_by_node(asked, skip) == by_first_end(touching)(asked)
+def _degrees(rows: list[Row], ids: list[str]) -> dict[str, int]:
+    counts = {node: sum(1 for row in rows if node in (row[1], row[2])) for node in ids}
+    return {node: count for node, count in counts.items() if count}
+
+
+def _touching(rows: list[Row], ids: list[str]) -> list[EdgeShape]:
+    return [EdgeShape(*row) for row in rows if {row[1], row[2]} & set(ids)]
