@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.linking import document_title
-from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
+from kenning.pipeline.models import Chunk, EdgeShape, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
 from kenning.retrieval.reference import chunk_nodes, first
 
 TOP_EDGES = 15
+# The chunks' edges are read whole: a chunk with more entities than a walk expands is still ranked.
+UNBOUNDED = 10**9
+NOT_CONTAINS = sorted(STRUCTURAL_RELATIONSHIPS - {CONTAINS})
 NODE_TEXT_CHARS = 300
 TITLE_CHARS = 120
 
@@ -29,20 +32,22 @@ class Fragment:
     """A projected piece of the graph: the nodes and edges the triplets are drawn from."""
 
     nodes: dict[str, GraphNode] = field(default_factory=dict)
-    edges: dict[str, GraphEdge] = field(default_factory=dict)
+    edges: dict[str, GraphEdge | EdgeShape] = field(default_factory=dict)
 
 
-def in_rounds(fragment: Fragment, chunks: list[str], ended: Walk) -> list[tuple[GraphEdge, float]]:
+def in_rounds(
+    fragment: Fragment, chunks: list[str], ended: Walk
+) -> list[tuple[GraphEdge | EdgeShape, float]]:
     """Each chunk's edges, its facts before its `contains` edges, each group by the walk scores of
     the endpoints; taken in rounds: the best edge of every chunk in walk order, then the second...
     The score is the round plus the chunk's place over the number of chunks: lower is closer."""
-    owned: dict[str, list[GraphEdge]] = {chunk: [] for chunk in chunks}
+    owned: dict[str, list[GraphEdge | EdgeShape]] = {chunk: [] for chunk in chunks}
     for edge in fragment.edges.values():
         owner = edge.source_id if edge.relationship == CONTAINS else _chunk_of(edge)
         if owner in owned:
             owned[owner].append(edge)
 
-    def order(edge: GraphEdge) -> tuple[bool, float, str]:
+    def order(edge: GraphEdge | EdgeShape) -> tuple[bool, float, str]:
         reach = ended.scores.get(edge.source_id, 0.0) + ended.scores.get(edge.target_id, 0.0)
         return edge.relationship == CONTAINS, -reach, edge.id
 
@@ -54,8 +59,8 @@ def in_rounds(fragment: Fragment, chunks: list[str], ended: Walk) -> list[tuple[
     return sorted(found, key=lambda item: item[1])
 
 
-def _chunk_of(edge: GraphEdge) -> str:
-    return str(edge.properties.get("chunk_id") or "")
+def _chunk_of(edge: GraphEdge | EdgeShape) -> str:
+    return str(edge.properties.get("chunk_id") or "") if isinstance(edge, GraphEdge) else ""
 
 
 class GraphCompletionRetriever:
@@ -70,18 +75,23 @@ class GraphCompletionRetriever:
             ended = walk(self._ports, scope, request.query, config)
             chunks = [entry.chunk_id for entry in ended.ranked[: min(request.top_k, top)]]
             fragment = self._project(scope, chunks)
-            ranked = in_rounds(fragment, chunks, ended)[:top]
+            ranked = self._whole(scope, in_rounds(fragment, chunks, ended)[:top])
             self._add_nodes(scope, fragment, chunks, [edge for edge, _ in ranked])
             hits += [self._hit(scope, fragment, edge, score) for edge, score in ranked]
         return sorted(hits, key=lambda hit: hit.score)[:top]
 
     def _project(self, scope: Scope, chunks: list[str]) -> Fragment:
-        """The `contains` edges of the chunks and the facts extracted from them, without nodes."""
+        """The `contains` edges of the chunks, as shapes (all that ranking them reads), and the
+        facts extracted from them; no nodes."""
         if not chunks:
             return Fragment()
         graph, wanted = self._ports.graph, set(chunks)
-        touching = graph.get_edges(scope, chunks, provenance=False)
-        contains = [edge for edge in touching if edge.relationship == CONTAINS and edge.source_id in wanted]
+        around = graph.neighbourhood(
+            scope, chunks, limit=UNBOUNDED, max_degree=UNBOUNDED, skip=NOT_CONTAINS, shape_only=True
+        )
+        contains = [
+            edge for edge in around.edges if edge.relationship == CONTAINS and edge.source_id in wanted
+        ]
         entities = sorted({edge.target_id for edge in contains})
         facts = [
             edge
@@ -89,6 +99,22 @@ class GraphCompletionRetriever:
             if edge.relationship not in STRUCTURAL_RELATIONSHIPS and _chunk_of(edge) in wanted
         ]
         return Fragment(edges={edge.id: edge for edge in [*facts, *contains]})
+
+    def _whole(
+        self, scope: Scope, ranked: list[tuple[GraphEdge | EdgeShape, float]]
+    ) -> list[tuple[GraphEdge, float]]:
+        """The ranked edges whole: a `contains` edge came as a shape. One deleted since is left out."""
+        shapes = {edge.id: edge.source_id for edge, _ in ranked if isinstance(edge, EdgeShape)}
+        read = (
+            self._ports.graph.get_edges(scope, sorted(set(shapes.values())), provenance=False)
+            if shapes
+            else []
+        )
+        whole = {edge.id: edge for edge in read if edge.id in shapes}
+        found = [
+            (whole.get(edge.id) if isinstance(edge, EdgeShape) else edge, score) for edge, score in ranked
+        ]
+        return [(edge, score) for edge, score in found if edge is not None]
 
     def _add_nodes(self, scope: Scope, fragment: Fragment, chunks: list[str], edges: list[GraphEdge]) -> None:
         """The chunks and the ends of `edges`, read once the edges are ranked: the triplets name

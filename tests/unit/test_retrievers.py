@@ -7,8 +7,8 @@ import pytest
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.ingest import Source, add
-from kenning.pipeline.models import DocumentRecord, GraphNode, Scope
-from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.pipeline.models import DocumentRecord, GraphEdge, GraphNode, Scope
+from kenning.retrieval.contract import Hit, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.fusion import LANES, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.registry import REGISTRY, search
 from kenning.workers.local import LocalRunner
@@ -138,40 +138,80 @@ def test_each_type_finds_the_source_and_cites_it(
     assert result.answer is None and result.notice is None
 
 
-class NodeReads:
-    """A graph store that notes the ids of every node it gives out."""
+class Reads:
+    """A graph store that notes every node and whole edge it gives out; `hidden` edges it keeps back."""
 
-    def __init__(self, graph: object) -> None:
+    def __init__(self, graph: object, hidden: str = "") -> None:
         self._graph = graph
-        self.read: set[str] = set()
+        self._hidden = hidden
+        self.nodes: set[str] = set()
+        self.edges: list[GraphEdge] = []
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._graph, name)
 
     def get_nodes(self, scope: Scope, node_ids: list[str], **options: object) -> list[GraphNode]:
         found: list[GraphNode] = self._graph.get_nodes(scope, node_ids, **options)  # type: ignore[attr-defined]
-        self.read.update(node.id for node in found)
+        self.nodes.update(node.id for node in found)
         return found
+
+    def get_edges(self, scope: Scope, node_ids: list[str], **options: object) -> list[GraphEdge]:
+        found: list[GraphEdge] = self._graph.get_edges(scope, node_ids, **options)  # type: ignore[attr-defined]
+        kept = [edge for edge in found if edge.relationship != self._hidden]
+        self.edges += kept
+        return kept
+
+
+def graph_completion(services: TwinServices, graph: Reads, query: str, top_edges: int) -> list[Hit]:
+    reading = TwinServices(**{**services.__dict__, "graph": graph})
+    request = SearchRequest.model_validate(
+        {
+            "query": query,
+            "type": SearchType.GRAPH_COMPLETION,
+            "scopes": [LIBRARY],
+            "only_context": True,
+            "options": {"top_edges": top_edges},
+        }
+    )
+    return search(reading, request).results
 
 
 def test_graph_completion_reads_only_the_entities_its_triplets_name(services: TwinServices) -> None:
     # Given a store that notes the nodes it gives out
-    graph = NodeReads(services.graph)
-    noting = TwinServices(**{**services.__dict__, "graph": graph})
+    graph = Reads(services.graph)
     # When GRAPH_COMPLETION keeps one triplet of a question that names no entity
-    request = SearchRequest.model_validate(
-        {
-            "query": "who built the first compiler?",
-            "type": SearchType.GRAPH_COMPLETION,
-            "scopes": [LIBRARY],
-            "only_context": True,
-            "options": {"top_edges": 1},
-        }
-    )
-    [hit] = search(noting, request).results
+    [hit] = graph_completion(services, graph, "who built the first compiler?", top_edges=1)
     # Then the only entities it read are the ends of that triplet
-    entities = {n.id for n in services.graph.get_nodes(LIBRARY, sorted(graph.read)) if n.type == "Entity"}
+    entities = {n.id for n in services.graph.get_nodes(LIBRARY, sorted(graph.nodes)) if n.type == "Entity"}
     assert entities and entities <= {hit.extra["source_id"], hit.extra["target_id"]}
+
+
+def test_graph_completion_reads_whole_only_the_contains_edges_it_keeps(services: TwinServices) -> None:
+    # Given a store that notes the edges it gives out whole
+    graph = Reads(services.graph)
+    # When GRAPH_COMPLETION keeps enough triplets to run out of facts for one of its chunks
+    hits = graph_completion(services, graph, "who built the first compiler?", top_edges=10)
+    # Then it keeps `contains` edges, named as the graph has them
+    kept = {
+        (hit.extra["source_id"], hit.extra["target_id"])
+        for hit in hits
+        if hit.extra["relationship"] == "contains"
+    }
+    assert kept and all(
+        "--[contains]-->" in hit.text for hit in hits if hit.extra["relationship"] == "contains"
+    )
+    # And the only `contains` edges it read whole are those of the chunks it keeps one of
+    read = {edge.source_id for edge in graph.edges if edge.relationship == "contains"}
+    assert read == {chunk for chunk, _ in kept}
+
+
+def test_graph_completion_leaves_out_a_contains_edge_deleted_while_it_ranked(services: TwinServices) -> None:
+    # Given a store whose `contains` edges are gone by the time they are read whole
+    graph = Reads(services.graph, hidden="contains")
+    # When GRAPH_COMPLETION keeps enough triplets to reach them
+    hits = graph_completion(services, graph, "who built the first compiler?", top_edges=40)
+    # Then it gives the facts alone, without failing
+    assert hits and all(hit.extra["relationship"] != "contains" for hit in hits)
 
 
 def test_lexical_hits_carry_their_bm25_score(services: TwinServices) -> None:
