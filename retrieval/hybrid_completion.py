@@ -66,6 +66,7 @@ class HybridCompletionRetriever:
         top_facts = facts[: config.facts]
         endpoints = [str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")]
         nodes = self._nodes(scope, [entry.id for entry in fused] + endpoints)
+        points |= self._indexed(scope, [e.id for e in fused if e.id not in nodes and e.id not in points])
         hits = [self._hit(scope, entry, nodes, points, config) for entry in fused]
         found = [hit for hit in hits if hit is not None]
         _attach_facts(found, top_facts, nodes)
@@ -74,9 +75,10 @@ class HybridCompletionRetriever:
     def _lanes(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
     ) -> tuple[dict[str, list[str]], list[ScoredPoint], dict[str, ScoredPoint]]:
-        """(chunk ids ranked by each lane, the edge-fact hits, the chunk hits by id)."""
+        """(chunk ids ranked by each lane, the edge-fact hits, the lexical lane's chunk hits by id,
+        with their payloads: the vector lane's come without)."""
         search, on, depth, query = self._ports.vectors.search, config.weight, config.depth, request.query
-        chunks = search(scope, collection.CHUNKS, vector, depth("chunks")) if on("chunks") > 0 else []
+        chunks = search(scope, collection.CHUNKS, vector, depth("chunks"), ()) if on("chunks") > 0 else []
         lexical = self._ports.lexical.search(scope, query, depth("lexical")) if on("lexical") > 0 else []
         summaries = (
             search(scope, collection.SUMMARIES, vector, depth("summaries"), CHUNK_OF)
@@ -93,7 +95,7 @@ class HybridCompletionRetriever:
             "facts": _chunk_ids(facts)[: depth("facts")],
             "graph": self._graph_lane(scope, request, vector, chunks, config) if on("graph") > 0 else [],
         }
-        return lanes, facts, {point.id: point for point in [*lexical, *chunks]}
+        return lanes, facts, {point.id: point for point in lexical}
 
     def _graph_lane(
         self,
@@ -130,6 +132,13 @@ class HybridCompletionRetriever:
     def _nodes(self, scope: Scope, ids: list[str]) -> dict[str, GraphNode]:
         wanted = sorted(set(ids) - {""})
         return {node.id: node for node in self._ports.graph.get_nodes(scope, wanted)} if wanted else {}
+
+    def _indexed(self, scope: Scope, chunk_ids: list[str]) -> dict[str, ScoredPoint]:
+        """The chunks' points with their payloads, read from the index: chunks not in the graph."""
+        if not chunk_ids:
+            return {}
+        found = self._ports.vectors.retrieve(scope, collection.CHUNKS, chunk_ids)
+        return {point.id: ScoredPoint(id=point.id, score=0.0, payload=point.payload) for point in found}
 
     def _hit(
         self,

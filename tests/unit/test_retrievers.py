@@ -350,6 +350,25 @@ def test_hybrid_walk_starts_from_the_chunks_lane_when_it_went_deep_enough(
     assert searched.count(collection.CHUNKS) == chunk_searches
 
 
+def test_hybrid_reads_no_chunk_payload_from_the_vector_index_when_the_graph_has_the_chunks(
+    services: TwinServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hits' text comes from the graph's chunk nodes: copying the chunks' payloads out of the
+    index (their text, a kilobyte each) was wasted."""
+    fields: list[object] = []
+    inner = services.vectors.search
+
+    def search(scope: Scope, name: str, vector: list[float], limit: int, asked: object = None) -> object:
+        if name == collection.CHUNKS:
+            fields.append(asked)
+        return inner(scope, name, vector, limit, asked)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(services.vectors, "search", search)
+    result = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True)
+    assert result.results and all(hit.text for hit in result.results)
+    assert fields == [()]
+
+
 def test_rank_fusion_sums_weighted_reciprocal_ranks() -> None:
     # Given two lanes that disagree, and a lane switched off
     lanes = {"a": ["x", "y", "x"], "b": ["y", "z"], "off": ["w"]}
