@@ -238,9 +238,9 @@ def processes(home: Path, questions: list[str], clients: int) -> dict[str, Any]:
     deadline = time.monotonic() + START_TIMEOUT_S + 600
     while sum(len(parts) for parts in got.values()) < clients * len(TYPES):
         left_s = max(1.0, deadline - time.monotonic())
-        kind, table, latencies, started, ended, seconds = out.get(timeout=left_s)
+        kind, table, latencies, started, ended, cpu_s = out.get(timeout=left_s)
         got[kind].append((latencies, started, ended))
-        cpu[kind] += seconds
+        cpu[kind] += cpu_s
         for key, seconds in table.items():
             tables[kind][key] += seconds
     for worker in workers:

@@ -184,6 +184,11 @@ class GraphStore(Protocol):
         `provenance`, their `data_ids` are left empty."""
         ...
 
+    def edge_shapes(self, scope: Scope, node_ids: Sequence[str]) -> list[EdgeShape]:
+        """The edges `get_edges` gives for `node_ids`, as `EdgeShape`s (id, endpoints, relationship),
+        in no set order: cheaper to read, from memory where the store holds the scope's shape."""
+        ...
+
     def neighbourhood(
         self,
         scope: Scope,

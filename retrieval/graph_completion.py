@@ -20,9 +20,6 @@ from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
 from kenning.retrieval.reference import chunk_nodes, first
 
 TOP_EDGES = 15
-# The chunks' edges are read whole: a chunk with more entities than a walk expands is still ranked.
-UNBOUNDED = 10**9
-NOT_CONTAINS = sorted(STRUCTURAL_RELATIONSHIPS - {CONTAINS})
 NODE_TEXT_CHARS = 300
 TITLE_CHARS = 120
 
@@ -86,14 +83,10 @@ class GraphCompletionRetriever:
         if not chunks:
             return Fragment()
         graph, wanted = self._ports.graph, set(chunks)
-        around = graph.neighbourhood(
-            scope, chunks, limit=UNBOUNDED, max_degree=UNBOUNDED, skip=NOT_CONTAINS, shape_only=True
-        )
-        contains = [
-            edge for edge in around.edges if edge.relationship == CONTAINS and edge.source_id in wanted
-        ]
+        touching = graph.edge_shapes(scope, chunks)
+        contains = [edge for edge in touching if edge.relationship == CONTAINS and edge.source_id in wanted]
         entities = sorted({edge.target_id for edge in contains})
-        facts = [
+        facts: list[GraphEdge | EdgeShape] = [
             edge
             for edge in (graph.get_edges(scope, entities, among=True, provenance=False) if entities else [])
             if edge.relationship not in STRUCTURAL_RELATIONSHIPS and _chunk_of(edge) in wanted

@@ -66,7 +66,9 @@ class HybridCompletionRetriever:
         top_facts = facts[: config.facts]
         endpoints = [str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")]
         nodes = self._nodes(scope, [entry.id for entry in fused] + endpoints)
-        points |= self._indexed(scope, [e.id for e in fused if e.id not in nodes and e.id not in points])
+        vector_lane = set(lanes["chunks"])
+        missing = [e.id for e in fused if e.id in vector_lane and e.id not in nodes and e.id not in points]
+        points |= self._indexed(scope, missing)
         hits = [self._hit(scope, entry, nodes, points, config) for entry in fused]
         found = [hit for hit in hits if hit is not None]
         _attach_facts(found, top_facts, nodes)
@@ -134,7 +136,8 @@ class HybridCompletionRetriever:
         return {node.id: node for node in self._ports.graph.get_nodes(scope, wanted)} if wanted else {}
 
     def _indexed(self, scope: Scope, chunk_ids: list[str]) -> dict[str, ScoredPoint]:
-        """The chunks' points with their payloads, read from the index: chunks not in the graph."""
+        """The chunks' points with their payloads, read from the index: chunks of the vector lane
+        that are not in the graph (the stores disagree)."""
         if not chunk_ids:
             return {}
         found = self._ports.vectors.retrieve(scope, collection.CHUNKS, chunk_ids)

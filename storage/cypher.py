@@ -33,6 +33,7 @@ from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Sc
 from kenning.pipeline.ports import Neighbourhood
 from kenning.storage.memory_graph import (
     by_first_end,
+    edge_shape,
     expand,
     over_stored_edges,
     over_stored_nodes,
@@ -318,6 +319,9 @@ class CypherGraphStore:
                 edge = edge_from_row(row, provenance)
                 found[edge.id] = edge
         return list(found.values())
+
+    def edge_shapes(self, scope: Scope, node_ids: Sequence[str]) -> list[EdgeShape]:
+        return [edge_shape(edge) for edge in self.get_edges(scope, node_ids, provenance=False)]
 
     def neighbourhood(
         self,

@@ -3,7 +3,8 @@
 `neighbourhood(shape_only=True)`, the walk's subgraph (`GRAPH_PPR`), needs only this: node
 degrees and the edges touching a frontier, hop after hop. On the SQL graph each hop is two
 SQL queries per 500 nodes (about 100 ms a question on 6,119 paragraphs); from a `Shape` it is
-dictionary look-ups. Used only at the revision it was read at (`storage.snapshots`).
+dictionary look-ups. `edge_shapes` (GRAPH_COMPLETION's chunks' `contains` edges) reads it too.
+Used only at the revision it was read at (`storage.snapshots`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ Row = tuple[str, str, str, str]  # id, source, target, relationship
 
 @dataclass(frozen=True)
 class Shape:
-    """Immutable at its revision, so what it works out once (a node's edges that a skip set leaves)
-    it keeps. It holds plain
-    tuples, which the garbage collector stops tracking: when it kept 50,000 edges built as
-    `GraphEdge`s, every full collection went over them (100 ms and more on the full 2Wiki
-    store). The `EdgeShape`s it returns are made per read, a fraction of a microsecond each."""
+    """Immutable at its revision, so what it works out once it keeps: the positions of a node's
+    edges that a skip set leaves, per skip set asked (at most `touching` again for each; the walk
+    asks one). It holds plain tuples, which the garbage collector stops tracking: when it kept
+    50,000 edges built as `GraphEdge`s, every full collection went over them (100 ms and more on
+    the full 2Wiki store). The `EdgeShape`s it returns are made per read, a fraction of a
+    microsecond each."""
 
     revision: int
     edges: list[Row]
@@ -62,6 +64,11 @@ class Shape:
                 for node, indexes in touching.items()
             },
         )
+
+    def touching_edges(self, node_ids: Sequence[str]) -> list[EdgeShape]:
+        """The edges with an end among the nodes, each once."""
+        positions = dict.fromkeys(i for node in node_ids for i in self.touching.get(node, ()))
+        return [EdgeShape._make(self.edges[i]) for i in positions]
 
     def neighbourhood(
         self, node_ids: Sequence[str], hops: int, limit: int, max_degree: int, skip: frozenset[str]

@@ -251,6 +251,9 @@ class MemoryGraphStore:
                 or (not among and (edge.source_id in wanted or edge.target_id in wanted))
             ]
 
+    def edge_shapes(self, scope: Scope, node_ids: Sequence[str]) -> list[EdgeShape]:
+        return [edge_shape(edge) for edge in self.get_edges(scope, node_ids, provenance=False)]
+
     def neighbourhood(
         self,
         scope: Scope,

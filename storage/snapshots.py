@@ -79,6 +79,10 @@ class Snapshots(Generic[T]):
         snapshot = self._read(key, read)
         return snapshot if snapshot is not None and snapshot.revision == revision else None
 
+    def held(self, scope: Scope, revision: int) -> T | None:
+        """The scope's snapshot if it is held at `revision`; unlike `usable`, never starts a read."""
+        return self._get((scope.tenant, scope.dataset), revision)
+
     def revision(self, scope: Scope) -> int | None:
         """The revision of the scope's snapshot held, None when none is."""
         with self._lock:

@@ -686,6 +686,31 @@ def test_neighbourhood_shape_only_brings_the_same_edges_without_properties_or_pr
     assert full_ab.properties == {"weight": 0.5, "note": "a knows b"} and full_ab.data_ids == ["d1", "d2"]
 
 
+def test_edge_shapes_are_the_edges_get_edges_gives_and_follow_writes(
+    store: GraphStore, new_scope: NewScope
+) -> None:
+    # Given edges around b, one a loop, and the scope's shape held where the store holds one
+    scope = new_scope()
+    store.upsert_nodes(scope, [node(i) for i in "abcde"])
+    store.upsert_edges(
+        scope, [edge("a", "b"), edge("b", "c", "contains", note="x"), edge("b", "b"), edge("d", "e")]
+    )
+    store.neighbourhood(scope, ["b"], hops=2, shape_only=True)
+
+    def shapes(ids: list[str]) -> list[EdgeShape]:
+        return sorted(store.edge_shapes(scope, ids))
+
+    # Then edge_shapes gives get_edges' edges as shapes, each once
+    for ids in (["b"], ["b", "c", "zz"], ["a", "a"], []):
+        assert shapes(ids) == sorted(edge_shape(e) for e in store.get_edges(scope, ids))
+    assert [e.id for e in shapes(["c", "b"])] == ["a-knows-b", "b-contains-c", "b-knows-b"]
+    # And a write shows at once
+    store.upsert_nodes(scope, [node("f")])
+    store.upsert_edges(scope, [edge("b", "f", "likes")])
+    store.delete_elements(scope, [], ["a-knows-b"])
+    assert [e.id for e in shapes(["b"])] == ["b-contains-c", "b-knows-b", "b-likes-f"]
+
+
 def test_neighbourhood_shapes_follow_every_write(store: GraphStore, new_scope: NewScope) -> None:
     # Given a chain a - b - c whose shape was asked for once
     scope = new_scope()

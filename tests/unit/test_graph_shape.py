@@ -44,6 +44,7 @@ def test_edges_come_as_shapes_and_the_collector_tracks_nothing_the_shape_holds()
     gc.collect()
     assert not any(gc.is_tracked(row) for row in shape.edges)
     assert not any(gc.is_tracked(indexes) for indexes in shape.touching.values())
+    assert not any(gc.is_tracked(kept) for per_skip in shape._kept.values() for kept in per_skip.values())
 
 
 def test_neighbourhood_is_what_expand_gives_over_the_same_edges() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import pytest
 
 from kenning.pipeline import collection
@@ -11,6 +14,8 @@ from kenning.pipeline.models import DocumentRecord, GraphEdge, GraphNode, Scope
 from kenning.retrieval.contract import Hit, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.fusion import LANES, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.registry import REGISTRY, search
+from kenning.storage.graph_sql import SqlGraphStore
+from kenning.storage.sql_engine import open_engine
 from kenning.workers.local import LocalRunner
 from tests.twins import TwinServices
 
@@ -214,6 +219,25 @@ def test_graph_completion_leaves_out_a_contains_edge_deleted_while_it_ranked(ser
     assert hits and all(hit.extra["relationship"] != "contains" for hit in hits)
 
 
+def test_one_graph_completion_search_starts_no_read_of_the_graph_shape(tmp_path: Path) -> None:
+    """The shape is read in the background from a scope's second search on: a one-shot command
+    never pays for it. GRAPH_COMPLETION's own read of its chunks' edges does not count as one."""
+    # Given the library cognified into a SQL graph that reads shapes in the background
+    graph = SqlGraphStore(open_engine(f"sqlite:///{tmp_path / 'graph.db'}"), snapshots="background")
+    served = TwinServices(graph=graph)  # type: ignore[arg-type]
+    add(served.metadata, served.blobs, LIBRARY, sources(CORPUS))
+    LocalRunner(served, served.lock, concurrency=1).run(LIBRARY)
+    # When one GRAPH_COMPLETION search runs
+    assert run(
+        served, SearchType.GRAPH_COMPLETION, "Who built the first compiler?", only_context=True
+    ).results
+    # Then no shape was read, nor is being read
+    for thread in threading.enumerate():
+        if thread.name == "snapshot":
+            thread.join(10)
+    assert graph.shape_held(LIBRARY) is None
+
+
 def test_lexical_hits_carry_their_bm25_score(services: TwinServices) -> None:
     result = run(services, SearchType.CHUNKS_LEXICAL, "Alan Turing Bletchley", only_context=True)
     assert [hit.kind for hit in result.results] == ["chunk"]
@@ -269,6 +293,10 @@ def test_hybrid_gives_a_chunk_missing_from_the_graph_its_indexed_text() -> None:
     # Then the chunk still comes back with its text, read from the vector index
     [hit] = [hit for hit in result.results if hit.chunk_id == lost]
     assert hit.text.startswith("Remington Rand was an American") and hit.kind == "chunk"
+    # But a lane that ranks chunks without searching their index (summaries) brings no such hit
+    lane = {"weights": {"summaries": 1.0}, "facts": 0}
+    result = run(served, SearchType.HYBRID_COMPLETION, "Remington Rand", only_context=True, options=lane)
+    assert result.results and lost not in {hit.chunk_id for hit in result.results}
 
 
 @pytest.mark.parametrize("kind", [*NEW_TYPES, SearchType.CHUNKS, SearchType.GRAPH_PPR])
