@@ -186,7 +186,8 @@ class GraphStore(Protocol):
 
     def edge_shapes(self, scope: Scope, node_ids: Sequence[str]) -> list[EdgeShape]:
         """The edges `get_edges` gives for `node_ids`, as `EdgeShape`s (id, endpoints, relationship),
-        in no set order: cheaper to read, from memory where the store holds the scope's shape."""
+        in no set order: no costlier than `get_edges(provenance=False)`, and read from memory where
+        the store holds the scope's shape."""
         ...
 
     def neighbourhood(

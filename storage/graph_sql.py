@@ -170,13 +170,15 @@ class SqlGraphStore:
         return [_edge(row, data_ids) for row in found.values()]
 
     def edge_shapes(self, scope: Scope, node_ids: Sequence[str]) -> list[EdgeShape]:
-        """From the scope's shape when it is held at the current revision (a read of one row), else
+        """From the scope's shape when one is held and still current (a read of one row), else
         from the four columns; this never starts reading a shape."""
         unique = list(dict.fromkeys(node_ids))
         table = edges_table
         columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
         with _translated(), self._engine.connect() as conn:
-            held = self._shapes.held(scope, revision_of(conn, revisions, scope))
+            held = None
+            if self._shapes.revision(scope) is not None:  # none held: no revision to read
+                held = self._shapes.held(scope, revision_of(conn, revisions, scope))
             if held is not None:
                 return held.touching_edges(unique)
             found: dict[str, EdgeShape] = {}
