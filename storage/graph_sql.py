@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -56,6 +57,9 @@ edges_table = sa.Table(
     sa.Index("ix_graph_edges_source", "tenant", "dataset", "source_id"),
     sa.Index("ix_graph_edges_target", "tenant", "dataset", "target_id"),
 )
+
+# What an edge's shape reads: its id, endpoints and relationship.
+SHAPE_COLUMNS = tuple(edges_table.c[name] for name in ("id", "source_id", "target_id", "relationship"))
 
 # One row per (node or edge, data item): upserts union provenance by inserting rows.
 provenance_table = sa.Table(
@@ -173,19 +177,13 @@ class SqlGraphStore:
         """From the scope's shape when one is held and still current (a read of one row), else
         from the four columns; this never starts reading a shape."""
         unique = list(dict.fromkeys(node_ids))
-        table = edges_table
-        columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
         with _translated(), self._engine.connect() as conn:
             held = None
             if self._shapes.revision(scope) is not None:  # none held: no revision to read
                 held = self._shapes.held(scope, revision_of(conn, revisions, scope))
             if held is not None:
                 return held.touching_edges(unique)
-            found: dict[str, EdgeShape] = {}
-            for batch in chunked(unique, BATCH_SIZE):
-                for row in _touching_rows(conn, _in_scope(table, scope), batch, *columns):
-                    found[row.id] = EdgeShape(row.id, row.source_id, row.target_id, row.relationship)
-        return list(found.values())
+            return _touching_shapes(conn, _in_scope(edges_table, scope), unique)
 
     def neighbourhood(
         self,
@@ -203,7 +201,6 @@ class SqlGraphStore:
                 return held.neighbourhood(node_ids, hops, limit, max_degree, frozenset(skip))
             table = edges_table
             followed = sa.and_(_in_scope(table, scope), table.c.relationship.not_in(list(skip)))
-            columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
 
             def degrees(ids: list[str]) -> dict[str, int]:
                 counts: dict[str, int] = {}
@@ -228,14 +225,8 @@ class SqlGraphStore:
                 data_ids = _provenance(conn, scope, EDGE, list(found))
                 return [_edge(row, data_ids) for row in found.values()]
 
-            def shapes(ids: list[str]) -> list[EdgeShape]:
-                found: dict[str, EdgeShape] = {}
-                for batch in chunked(ids, BATCH_SIZE):
-                    for row in _touching_rows(conn, followed, batch, *columns):
-                        found[row.id] = EdgeShape(row.id, row.source_id, row.target_id, row.relationship)
-                return list(found.values())
-
             if shape_only:
+                shapes = functools.partial(_touching_shapes, conn, followed)
                 return expand(degrees, by_first_end(shapes), node_ids, hops, limit, max_degree)
             return expand(degrees, by_first_end(touching), node_ids, hops, limit, max_degree)
 
@@ -251,8 +242,7 @@ class SqlGraphStore:
     def _read_shape(self, scope: Scope) -> Shape | None:
         """The scope's edges as one shape; None if a write came in while they were read."""
         table = edges_table
-        columns = (table.c.id, table.c.source_id, table.c.target_id, table.c.relationship)
-        query = sa.select(*columns).where(_in_scope(table, scope))
+        query = sa.select(*SHAPE_COLUMNS).where(_in_scope(table, scope))
         with _translated(), self._engine.connect() as conn:
             found = read_at_revision(
                 conn, revisions, scope, lambda: [tuple(row) for row in conn.execute(query)]
@@ -394,6 +384,17 @@ def _touching_rows(
     table = edges_table
     for end in (table.c.source_id, table.c.target_id):
         yield from conn.execute(sa.select(*(columns or (table,))).where(where, end.in_(node_ids)))
+
+
+def _touching_shapes(
+    conn: sa.Connection, where: sa.ColumnElement[bool], node_ids: list[str]
+) -> list[EdgeShape]:
+    """The shapes of the edges (matching `where`) with an end among the nodes, each once."""
+    found: dict[str, EdgeShape] = {}
+    for batch in chunked(node_ids, BATCH_SIZE):
+        for row in _touching_rows(conn, where, batch, *SHAPE_COLUMNS):
+            found[row.id] = EdgeShape(row.id, row.source_id, row.target_id, row.relationship)
+    return list(found.values())
 
 
 def _delete_rows(conn: sa.Connection, scope: Scope, table: sa.Table, column: Any, values: list[str]) -> None:
