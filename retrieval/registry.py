@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from kenning.pipeline.errors import NoLLMConfigured
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
-from kenning.pipeline.slots import NO_SLOTS, QuerySlots
 from kenning.retrieval.chunks import ChunksRetriever
 from kenning.retrieval.chunks_lexical import ChunksLexicalRetriever
 from kenning.retrieval.coding_rules import CodingRulesRetriever
@@ -67,26 +66,12 @@ class HistoryCompleter:
         return self._inner.complete(system, f"Conversation so far:\n<<<\n{self._history}\n>>>\n\n{prompt}")
 
 
-class SlotFreeCompleter:
-    """A completer that lets the search's query slot go while it waits for the answer."""
-
-    def __init__(self, inner: Completer, slots: QuerySlots) -> None:
-        self._inner = inner
-        self._slots = slots
-
-    def complete(self, system: str, prompt: str) -> str:
-        with self._slots.released():
-            return self._inner.complete(system, prompt)
-
-
 @dataclass(frozen=True)
-class Searching:
-    """The ports as a search's retriever reads them: completions see the session's history, and
-    hold no query slot while they wait."""
+class WithHistory:
+    """The ports, with completions that see the session's history."""
 
     ports: SearchPorts
     history: list[str]
-    slots: QuerySlots = NO_SLOTS
 
     @property
     def vectors(self) -> VectorStore:
@@ -106,22 +91,17 @@ class Searching:
 
     @property
     def completer(self) -> Completer:
-        inner = self.ports.completer
-        return SlotFreeCompleter(HistoryCompleter(inner, self.history) if self.history else inner, self.slots)
+        return HistoryCompleter(self.ports.completer, self.history)
 
 
-def search(ports: SearchPorts, request: SearchRequest, slots: QuerySlots = NO_SLOTS) -> SearchResult:
+def search(ports: SearchPorts, request: SearchRequest) -> SearchResult:
     """Run the request's retriever: objects, then context, then (unless only_context) an answer.
-    Objects and context come in one of `slots`, which waits for no LLM: it is let go around each
-    LLM call, the answer's included.
 
     With no LLM configured the answer is None and `notice` says why; context still comes back.
     """
-    plain = not request.history and slots is NO_SLOTS
-    retriever = REGISTRY[request.type](ports if plain else Searching(ports, request.history, slots))
-    with slots.slot():
-        objects = retriever.get_retrieved_objects(request)
-        context = retriever.get_context_from_objects(request, objects)
+    retriever = REGISTRY[request.type](WithHistory(ports, request.history) if request.history else ports)
+    objects = retriever.get_retrieved_objects(request)
+    context = retriever.get_context_from_objects(request, objects)
     result = SearchResult(query=request.query, type=request.type, results=objects, context=context)
     if request.only_context:
         return result

@@ -389,7 +389,7 @@ class Kenning:
             timed_search(request.type.value),
             traced(self.settings.otel_endpoint, "kenning.search", type=request.type.value),
         ):
-            result = self._faded(search(self.wiring, request, self.wiring.query_slots), readable)
+            result = self._faded(search(self.wiring, request), readable)
         if session_id is not None:
             self._remember_answer(session_id, result, scopes[0].dataset)
         return result

@@ -119,13 +119,6 @@ class Settings(BaseSettings):
         le=256,
         description="Extractions in flight at most, embedded; with KENNING_LLM_RPM, as many as reach it",
     )
-    query_slots: int = Field(
-        default=-1,
-        ge=-1,
-        description="Searches of the home at once, all its processes together, the rest in line; "
-        "-1: the CPUs + 1 when every store is under home and embeddings are local, else no limit; "
-        "0: no limit",
-    )
     user: str = Field(default="local", min_length=1, description="The user sessions belong to")
     session_backend: Literal["file", "redis", "none"] = Field(
         default="file", description="Session memory: files under home, Redis (shared), or none"

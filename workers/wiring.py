@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 from collections.abc import Callable
@@ -32,7 +31,6 @@ from kenning.pipeline.ports import (
 )
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
 from kenning.pipeline.session import SessionRecords, SessionStore
-from kenning.pipeline.slots import NO_SLOTS, QuerySlots
 from kenning.pipeline.spend import FailureTally, HeldLedger, SpendLedger
 from kenning.storage.access import SqlAccessLog
 from kenning.storage.blob import FileBlobStore
@@ -42,7 +40,6 @@ from kenning.storage.lexical_sql import SqlLexicalIndex
 from kenning.storage.lock import FileLock
 from kenning.storage.metadata_sql import SqlMetadataStore, migrate
 from kenning.storage.permission_sql import SqlPermissionStore
-from kenning.storage.query_slots import FileQuerySlots
 from kenning.storage.ratelimit_memory import MemoryRateLimiter
 from kenning.storage.session_file import FileSessionStore
 from kenning.storage.session_sql import SqlSessionRecords
@@ -265,18 +262,6 @@ class Wiring:
     def _open_lock(self) -> Lock:
         return FileLock(self.home() / "locks")
 
-    @property
-    def query_slots(self) -> QuerySlots:
-        return self._once("query_slots", self._open_query_slots)
-
-    def _open_query_slots(self) -> QuerySlots:
-        count = query_slot_count(self.settings)
-        if not count:
-            return NO_SLOTS
-        slots = FileQuerySlots(self.home() / "locks" / "query-slots", count)
-        self._closers.append(slots.close)
-        return slots
-
     def home(self) -> Path:
         """The embedded data directory, created on first use: a ConfigError naming KENNING_HOME when it
         cannot be created or written."""
@@ -296,22 +281,6 @@ class Wiring:
                 close()
             self._closers.clear()
             self._made.clear()
-
-
-def query_slot_count(settings: Settings) -> int:
-    """`query_slots`, with -1 resolved: one more than the CPUs where a search works on this machine
-    alone (every store under home, local embeddings), since a search also waits for the process
-    answering for a vector collection; no limit (0) where searches wait on servers."""
-    if settings.query_slots >= 0:
-        return settings.query_slots
-    local = (
-        not settings.metadata_url
-        and settings.graph_backend == "sql"
-        and not settings.graph_url
-        and settings.vector_engine == "edge"
-        and settings.embedding_provider != "openai"
-    )
-    return len(os.sched_getaffinity(0)) + 1 if local else 0
 
 
 def usable_home(home: Path) -> Path:
