@@ -84,7 +84,7 @@ class FeelingLuckyRetriever:
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
         routed = self._pick(request)
-        hits = self._dispatch(self._ports, routed.model_copy(update={"only_context": True})).results
+        hits = self._dispatch(self._ports, _within(routed, only_context=True)).results
         return [
             hit.model_copy(update={"extra": {**hit.extra, "routed_to": routed.type.value}}) for hit in hits
         ]
@@ -124,7 +124,7 @@ class AgenticRetriever:
 
     def _tool(self, request: SearchRequest, tool: str, query: str) -> list[Hit]:
         kind = SearchType.GRAPH_COMPLETION if tool == "SEARCH_GRAPH" else SearchType.CHUNKS
-        sub = request.model_copy(update={"type": kind, "query": query, "only_context": True, "top_k": 5})
+        sub = _within(request, type=kind, query=query, only_context=True, top_k=5)
         return self._dispatch(self._ports, sub).results
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
@@ -138,3 +138,9 @@ class AgenticRetriever:
 
 def _observe(hits: list[Hit]) -> str:
     return " | ".join(hit.text[:300] for hit in hits[:5]) or "nothing found"
+
+
+def _within(request: SearchRequest, **changes: object) -> SearchRequest:
+    """A search run within `request`'s, on the ports its retriever holds: they put the session's
+    history before every prompt already, so the inner search brings none of its own."""
+    return request.model_copy(update={**changes, "history": []})

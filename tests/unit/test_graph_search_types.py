@@ -156,6 +156,24 @@ def test_agentic_completion_follows_the_llm_tools_until_it_answers(memory: TwinS
     assert "Observation" in completer.calls[1][1]
 
 
+def test_a_routed_search_puts_the_session_history_before_its_prompts_once(memory: TwinServices) -> None:
+    """FEELING_LUCKY routed to DECOMPOSITION, which asks the LLM for sub-questions, then answers."""
+
+    def answer(system: str, prompt: str) -> str:
+        return "GRAPH_COMPLETION_DECOMPOSITION" if "Types:" in prompt else "Who built the first compiler?"
+
+    completer = ScriptedCompleter(answer)
+    request = SearchRequest(
+        query="Who built the first compiler?",
+        type=SearchType.FEELING_LUCKY,
+        scopes=[SCOPE],
+        history=["Q: Who was Grace Hopper? A: A computer scientist."],
+    )
+    search(with_completer(memory, completer), request)
+    assert len(completer.calls) >= 3  # the route, the sub-questions, the answer
+    assert {prompt.count("Conversation so far") for _, prompt in completer.calls} == {1}
+
+
 def test_agentic_completion_offline_gives_context_and_a_notice(memory: TwinServices) -> None:
     result = run(memory, SearchType.AGENTIC_COMPLETION, "Who built the first compiler?")
     assert result.results and result.answer is None and result.notice
