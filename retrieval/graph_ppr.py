@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -261,21 +263,27 @@ def personalized_pagerank(
     otherwise follows an edge, either way. A node's share along an edge is the edge's weight over
     the node's degree in the whole graph (`degrees`, at least its edges here): what it would send
     beyond the projected subgraph is lost, so a hub passes little to each neighbour."""
-    nodes = sorted({end for source, target, _ in edges for end in (source, target)} | set(restart))
+    heads, tails, weighed = map(itemgetter(0), edges), map(itemgetter(1), edges), map(itemgetter(2), edges)
+    nodes = sorted({*heads, *tails, *restart})
     index = {node: position for position, node in enumerate(nodes)}
-    sources = np.array([index[s] for s, t, _ in edges] + [index[t] for s, t, _ in edges], dtype=np.int64)
-    targets = np.array([index[t] for s, t, _ in edges] + [index[s] for s, t, _ in edges], dtype=np.int64)
-    weights = np.array([w for _, _, w in edges] * 2, dtype=np.float64)
+    ahead, behind = _positions(index, edges, 0), _positions(index, edges, 1)
+    sources, targets = np.concatenate([ahead, behind]), np.concatenate([behind, ahead])
+    weights = np.tile(np.fromiter(weighed, dtype=np.float64, count=len(edges)), 2)
     local = np.bincount(sources, weights=weights, minlength=len(nodes))
-    whole = np.array([float(degrees.get(node, 0)) for node in nodes])
+    whole = np.fromiter(map(degrees.get, nodes, repeat(0)), dtype=np.float64, count=len(nodes))
     spread = np.maximum(local, whole * (local / np.maximum(_edge_counts(sources, len(nodes)), 1)))
     share = weights / np.maximum(spread[sources], 1e-12)
-    start = np.array([restart.get(node, 0.0) for node in nodes])
-    scores = start.copy()
+    start = np.fromiter(map(restart.get, nodes, repeat(0.0)), dtype=np.float64, count=len(nodes))
+    scores, restarted = start.copy(), (1.0 - config.damping) * start
     for _ in range(config.iterations):
         moved = np.bincount(targets, weights=scores[sources] * share, minlength=len(nodes))
-        scores = (1.0 - config.damping) * start + config.damping * moved
-    return {node: float(scores[position]) for node, position in index.items()}
+        scores = restarted + config.damping * moved
+    return dict(zip(nodes, scores.tolist(), strict=True))
+
+
+def _positions(index: Mapping[str, int], edges: Sequence[tuple[str, str, float]], end: int) -> np.ndarray:
+    """The index of each edge's `end` (0: source, 1: target), in edge order."""
+    return np.fromiter(map(index.__getitem__, map(itemgetter(end), edges)), dtype=np.int64, count=len(edges))
 
 
 def _edge_counts(sources: np.ndarray, size: int) -> np.ndarray:

@@ -68,7 +68,11 @@ class Shape:
     def touching_edges(self, node_ids: Sequence[str]) -> list[EdgeShape]:
         """The edges with an end among the nodes, each once."""
         positions = dict.fromkeys(i for node in node_ids for i in self.touching.get(node, ()))
-        return [EdgeShape._make(self.edges[i]) for i in positions]
+        return self._shapes(positions)
+
+    def _shapes(self, positions: Iterable[int]) -> list[EdgeShape]:
+        rows = self.edges
+        return [_edge_shape(EdgeShape, rows[i]) for i in positions]
 
     def neighbourhood(
         self, node_ids: Sequence[str], hops: int, limit: int, max_degree: int, skip: frozenset[str]
@@ -89,7 +93,7 @@ class Shape:
         seen = set(node_ids)
         frontier = sorted(seen)
         for _ in range(max(hops, 0)):
-            counts.update((node, len(edges_of(node))) for node in frontier if edges_of(node))
+            _count(counts, frontier, edges_of)
             opened = sorted(
                 (node for node in frontier if 0 < counts.get(node, 0) <= max_degree),
                 key=lambda node: (counts[node], node),
@@ -102,9 +106,9 @@ class Shape:
             frontier = sorted(self._ends(new) - seen)
             seen.update(frontier)
         ends = self._ends(found)
-        counts.update((node, len(edges_of(node))) for node in sorted(ends - set(counts)) if edges_of(node))
+        _count(counts, sorted(ends - set(counts)), edges_of)
         known = {node: count for node, count in counts.items() if count and (node in ends or node in seen)}
-        return Neighbourhood(edges=[EdgeShape._make(self.edges[i]) for i in found], degrees=known)
+        return Neighbourhood(edges=self._shapes(found), degrees=known)
 
     def _ends(self, positions: Iterable[int]) -> set[str]:
         rows = [self.edges[i] for i in positions]
@@ -125,3 +129,14 @@ class Shape:
             found.update(dict.fromkeys(new))
             added += new
         return added
+
+
+# A row made an `EdgeShape` without `EdgeShape._make`'s frame and length check: rows are ours.
+_edge_shape = tuple.__new__
+
+
+def _count(counts: dict[str, int], nodes: Iterable[str], edges_of: Callable[[str], tuple[int, ...]]) -> None:
+    """Add to `counts` the number of edges of each node that has any, in the nodes' order."""
+    for node in nodes:
+        if degree := len(edges_of(node)):
+            counts[node] = degree
