@@ -64,8 +64,11 @@ class HybridCompletionRetriever:
         lanes, facts, points = self._lanes(scope, request, vector, config)
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)[: request.top_k]
         top_facts = facts[: config.facts]
-        endpoints = [str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")]
-        nodes = self._nodes(scope, [entry.id for entry in fused] + endpoints)
+        chunk_ids = [entry.id for entry in fused]
+        endpoints = {str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")}
+        # The facts' ends are only named: their provenance (every item mentioning them) goes unread.
+        ends = self._nodes(scope, list(endpoints - set(chunk_ids)), provenance=False)
+        nodes = ends | self._nodes(scope, chunk_ids)
         vector_lane = set(lanes["chunks"])
         missing = [e.id for e in fused if e.id in vector_lane and e.id not in nodes and e.id not in points]
         points |= self._indexed(scope, missing)
@@ -131,9 +134,11 @@ class HybridCompletionRetriever:
         """The edges touching these nodes, by id; the lane ranks by their ends alone."""
         return {edge.id: edge for edge in self._ports.graph.get_edges(scope, node_ids, provenance=False)}
 
-    def _nodes(self, scope: Scope, ids: list[str]) -> dict[str, GraphNode]:
+    def _nodes(self, scope: Scope, ids: list[str], provenance: bool = True) -> dict[str, GraphNode]:
         wanted = sorted(set(ids) - {""})
-        return {node.id: node for node in self._ports.graph.get_nodes(scope, wanted)} if wanted else {}
+        if not wanted:
+            return {}
+        return {node.id: node for node in self._ports.graph.get_nodes(scope, wanted, provenance=provenance)}
 
     def _indexed(self, scope: Scope, chunk_ids: list[str]) -> dict[str, ScoredPoint]:
         """The chunks' points with their payloads, read from the index: chunks of the vector lane

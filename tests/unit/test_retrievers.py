@@ -397,6 +397,28 @@ def test_hybrid_reads_no_chunk_payload_from_the_vector_index_when_the_graph_has_
     assert fields == [()]
 
 
+def test_hybrid_reads_the_provenance_of_its_chunks_alone(
+    services: TwinServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hit's data item is its chunk's; the facts' ends are named, never cited. An entity is
+    supported by every item that mentions it: on the full 2Wiki store, their provenance was 500
+    rows a question."""
+    asked: list[tuple[list[str], bool]] = []
+    inner = services.graph.get_nodes
+
+    def get_nodes(scope: Scope, node_ids: list[str], *, provenance: bool = True) -> list[GraphNode]:
+        asked.append((list(node_ids), provenance))
+        return inner(scope, node_ids, provenance=provenance)
+
+    monkeypatch.setattr(services.graph, "get_nodes", get_nodes)
+    result = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True, top_k=3)
+    chunks = {hit.chunk_id for hit in result.results}
+    assert result.results and all(hit.data_id for hit in result.results)
+    assert "Grace Hopper -> built compiler at -> Remington Rand" in result.context
+    with_provenance = {node for ids, provenance in asked if provenance for node in ids}
+    assert with_provenance == chunks
+
+
 def test_rank_fusion_sums_weighted_reciprocal_ranks() -> None:
     # Given two lanes that disagree, and a lane switched off
     lanes = {"a": ["x", "y", "x"], "b": ["y", "z"], "off": ["w"]}
