@@ -388,8 +388,8 @@ class GraphEdge(BaseModel):
 
 class EdgeShape(NamedTuple):
     """An edge's id, endpoints and relationship alone: what a walk over the graph reads.
-    A tuple of strings, which the garbage collector stops tracking, so a graph's worth of them
-    held in memory adds nothing to its full collections."""
+    Made per read: a held graph shape keeps plain tuples, which the garbage collector stops
+    tracking (it keeps tracking these, as it does every tuple subclass)."""
 
     id: str
     source_id: str

@@ -263,12 +263,11 @@ def personalized_pagerank(
     otherwise follows an edge, either way. A node's share along an edge is the edge's weight over
     the node's degree in the whole graph (`degrees`, at least its edges here): what it would send
     beyond the projected subgraph is lost, so a hub passes little to each neighbour."""
-    heads, tails, weighed = map(itemgetter(0), edges), map(itemgetter(1), edges), map(itemgetter(2), edges)
-    nodes = sorted({*heads, *tails, *restart})
+    nodes = sorted({*map(itemgetter(0), edges), *map(itemgetter(1), edges), *restart})
     index = {node: position for position, node in enumerate(nodes)}
     ahead, behind = _positions(index, edges, 0), _positions(index, edges, 1)
     sources, targets = np.concatenate([ahead, behind]), np.concatenate([behind, ahead])
-    weights = np.tile(np.fromiter(weighed, dtype=np.float64, count=len(edges)), 2)
+    weights = np.tile(np.fromiter(map(itemgetter(2), edges), dtype=np.float64, count=len(edges)), 2)
     local = np.bincount(sources, weights=weights, minlength=len(nodes))
     whole = np.fromiter(map(degrees.get, nodes, repeat(0)), dtype=np.float64, count=len(nodes))
     spread = np.maximum(local, whole * (local / np.maximum(_edge_counts(sources, len(nodes)), 1)))
