@@ -21,7 +21,6 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import orjson
@@ -109,11 +108,12 @@ class SearchServer:
                 scope = Scope(tenant=request["scope"]["tenant"], dataset=request["scope"]["dataset"])
                 vector = np.frombuffer(base64.b64decode(request["vector"]), dtype=VECTOR_DTYPE).tolist()
                 hits = self._search(scope, vector, int(request["limit"]), request["fields"])
-                answer: dict[str, Any] = {"hits": [[hit.id, hit.score, hit.payload] for hit in hits]}
+                # Encoded here: a payload JSON cannot hold is an error answer, not a dead thread.
+                answer = orjson.dumps({"hits": [[hit.id, hit.score, hit.payload] for hit in hits]})
             except Exception as exc:  # the asking process searches on its own instead
-                answer = {"error": f"{type(exc).__name__}: {exc}"}
+                answer = orjson.dumps({"error": f"{type(exc).__name__}: {exc}"})
             with contextlib.suppress(OSError):
-                stream.write(orjson.dumps(answer) + b"\n")
+                stream.write(answer + b"\n")
                 stream.flush()
 
 

@@ -93,3 +93,30 @@ def test_stop_does_not_wait_for_a_search_that_waits_for_the_stopping_thread(tmp_
     asker.join(timeout=10)
     assert not asker.is_alive()
     assert ended(f"kenning-search-{tmp_path.name}")
+
+
+def test_an_answer_that_cannot_be_encoded_sends_the_asker_to_search_itself_and_the_server_goes_on(
+    tmp_path: Path,
+) -> None:
+    # Given a server whose search finds, for some vectors, a payload with a value JSON cannot hold
+    def search(
+        scope: Scope, vector: Sequence[float], limit: int, fields: Sequence[str] | None
+    ) -> list[ScoredPoint]:
+        payload: dict[str, object] = {"n": 2**70} if vector[0] < 0 else {"n": 1}
+        return [ScoredPoint(id="p", score=0.0, payload=payload)]
+
+    server = SearchServer(tmp_path, search)
+    server.start()
+    try:
+        # When more such searches come than the server has answering threads
+        bad = [
+            search_remotely(tmp_path, SCOPE, [-1.0], 1, None, timeout_s=5.0)
+            for _ in range(ANSWERING_THREADS + 1)
+        ]
+        # Then each asker is told at once to search on its own (no answer, not a wait)
+        assert bad == [None] * (ANSWERING_THREADS + 1)
+        # And the server still answers the next search
+        good = search_remotely(tmp_path, SCOPE, [1.0], 1, None, timeout_s=5.0)
+        assert good is not None and good[0].payload == {"n": 1}
+    finally:
+        server.stop()
