@@ -1,6 +1,6 @@
-"""HYBRID_COMPLETION: reciprocal-rank fusion of five lanes at chunk level, then one answer.
+"""HYBRID_COMPLETION: reciprocal-rank fusion of lanes at chunk level, then one answer.
 
-Lanes, each a ranking of chunks:
+Lanes, each a ranking of chunks (by default chunks, lexical and graph weigh in: `FusionConfig`):
 - chunks: vector search over chunk text;
 - lexical: BM25 over chunk text;
 - summaries: vector search over chunk summaries, mapped to the chunk summarised;

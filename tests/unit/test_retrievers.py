@@ -258,6 +258,27 @@ def test_hybrid_context_is_the_chunks_then_their_facts(services: TwinServices) -
     assert "- Grace Hopper -> built compiler at -> Remington Rand: Grace Hopper built" in facts
 
 
+def test_hybrid_by_default_searches_no_summaries_and_only_the_facts_of_its_context(
+    services: TwinServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the vector searches recorded
+    searched: list[tuple[str, int]] = []
+    original = services.vectors.search
+
+    def recording(scope: Scope, name: str, vector: list[float], limit: int, fields: object = None) -> object:
+        searched.append((name, limit))
+        return original(scope, name, vector, limit, fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(services.vectors, "search", recording)
+    # When HYBRID_COMPLETION runs with its default lanes
+    result = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True, top_k=3)
+    # Then the summaries lane is not searched, the edge facts only as deep as the context takes
+    assert collection.SUMMARIES not in {name for name, _ in searched}
+    assert [limit for name, limit in searched if name == collection.EDGES] == [FusionConfig().facts]
+    # and the context still ends with the facts
+    assert "- Grace Hopper -> built compiler at -> Remington Rand" in result.context.split("\n\nFacts:\n")[1]
+
+
 def test_hybrid_entity_lane_reaches_chunks_through_graph_neighbours(services: TwinServices) -> None:
     # Given only the entity lane, started from the single best entity: Grace Hopper
     lane = {"weights": {"entities": 1.0}, "entity_seeds": 1, "facts": 0}
