@@ -106,15 +106,26 @@ class SearchServer:
             try:
                 request = orjson.loads(stream.readline(MAX_LINE))
                 scope = Scope(tenant=request["scope"]["tenant"], dataset=request["scope"]["dataset"])
-                vector = np.frombuffer(base64.b64decode(request["vector"]), dtype=VECTOR_DTYPE).tolist()
-                hits = self._search(scope, vector, int(request["limit"]), request["fields"])
-                # Encoded here: a payload JSON cannot hold is an error answer, not a dead thread.
+                hits = self._search(
+                    scope, _vector(request["vector"]), int(request["limit"]), request["fields"]
+                )
+                # Encoded here: a payload orjson cannot encode (an integer beyond 64 bits, a numpy
+                # scalar, a key that is not a string) is an error answer, not a dead thread.
                 answer = orjson.dumps({"hits": [[hit.id, hit.score, hit.payload] for hit in hits]})
             except Exception as exc:  # the asking process searches on its own instead
                 answer = orjson.dumps({"error": f"{type(exc).__name__}: {exc}"})
             with contextlib.suppress(OSError):
                 stream.write(answer + b"\n")
                 stream.flush()
+
+
+def _vector(sent: str | list[float]) -> list[float]:
+    """The vector of a request: base64 float32, or a list of numbers as processes of an earlier
+    kenning send it (still answered, so that such a process does not take the shard over)."""
+    if isinstance(sent, list):
+        return [float(x) for x in sent]
+    decoded: list[float] = np.frombuffer(base64.b64decode(sent), dtype=VECTOR_DTYPE).tolist()
+    return decoded
 
 
 def search_remotely(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -120,3 +122,22 @@ def test_an_answer_that_cannot_be_encoded_sends_the_asker_to_search_itself_and_t
         assert good is not None and good[0].payload == {"n": 1}
     finally:
         server.stop()
+
+
+def test_a_request_whose_vector_is_a_list_of_numbers_is_answered(tmp_path: Path) -> None:
+    # Given a server, and a process that asks with the vector as a JSON list (as a kenning before
+    # the base64 form did, still running beside this one on the same home)
+    server = SearchServer(tmp_path, SlowSearch())
+    server.start()
+    try:
+        request = {"scope": {"tenant": "t", "dataset": "d"}, "vector": [3.5, 0.0], "limit": 2, "fields": None}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(5.0)
+            connection.connect(str(tmp_path / ".sock"))
+            connection.sendall(json.dumps(request).encode() + b"\n")
+            with connection.makefile("rb") as answers:
+                answer = json.loads(answers.readline())
+    finally:
+        server.stop()
+    # Then it is answered, not sent to take the shard over
+    assert answer == {"hits": [["d-2", 3.5, {}]]}
