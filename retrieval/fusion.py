@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 LANES = ("chunks", "lexical", "summaries", "entities", "facts", "graph")
 Depth = Annotated[int, Field(ge=1, le=1000)]
+Weight = Annotated[float, Field(ge=0.0)]
 
 
 class FusionConfig(BaseModel):
@@ -20,15 +21,15 @@ class FusionConfig(BaseModel):
     chooses the lexical and graph weights on the development halves of HotpotQA-100 and
     2Wiki and reports them on the test halves. The summaries and facts lanes are off by
     default: at 0.05 each (their weight before), recall@2, @5, @10 and all@5 on both
-    development halves were the same or lower than with them off, and they were two of a
-    query's three vector searches (the facts lane's 160 edge hits the costliest). The context's
+    development halves were the same or lower than with them off, and they were two of its
+    three fixed vector searches (the facts lane's 160 edge hits the costliest). The context's
     `facts` best edge facts are searched for either way.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     rrf_k: int = Field(default=60, ge=0, description="The k of 1 / (k + rank)")
-    weights: dict[str, float] = Field(
+    weights: dict[str, Weight] = Field(
         default_factory=lambda: {
             "chunks": 1.0,
             "lexical": 0.5,
@@ -53,6 +54,14 @@ class FusionConfig(BaseModel):
     neighbours: int = Field(default=50, ge=0, le=1000, description="Graph neighbours of the seeds kept")
     neighbour_decay: float = Field(default=0.5, ge=0.0, le=1.0, description="A neighbour's share of its seed")
     facts: int = Field(default=10, ge=0, le=200, description="Edge facts added to the context")
+
+    @field_validator("weights", "depths")
+    @classmethod
+    def _known_lanes(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(LANES))
+        if unknown:
+            raise ValueError(f"no lane {', '.join(map(repr, unknown))}: the lanes are {', '.join(LANES)}")
+        return value
 
     def weight(self, lane: str) -> float:
         return float(self.weights.get(lane, 0.0))

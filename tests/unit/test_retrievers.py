@@ -458,3 +458,10 @@ def test_fusion_options_are_validated() -> None:
     assert (config.depth("chunks"), config.depth("lexical")) == (5, 20)
     with pytest.raises(ValueError, match="depths"):
         FusionConfig.model_validate({"depths": {"chunks": 0}})
+    # A lane misspelt or weighed below zero is an error, not a lane silently off
+    with pytest.raises(ValueError, match="'fact'.*lanes are chunks, lexical"):
+        FusionConfig.model_validate({"weights": {"chunks": 1.0, "fact": 0.5}})
+    with pytest.raises(ValueError, match="'chunk'"):
+        FusionConfig.model_validate({"depths": {"chunk": 5}})
+    with pytest.raises(ValueError, match="weights"):
+        FusionConfig.model_validate({"weights": {"chunks": -1.0}})
