@@ -45,6 +45,7 @@ def test_edges_come_as_shapes_and_the_collector_tracks_nothing_the_shape_holds()
     assert not any(gc.is_tracked(row) for row in shape.edges)
     assert not any(gc.is_tracked(indexes) for indexes in shape.touching.values())
     assert not any(gc.is_tracked(kept) for per_skip in shape._kept.values() for kept in per_skip.values())
+    assert shape._degrees and not any(gc.is_tracked(degrees) for degrees in shape._degrees.values())
 
 
 def test_neighbourhood_is_what_expand_gives_over_the_same_edges() -> None:
