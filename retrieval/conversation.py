@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kenning.pipeline.collection import CHUNKS
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
 from kenning.pipeline.ports import Embedder, VectorStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from kenning.retrieval.fusion import reciprocal_rank_fusion
+from kenning.retrieval.fusion import Weight, known_lanes, reciprocal_rank_fusion
 from kenning.retrieval.reference import first
 from kenning.retrieval.when import Span, named_spans, within
 
@@ -53,7 +53,7 @@ class ConversationConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     rrf_k: int = Field(default=10, ge=0, description="The k of 1 / (k + rank)")
-    weights: dict[str, float] = Field(
+    weights: dict[str, Weight] = Field(
         description="Each lane's weight; a lane left out of a given dict is off",
         default_factory=lambda: {
             **dict.fromkeys(LANES, 1.0),
@@ -71,6 +71,11 @@ class ConversationConfig(BaseModel):
     max_turns: int = Field(
         default=5000, ge=1, le=100_000, description="Turns read per query: their links and context scores"
     )
+
+    @field_validator("weights")
+    @classmethod
+    def _known_lanes(cls, value: dict[str, float]) -> dict[str, float]:
+        return known_lanes(value, LANES)
 
     def weight(self, lane: str) -> float:
         return float(self.weights.get(lane, 0.0))

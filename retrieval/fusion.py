@@ -58,10 +58,7 @@ class FusionConfig(BaseModel):
     @field_validator("weights", "depths")
     @classmethod
     def _known_lanes(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(value) - set(LANES))
-        if unknown:
-            raise ValueError(f"no lane {', '.join(map(repr, unknown))}: the lanes are {', '.join(LANES)}")
-        return value
+        return known_lanes(value, LANES)
 
     def weight(self, lane: str) -> float:
         return float(self.weights.get(lane, 0.0))
@@ -72,6 +69,15 @@ class FusionConfig(BaseModel):
     def best_score(self) -> float:
         """The fused score of an item ranked first in every lane."""
         return sum(self.weight(lane) for lane in LANES) / (self.rrf_k + 1)
+
+
+def known_lanes(value: dict[str, float], lanes: Sequence[str]) -> dict[str, float]:
+    """`value`, a mapping by lane, if it names only `lanes`; else ValueError naming them: a
+    misspelt lane would be a lane silently off."""
+    unknown = sorted(set(value) - set(lanes))
+    if unknown:
+        raise ValueError(f"no lane {', '.join(map(repr, unknown))}: the lanes are {', '.join(lanes)}")
+    return value
 
 
 class Fused(BaseModel):

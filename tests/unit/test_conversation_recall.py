@@ -102,6 +102,11 @@ def test_the_rrf_k_is_a_per_call_option_and_changes_the_order() -> None:
     assert ranked({e.id: e.score for e in reciprocal_rank_fusion(lanes, weights, large.rrf_k)})[0] == "y"
     with pytest.raises(ValidationError):
         ConversationConfig.model_validate({"neighbour_share": 2.0})
+    # A lane misspelt or weighed below zero is an error, not a lane silently off
+    with pytest.raises(ValidationError, match="'turn'.*the lanes are turns, chunks"):
+        ConversationConfig.model_validate({"weights": {"turn": 1.0}})
+    with pytest.raises(ValidationError, match="weights"):
+        ConversationConfig.model_validate({"weights": {"turns": -1.0}})
 
 
 def test_conversation_defaults_leave_the_hybrid_defaults_alone() -> None:
