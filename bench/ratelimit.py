@@ -8,8 +8,8 @@ copied) through one `RedisRateLimiter` at rpm 600, for `--seconds`. Printed as J
 worker count: chat calls a minute the endpoint admitted in steady state (the first
 `--skip` seconds left out), that rate as a fraction of the limit, and the 429s.
 
-The limiter refills at (rpm - burst) per 61 s, so its own ceiling is 98.0% of the limit
-at rpm 600 and burst 2 (`limiter_ceiling_fraction`); a thread waits 500 ms per call, so
+The limiter refills at (rpm - burst) per 61 s, so its own ceiling is 96.7% of the limit
+at rpm 600 and its default burst of 10 (`limiter_ceiling_fraction`); a thread waits 500 ms per call, so
 even 1 process x 8 threads could make 960 calls a minute without a limit.
 
     python -m bench.ratelimit --seconds 60
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", default="1,2,4", help="worker process counts, comma-separated")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker process")
     parser.add_argument("--rpm", type=int, default=600)
-    parser.add_argument("--burst", type=int, default=Limits().burst, help="the limiter's burst")
+    parser.add_argument("--burst", type=int, default=0, help="the limiter's burst (0: one second of --rpm)")
     parser.add_argument("--latency-ms", type=float, default=500.0)
     parser.add_argument("--texts", type=int, default=2000, help="abstracts to cycle through")
     parser.add_argument(

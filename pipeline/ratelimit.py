@@ -58,14 +58,25 @@ class Limits(BaseModel):
     window, as providers count, from ever seeing more than the limit, even when requests
     reach the provider up to `SKEW_S` later than they were admitted. A request asking more
     tokens than the token bucket holds starts when the bucket is full.
+
+    The burst is by default one second of `rpm` (`default_burst`). A larger burst starts a
+    run sooner and refills slower: at rpm 600, a burst of 10 against one of 2 has 8 requests
+    more started at any time in a run's first minute, then 1.3% fewer a minute (96.7% of the
+    limit instead of 98.0%).
     """
 
     model_config = ConfigDict(frozen=True)
 
     rpm: int = Field(default=0, ge=0)
     tpm: int = Field(default=0, ge=0)
-    # Two, not one: a bucket of one loses whatever refills while the next waiter wakes up.
-    burst: int = Field(default=2, ge=1)
+    burst: int = Field(default=0, ge=0, description="0: default_burst(rpm)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_burst(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("burst"):
+            return {**data, "burst": default_burst(int(data.get("rpm") or 0))}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Limits:
@@ -96,6 +107,12 @@ class Limits(BaseModel):
     def token_rate(self) -> float:
         """Tokens per second the token bucket refills at full factor."""
         return (self.tpm - self.token_capacity) / (WINDOW_S + SKEW_S)
+
+
+def default_burst(rpm: int) -> int:
+    """One second of `rpm`, and at least two: a bucket of one loses whatever refills while the
+    next waiter wakes up."""
+    return max(2, rpm // 60)
 
 
 class RateLimiter(Protocol):

@@ -7,6 +7,10 @@ that lands in the middle of a query or a load batch (measured on the full 2Wiki 
 search that took 45 ms took 130-160 ms when one ran). `settle` moves what the process holds
 now out of those passes (`gc.freeze`), once per process; reference counting still frees any
 of it that is dropped later, only cycles among it stay until the process ends.
+
+It collects the young generations only before it freezes: a full collection is the very pass
+it avoids, and it sits on the path of whatever calls it first (0.1 s at the start of a
+cognify, for 20 unreachable objects in a heap of 140,000 after adding 200 documents).
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ _settled = False
 
 
 def settle() -> bool:
-    """Collect what is garbage now, then leave everything still alive out of later full
-    collections. The first call in a process does it; later calls do nothing. Whether this
-    call did it."""
+    """Collect the young generations' garbage, then leave everything still held out of later
+    full collections. The first call in a process does it; later calls do nothing. Whether
+    this call did it."""
     global _settled
     with _lock:
         if _settled:
             return False
-        gc.collect()
+        gc.collect(1)
         gc.freeze()
         _settled = True
         return True

@@ -142,6 +142,7 @@ class Kenning:
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
         self.dataset(dataset)
         settle()  # a run is long: keep its full collections short (workers.heap)
+        self.wiring.warm("extractor")  # built while the documents are classified and chunked
         runner = LocalRunner(
             self.wiring,
             self.wiring.lock,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import threading
 from collections.abc import Callable
@@ -69,14 +70,33 @@ class Wiring:
         self.settings = settings
         self._distributed = distributed
         self._made: dict[str, Any] = dict(overrides or {})
-        self._mutex = threading.RLock()
+        self._mutex = threading.Lock()
+        self._making: dict[str, threading.RLock] = {}
         self._closers: list[Callable[[], None]] = []
 
     def _once(self, name: str, make: Callable[[], T]) -> T:
+        """The port `name`, made by `make` on first use. Each port has its own lock, so a thread
+        making one (an LLM client, a vector engine) holds up no thread using another."""
+        if name in self._made:
+            return self._made[name]  # type: ignore[no-any-return]
         with self._mutex:
+            making = self._making.setdefault(name, threading.RLock())
+        with making:
             if name not in self._made:
                 self._made[name] = make()
             return self._made[name]  # type: ignore[no-any-return]
+
+    def warm(self, *names: str) -> None:
+        """Make those ports on a background thread, now, so that a run finds them made: an LLM
+        client takes 0.1-0.2 s to import and build. An error is left for the run to meet and
+        report where it uses the port."""
+
+        def make() -> None:
+            for name in names:
+                with contextlib.suppress(Exception):
+                    getattr(self, name)
+
+        threading.Thread(target=make, name="kenning-warm", daemon=True).start()
 
     @property
     def config(self) -> PipelineConfig:

@@ -336,6 +336,29 @@ def test_limits_are_looked_up_by_key_then_by_parent_then_by_default() -> None:
     assert limits_for({}, KEY).unlimited
 
 
+def test_the_default_burst_is_one_second_of_the_limit_and_at_least_two() -> None:
+    assert Limits(rpm=600).burst == 10
+    assert Limits(rpm=6000, tpm=60_000).token_capacity == 1000
+    assert Limits(rpm=100).burst == 2
+    assert Limits(rpm=3).burst == 2
+    assert Limits(rpm=600, burst=3).burst == 3
+    assert Limits(tpm=6000).burst == 2
+
+
+def test_a_fresh_key_admits_the_default_burst_at_once(make_limiter: MakeLimiter) -> None:
+    # Given ten requests a second and the default burst
+    limits = Limits(rpm=600)
+    limiter, _ = make_limiter({KEY: limits})
+
+    # When requests go back to back, none allowed to wait
+    started = time.monotonic()
+    admitted = immediate_admissions(limiter, KEY, tokens=1)
+
+    # Then a second's worth went through at once
+    refilled = limits.request_rate * (time.monotonic() - started)
+    assert 10 <= admitted <= 10 + refilled + 1
+
+
 def test_limits_refuse_a_burst_as_large_as_the_rate() -> None:
     with pytest.raises(ValueError, match="rpm must exceed burst"):
         Limits(rpm=5, burst=5)
