@@ -116,7 +116,7 @@ def measure(workers: int, args: argparse.Namespace, texts: list[str]) -> dict[st
     """One run with `workers` processes against a fresh simulator and fresh limiter keys."""
     context = multiprocessing.get_context("spawn")
     prefix = f"kenning-bench:{uuid.uuid4().hex[:8]}:"
-    limits = Limits(rpm=args.rpm, burst=args.burst)
+    limits = limits_of(args)
     start = context.Barrier(workers + 1)
     results = context.Queue()
     with Simulator(latency_ms=args.latency_ms, rpm=args.rpm, rpm_scope="all") as simulator:
@@ -194,6 +194,10 @@ def forget(redis_url: str, prefix: str) -> None:
     client.close()
 
 
+def limits_of(args: argparse.Namespace) -> Limits:
+    return Limits(rpm=args.rpm) if args.burst is None else Limits(rpm=args.rpm, burst=args.burst)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -203,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", default="1,2,4", help="worker process counts, comma-separated")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker process")
     parser.add_argument("--rpm", type=int, default=600)
-    parser.add_argument("--burst", type=int, default=0, help="the limiter's burst (0: one second of --rpm)")
+    parser.add_argument("--burst", type=int, help="the limiter's burst (default: one second of --rpm)")
     parser.add_argument("--latency-ms", type=float, default=500.0)
     parser.add_argument("--texts", type=int, default=2000, help="abstracts to cycle through")
     parser.add_argument(
@@ -216,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"the corpus is missing: {CORPUS}")
     texts = abstracts(args.texts)
     runs = [measure(int(count), args, texts) for count in args.workers.split(",")]
-    config = {key: vars(args)[key] for key in ("seconds", "skip", "rpm", "burst", "latency_ms", "threads")}
+    config = {key: vars(args)[key] for key in ("seconds", "skip", "rpm", "latency_ms", "threads")}
+    config["burst"] = limits_of(args).burst
     print(json.dumps({"config": config, "runs": runs}, indent=2))
 
 

@@ -69,14 +69,7 @@ class Limits(BaseModel):
 
     rpm: int = Field(default=0, ge=0)
     tpm: int = Field(default=0, ge=0)
-    burst: int = Field(default=0, ge=0, description="0: default_burst(rpm)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_burst(cls, data: object) -> object:
-        if isinstance(data, dict) and not data.get("burst"):
-            return {**data, "burst": default_burst(int(data.get("rpm") or 0))}
-        return data
+    burst: int = Field(default_factory=lambda given: default_burst(given["rpm"]), ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> Limits:

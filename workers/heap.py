@@ -23,9 +23,9 @@ _settled = False
 
 
 def settle() -> bool:
-    """Collect the young generations' garbage, then leave everything still held out of later
-    full collections. The first call in a process does it; later calls do nothing. Whether
-    this call did it."""
+    """Collect the young generations' garbage, then leave every object tracked then (cycles
+    already unreachable in the oldest generation too) out of later full collections. The first
+    call in a process does it; later calls do nothing. Whether this call did it."""
     global _settled
     with _lock:
         if _settled:

@@ -51,6 +51,7 @@ from kenning.workers.keys import breaker_prefix, ratelimit_prefix, session_prefi
 from kenning.workers.settings import Settings
 
 T = TypeVar("T")
+_UNMADE = object()
 # A Redis that does not answer costs an LLM call this much before its breaker counts alone.
 BREAKER_REDIS_TIMEOUT_S = 2.0
 
@@ -77,8 +78,9 @@ class Wiring:
     def _once(self, name: str, make: Callable[[], T]) -> T:
         """The port `name`, made by `make` on first use. Each port has its own lock, so a thread
         making one (an LLM client, a vector engine) holds up no thread using another."""
-        if name in self._made:
-            return self._made[name]  # type: ignore[no-any-return]
+        made = self._made.get(name, _UNMADE)
+        if made is not _UNMADE:
+            return made  # type: ignore[no-any-return]
         with self._mutex:
             making = self._making.setdefault(name, threading.RLock())
         with making:
@@ -296,6 +298,12 @@ class Wiring:
             spend.flush()
 
     def close(self) -> None:
+        """Close every port made, once the makes in flight (a port being warmed) have ended."""
+        with self._mutex:
+            making = list(self._making.values())
+        for lock in making:  # not under the mutex: a make in flight may make the ports it needs
+            with lock:
+                pass
         with self._mutex:
             for close in reversed(self._closers):
                 close()

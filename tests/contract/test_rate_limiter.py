@@ -343,6 +343,8 @@ def test_the_default_burst_is_one_second_of_the_limit_and_at_least_two() -> None
     assert Limits(rpm=3).burst == 2
     assert Limits(rpm=600, burst=3).burst == 3
     assert Limits(tpm=6000).burst == 2
+    with pytest.raises(ValueError, match="burst"):
+        Limits(rpm=600, burst=0)
 
 
 def test_a_fresh_key_admits_the_default_burst_at_once(make_limiter: MakeLimiter) -> None:

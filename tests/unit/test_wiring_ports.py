@@ -83,3 +83,34 @@ def test_warming_makes_the_ports_named_and_keeps_errors_for_their_use(tmp_path: 
     # Then the embedder is made, and the home's error waits for its use
     assert "embedder" in made._made
     assert "home" not in made._made
+
+
+def test_closing_waits_for_a_port_being_made(tmp_path: Path) -> None:
+    # Given a thread inside the making of a port that has a closer
+    made = wiring(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+    closed: list[str] = []
+
+    def slow() -> str:
+        inside.set()
+        release.wait(WAIT_S)
+        made._closers.append(lambda: closed.append("slow"))
+        return "slow"
+
+    maker = threading.Thread(target=made._once, args=("slow", slow))
+    maker.start()
+    assert inside.wait(WAIT_S)
+
+    # When the wiring is closed meanwhile, and the make then ends
+    closer = threading.Thread(target=made.close)
+    closer.start()
+    closer.join(0.5)
+    waited = closer.is_alive()
+    release.set()
+    closer.join(WAIT_S)
+    maker.join(WAIT_S)
+
+    # Then the close waited for it, and closed it with the rest
+    assert waited
+    assert closed == ["slow"]
+    assert "slow" not in made._made
