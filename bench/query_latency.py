@@ -15,16 +15,19 @@ Each client asks every question once per type, starting at its own offset. A que
 embeddings are cached for that query alone: its lanes embed the question once, as with the
 production cache, but no question is ever embedded by an earlier one. Prints
 p50/p95/queries per second per type and mode, the milliseconds per query in each store call
-and the CPU milliseconds per query, all processes together (single client and processes), and
-the load average; writes bench/results/query_latency.json.
+and the CPU milliseconds per query, all processes together (single client and processes), the
+load average, and the machine (its CPU, and the CPU milliseconds it takes to embed one
+question: compare figures from two machines by it); writes bench/results/query_latency.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -305,6 +308,34 @@ def search_once(env: dict[str, str], question: str, kind: str) -> None:
         raise RuntimeError(f"kenning search failed: {done.stderr.decode()[-2000:]}")
 
 
+def machine(questions: list[str]) -> dict[str, Any]:
+    """What the figures depend on beyond the code: the CPU, and its speed at the one piece of work
+    every query does, the question's embedding (CPU milliseconds, median over the questions, each
+    embedded alone in this process): machines this bench ran on differed by 1.7 times."""
+    model = ""
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            if key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    embedder = open_embedder(load_settings(home=Path(tempfile.gettempdir()), embedding_provider="local"))
+    embedder.embed(questions[:5])
+    spent = []
+    for question in questions:
+        started = time.process_time()
+        embedder.embed([question])
+        spent.append(time.process_time() - started)
+    return {
+        "cpu": model or platform.processor(),
+        "cpus": os.cpu_count(),
+        "avx512": "avx512f" in flags,
+        "embed_cpu_ms": round(statistics.median(spent) * 1000, 2),
+    }
+
+
 def load_average() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
 
@@ -326,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     questions = [entry["question"] for entry in json.loads(QUESTIONS.read_text())][: args.questions]
     figures: dict[str, Any] = {"documents": args.documents, "clients": args.clients}
     figures["questions"] = len(questions)
+    figures["machine"] = machine(questions)
     figures.update(ingest(args.home, args.documents))
     runs = {
         "single": lambda: single(args.home, questions),
