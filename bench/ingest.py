@@ -12,15 +12,18 @@ work is not counted here) extracts, and with `--embeddings simulator` it embeds 
 pipeline's own overhead. Either way it reports chunks/s, each step's time as a share of
 the wall time (`step_share`: load streams behind extraction, so shares overlap; `wall_share`:
 what each step adds to the wall, the load's part being what runs on after extraction), the
-seconds spent inside each store and client (`busy_s`, summed over threads) and the peak
-RSS of this process; `--tracemalloc N` adds the N source lines holding the most memory at
-the end of the run (tracing slows the run: do not read its speed).
+seconds spent inside each store and client (`busy_s`, summed over threads), the CPU seconds
+of this process and of the simulator over the cognify (`cpu_s`, `simulator_cpu_s`: on a small
+machine they share the cores) and the peak RSS of this process; `--tracemalloc N` adds the N
+source lines holding the most memory at the end of the run (tracing slows the run: do not read
+its speed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import socket
 import subprocess
@@ -155,8 +158,8 @@ def run(count: int, out: Path) -> dict[str, float]:
 
 
 @contextmanager
-def simulator_process() -> Iterator[str]:
-    """The LLM simulator (0 ms, no limits) in a process of its own; its base URL."""
+def simulator_process() -> Iterator[tuple[str, int]]:
+    """The LLM simulator (0 ms, no limits) in a process of its own; its base URL and pid."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -173,10 +176,16 @@ def simulator_process() -> Iterator[str]:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("the simulator did not start") from None
                 time.sleep(0.2)
-        yield base_url
+        yield base_url, server.pid
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU seconds a live process has used (Linux `/proc`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class StepTimes:
@@ -211,7 +220,7 @@ def overhead(count: int, llm: str, embeddings: str, trace: int) -> dict[str, Any
     """Cognify with the simulator for the LLM and/or the embeddings: speed, step shares, memory."""
     from bench.latency import Timed
 
-    with simulator_process() as base_url, tempfile.TemporaryDirectory() as home:
+    with simulator_process() as (base_url, simulator_pid), tempfile.TemporaryDirectory() as home:
         overrides: dict[str, Any] = {"home": Path(home)}
         if llm == "simulator":
             overrides |= {"llm_url": base_url, "llm_model": "sim"}
@@ -239,10 +248,13 @@ def overhead(count: int, llm: str, embeddings: str, trace: int) -> dict[str, Any
             memory.add(documents(count))
             if trace:
                 tracemalloc.start()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
+            simulator_started = cpu_seconds(simulator_pid)
             steps = StepTimes(started)
             pipeline_run = memory.cognify(progress=steps)
             wall_s = time.perf_counter() - started
+            cpu_s = time.process_time() - cpu_started
+            simulator_cpu_s = cpu_seconds(simulator_pid) - simulator_started
             top = tracemalloc.take_snapshot().statistics("lineno")[:trace] if trace else []
             tracemalloc.stop()
     stats = pipeline_run.stats
@@ -258,6 +270,10 @@ def overhead(count: int, llm: str, embeddings: str, trace: int) -> dict[str, Any
         "chunks": chunks,
         "cognify_s": round(wall_s, 2),
         "chunks_per_s": round(chunks / wall_s, 1),
+        # CPU seconds over the cognify: this process's, and the simulator's beside it.
+        "cpu_s": round(cpu_s, 2),
+        "cpu_ms_per_chunk": round(cpu_s * 1000 / max(chunks, 1), 2),
+        "simulator_cpu_s": round(simulator_cpu_s, 2),
         "step_share": {k[3:]: round(v / 1000 / wall_s, 3) for k, v in stats.items() if k.startswith("ms_")},
         "wall_share": steps.shares(wall_s),
         "busy_s": {name: round(seconds, 2) for name, seconds in sorted(by_port.items())},
