@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,10 +51,18 @@ DEFAULT_INDEX_THRESHOLD = 20_000
 DEFAULT_LOCK_TIMEOUT_S = 300.0
 DEFAULT_LINGER_S = 300.0
 POLL_S = 0.02
+# How long the releaser of a process that holds no shard sleeps, unless one is opened meanwhile
+# (then it wakes at once): it only checks then whether its store is still there.
+IDLE_WAIT_S = 5.0
 # How long a shard's estimate that a scope fills it is kept (`_Estimates`), and for how many scopes.
 ESTIMATE_S = 1.0
 MAX_ESTIMATES = 64
 SCROLL_PAGE = 1_000
+# A search reads the shard's segments one after another on one engine thread. With the pool the
+# engine sizes by the CPUs, a search took 1.3-2 times the CPU (threads handing work over) and was
+# no faster on the full 2Wiki store: 0.35 against 0.61 ms of CPU for 20 chunks, 0.70 against 1.07
+# for 10 entity names; and a query process shares the CPUs with others.
+SEARCH_THREADS = 1
 META_FILE = "collection.json"
 SHARD_DIR = "shard"
 LOCK_FILE = ".lock"
@@ -256,11 +264,17 @@ class EdgeVectorStore:
         with self._lock:
             shard = self._shards.get(name)
             if shard is None:
-                shard = _Shard(folder, self._lock_timeout_s, self._index_threshold)
+                shard = _Shard(folder, self._lock_timeout_s, self._index_threshold, self._shard_opened)
                 self._shards[name] = shard
             if self._releaser is None:
                 self._releaser = _Releaser(self, self._linger_s)
             return shard
+
+    def _shard_opened(self) -> None:
+        with self._lock:
+            releaser = self._releaser
+        if releaser is not None:
+            releaser.wake()
 
     def _open_shards(self) -> list[_Shard]:
         with self._lock:
@@ -273,18 +287,11 @@ class EdgeVectorStore:
 
     def _dimension_of(self, name: str) -> int | None:
         """The collection's vector size, or None when it does not exist; sizes never change."""
-        if name in self._dimensions:
-            return self._dimensions[name]
-        meta = self._folder(name) / META_FILE
-        try:
-            recorded = json.loads(meta.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"collection {name!r} has an unreadable {META_FILE}: {exc}") from exc
-        if recorded.get("distance") != "cosine" or not isinstance(recorded.get("dimension"), int):
-            raise StoreError(f"collection {name!r} is not a single cosine vector; it was not made here")
-        self._dimensions[name] = recorded["dimension"]
+        if name not in self._dimensions:
+            dimension = _recorded_dimension(self._folder(name))
+            if dimension is None:
+                return None
+            self._dimensions[name] = dimension
         return self._dimensions[name]
 
     def _forget_after_fork(self) -> None:
@@ -301,8 +308,11 @@ class EdgeVectorStore:
 class _Shard:
     """One collection in this process: its engine shard, open only while this holds `.lock`."""
 
-    def __init__(self, folder: Path, lock_timeout_s: float, index_threshold: int) -> None:
+    def __init__(
+        self, folder: Path, lock_timeout_s: float, index_threshold: int, opened: Callable[[], None]
+    ) -> None:
         self.folder = folder
+        self._opened = opened
         self.server = SearchServer(folder, functools.partial(_answer, self))
         self._lock_timeout_s = lock_timeout_s
         self._index_threshold = index_threshold
@@ -329,6 +339,7 @@ class _Shard:
                     raise
                 self.estimates.clear()
                 self._serve()
+                self._opened()
             self._users += 1
             return self._engine
 
@@ -380,8 +391,11 @@ class _Shard:
 
     def _load(self, create: int | None) -> qe.EdgeShard:
         engine_dir = self.folder / SHARD_DIR
-        if (self.folder / META_FILE).is_file():
-            return qe.EdgeShard.load(str(engine_dir))
+        recorded = _recorded_dimension(self.folder)
+        if recorded is not None:
+            # With this process's config, which the engine records: a shard made by an earlier
+            # kenning searches on SEARCH_THREADS too.
+            return qe.EdgeShard.load(str(engine_dir), self._config(recorded))
         if create is None:
             raise StoreError(f"collection {self.folder.name!r} does not exist; ensure_collection creates it")
         # A folder without its meta file is a creation that died half way: start it again.
@@ -400,6 +414,7 @@ class _Shard:
         return qe.EdgeConfig(
             vectors=qe.EdgeVectorParams(size=dimension, distance=qe.Distance.Cosine),
             optimizers=qe.EdgeOptimizersConfig(indexing_threshold=threshold_kb),
+            max_search_threads=SEARCH_THREADS,
         )
 
     def _acquire(self) -> None:
@@ -449,29 +464,44 @@ class _Shard:
 
 
 class _Releaser:
-    """A daemon thread that closes this process's idle shards when others wait or time passes."""
+    """A daemon thread that closes this process's idle shards when others wait or time passes.
+    It looks every POLL_S while this process holds a shard, and sleeps while it holds none (until
+    one is opened): every wake-up costs CPU, 16 ms a second at 50 a second, and of 8 query
+    processes sharing a home only one holds each collection."""
 
     def __init__(self, store: EdgeVectorStore, linger_s: float) -> None:
         self._store = weakref.ref(store)
         self._linger_s = linger_s
         self._stopped = threading.Event()
+        self._opened = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kenning-vector-releaser", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopped.set()
+        self._opened.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
+    def wake(self) -> None:
+        """A shard was opened here: watch it from now on."""
+        self._opened.set()
+
     def _run(self) -> None:
-        while not self._stopped.wait(POLL_S):
+        while not self._stopped.is_set():
+            self._opened.clear()
             store = self._store()
             if store is None:
                 return
-            for shard in store._open_shards():
+            held = [shard for shard in store._open_shards() if shard.is_open]
+            for shard in held:
                 with contextlib.suppress(StoreError):
                     shard.release_if_due(self._linger_s)
             del store
+            if held:
+                self._stopped.wait(POLL_S)
+            else:
+                self._opened.wait(IDLE_WAIT_S)
 
 
 def _try_lock(fd: int) -> bool:
@@ -500,6 +530,20 @@ def _others_waiting(folder: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _recorded_dimension(folder: Path) -> int | None:
+    """The vector size in a collection folder's meta file; None when there is none."""
+    try:
+        recorded = json.loads((folder / META_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"collection {folder.name!r} has an unreadable {META_FILE}: {exc}") from exc
+    if recorded.get("distance") != "cosine" or not isinstance(recorded.get("dimension"), int):
+        raise StoreError(f"collection {folder.name!r} is not a single cosine vector; it was not made here")
+    dimension: int = recorded["dimension"]
+    return dimension
 
 
 def _write_atomically(path: Path, content: dict[str, Any]) -> None:

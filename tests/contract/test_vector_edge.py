@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 import stat
@@ -23,7 +24,7 @@ import qdrant_edge as qe
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint, stable_id
 from kenning.storage.shard_server import SearchServer, search_remotely
-from kenning.storage.vector_edge import EdgeVectorStore
+from kenning.storage.vector_edge import IDLE_WAIT_S, EdgeVectorStore
 from kenning.storage.vector_import import import_local_qdrant
 from kenning.storage.vector_qdrant import QdrantVectorStore
 
@@ -47,7 +48,7 @@ def run_python(code: str, *args: str) -> subprocess.Popen[str]:
 WRITER = """
     import sys
     from kenning.pipeline.models import Scope, VectorPoint, stable_id
-    from kenning.storage.vector_edge import EdgeVectorStore
+    from kenning.storage.vector_edge import IDLE_WAIT_S, EdgeVectorStore
 
     path, dataset, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = EdgeVectorStore(path)
@@ -89,6 +90,41 @@ def test_data_survives_reopening_and_keeps_its_dimension(tmp_path: Path) -> None
     with pytest.raises(DimensionMismatch):
         reopened.ensure_collection("Entity_name", 3)
     assert reopened.search(SCOPE, "Entity_name", [1.0, 0.0], limit=1)[0].payload["name"] == "Ada"
+    reopened.close()
+
+
+def engine_search_threads() -> set[str]:
+    """This process's live threads of the engine's search pools, by thread id (Linux)."""
+    tasks = Path("/proc/self/task")
+    found = set()
+    for task in tasks.iterdir():
+        try:
+            if (task / "comm").read_text().startswith("edge-search"):
+                found.add(task.name)
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through Linux /proc")
+def test_a_collection_is_searched_on_one_engine_thread_also_one_made_before(tmp_path: Path) -> None:
+    """A pool sized by the CPUs cost a search up to twice its CPU in threads handing work over."""
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 2)
+    store.upsert(SCOPE, "Entity_name", [point(str(n), [1.0, n / 40]) for n in range(40)])
+    store.close()
+    # As an earlier kenning left it: the engine's own choice of search threads, by the CPUs.
+    config = tmp_path / "vectors" / "Entity_name" / "shard" / "edge_config.json"
+    recorded = json.loads(config.read_text())
+    recorded.pop("max_search_threads", None)
+    config.write_text(json.dumps(recorded))
+    before = engine_search_threads()
+
+    reopened = EdgeVectorStore(tmp_path / "vectors")
+    for n in range(20):
+        assert len(reopened.search(SCOPE, "Entity_name", [1.0, n / 20], limit=5)) == 5
+
+    assert len(engine_search_threads() - before) == 1
     reopened.close()
 
 
@@ -150,6 +186,25 @@ def test_an_idle_holder_lets_go_when_another_process_asks(tmp_path: Path) -> Non
         assert store.count(Scope(tenant="acme", dataset="theirs"), "Entity_name") == 20
         store.upsert(SCOPE, "Entity_name", [point("mine", [1.0, 0.0, 0.0, 0.0])])
         assert time.monotonic() - started < 5
+        store.close()
+    finally:
+        holder.communicate("stop\n", timeout=60)
+    assert holder.returncode == 0
+
+
+def test_a_holder_whose_releaser_slept_while_it_held_nothing_still_lets_go(tmp_path: Path) -> None:
+    # Given another process whose store held no collection at first (its releaser asleep, for
+    # IDLE_WAIT_S), then opened one, wrote, and keeps it open, idle
+    path = str(tmp_path / "vectors")
+    holder = run_python(WRITER, path, "theirs", "20", "hold")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "20"
+
+        # When this process waits for the collection for less than IDLE_WAIT_S, it gets it: opening
+        # the collection woke the holder's releaser
+        store = EdgeVectorStore(path, lock_timeout_s=IDLE_WAIT_S / 2)
+        store.upsert(SCOPE, "Entity_name", [point("mine", [1.0, 0.0, 0.0, 0.0])])
+        assert store.count(SCOPE, "Entity_name") == 1
         store.close()
     finally:
         holder.communicate("stop\n", timeout=60)
