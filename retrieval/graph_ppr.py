@@ -12,7 +12,7 @@ rather than pulling every chunk that mentions it to the top.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
@@ -263,9 +263,12 @@ def personalized_pagerank(
     otherwise follows an edge, either way. A node's share along an edge is the edge's weight over
     the node's degree in the whole graph (`degrees`, at least its edges here): what it would send
     beyond the projected subgraph is lost, so a hub passes little to each neighbour."""
-    nodes = sorted({*map(itemgetter(0), edges), *map(itemgetter(1), edges), *restart})
-    index = {node: position for position, node in enumerate(nodes)}
+    # Nodes numbered as first met: the sums below run in edge order whatever the numbering.
+    index: dict[str, int] = {}
     ahead, behind = _positions(index, edges, 0), _positions(index, edges, 1)
+    for node in restart:
+        index.setdefault(node, len(index))
+    nodes = list(index)
     sources, targets = np.concatenate([ahead, behind]), np.concatenate([behind, ahead])
     weights = np.tile(np.fromiter(map(itemgetter(2), edges), dtype=np.float64, count=len(edges)), 2)
     local = np.bincount(sources, weights=weights, minlength=len(nodes))
@@ -280,9 +283,11 @@ def personalized_pagerank(
     return dict(zip(nodes, scores.tolist(), strict=True))
 
 
-def _positions(index: Mapping[str, int], edges: Sequence[tuple[str, str, float]], end: int) -> np.ndarray:
-    """The index of each edge's `end` (0: source, 1: target), in edge order."""
-    return np.fromiter(map(index.__getitem__, map(itemgetter(end), edges)), dtype=np.int64, count=len(edges))
+def _positions(index: dict[str, int], edges: Sequence[tuple[str, str, float]], end: int) -> np.ndarray:
+    """The number of each edge's `end` (0: source, 1: target), in edge order; a node met for the
+    first time is numbered next."""
+    ends: Iterator[str] = map(itemgetter(end), edges)
+    return np.fromiter((index.setdefault(node, len(index)) for node in ends), dtype=np.int64, count=len(edges))
 
 
 def _edge_counts(sources: np.ndarray, size: int) -> np.ndarray:
