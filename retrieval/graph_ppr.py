@@ -287,7 +287,9 @@ def _positions(index: dict[str, int], edges: Sequence[tuple[str, str, float]], e
     """The number of each edge's `end` (0: source, 1: target), in edge order; a node met for the
     first time is numbered next."""
     ends: Iterator[str] = map(itemgetter(end), edges)
-    return np.fromiter((index.setdefault(node, len(index)) for node in ends), dtype=np.int64, count=len(edges))
+    return np.fromiter(
+        (index.setdefault(node, len(index)) for node in ends), dtype=np.int64, count=len(edges)
+    )
 
 
 def _edge_counts(sources: np.ndarray, size: int) -> np.ndarray:
