@@ -59,9 +59,10 @@ ESTIMATE_S = 1.0
 MAX_ESTIMATES = 64
 SCROLL_PAGE = 1_000
 # A search reads the shard's segments one after another on one engine thread. With the pool the
-# engine sizes by the CPUs, a search took 1.3-2 times the CPU (threads handing work over) and was
-# no faster on the full 2Wiki store: 0.35 against 0.61 ms of CPU for 20 chunks, 0.70 against 1.07
-# for 10 entity names; and a query process shares the CPUs with others.
+# engine sizes by the CPUs, a search took 1.3-2 times the CPU (threads handing work over) on the
+# full 2Wiki store (0.35 against 0.61 ms for 20 chunks, 0.70 against 1.07 for 10 entity names),
+# and query processes share the CPUs. The cost: alone on an idle machine, a search of a shard of
+# two indexed segments waits for both in turn (bench.vectors' indexed p50: 2.1 against 1.7 ms).
 SEARCH_THREADS = 1
 META_FILE = "collection.json"
 SHARD_DIR = "shard"
