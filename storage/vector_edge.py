@@ -339,8 +339,8 @@ class _Shard:
                     self._unlock()
                     raise
                 self.estimates.clear()
-                self._serve()
                 self._opened()
+                self._serve()
             self._users += 1
             return self._engine
 
@@ -496,8 +496,10 @@ class _Releaser:
                 return
             held = [shard for shard in store._open_shards() if shard.is_open]
             for shard in held:
-                with contextlib.suppress(StoreError):
+                try:
                     shard.release_if_due(self._linger_s)
+                except (StoreError, OSError) as exc:  # looked at again at the next round
+                    log.warning("collection %r: could not let go of it: %s", shard.folder.name, exc)
             del store
             if held:
                 self._stopped.wait(POLL_S)
@@ -541,6 +543,8 @@ def _recorded_dimension(folder: Path) -> int | None:
         return None
     except (OSError, ValueError) as exc:
         raise StoreError(f"collection {folder.name!r} has an unreadable {META_FILE}: {exc}") from exc
+    if not isinstance(recorded, dict):
+        raise StoreError(f"collection {folder.name!r} has a {META_FILE} that is not an object")
     if recorded.get("distance") != "cosine" or not isinstance(recorded.get("dimension"), int):
         raise StoreError(f"collection {folder.name!r} is not a single cosine vector; it was not made here")
     dimension: int = recorded["dimension"]

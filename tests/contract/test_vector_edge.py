@@ -24,7 +24,8 @@ import qdrant_edge as qe
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint, stable_id
 from kenning.storage.shard_server import SearchServer, search_remotely
-from kenning.storage.vector_edge import IDLE_WAIT_S, EdgeVectorStore
+from kenning.storage import vector_edge
+from kenning.storage.vector_edge import EdgeVectorStore
 from kenning.storage.vector_import import import_local_qdrant
 from kenning.storage.vector_qdrant import QdrantVectorStore
 
@@ -48,7 +49,7 @@ def run_python(code: str, *args: str) -> subprocess.Popen[str]:
 WRITER = """
     import sys
     from kenning.pipeline.models import Scope, VectorPoint, stable_id
-    from kenning.storage.vector_edge import IDLE_WAIT_S, EdgeVectorStore
+    from kenning.storage.vector_edge import EdgeVectorStore
 
     path, dataset, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = EdgeVectorStore(path)
@@ -192,23 +193,78 @@ def test_an_idle_holder_lets_go_when_another_process_asks(tmp_path: Path) -> Non
     assert holder.returncode == 0
 
 
-def test_a_holder_whose_releaser_slept_while_it_held_nothing_still_lets_go(tmp_path: Path) -> None:
-    # Given another process whose store held no collection at first (its releaser asleep, for
-    # IDLE_WAIT_S), then opened one, wrote, and keeps it open, idle
-    path = str(tmp_path / "vectors")
-    holder = run_python(WRITER, path, "theirs", "20", "hold")
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "20"
+SLEEPY_HOLDER = """
+    import sys, time
+    from kenning.pipeline.models import Scope, VectorPoint, stable_id
+    from kenning.storage import vector_edge
 
-        # When this process waits for the collection for less than IDLE_WAIT_S, it gets it: opening
-        # the collection woke the holder's releaser
-        store = EdgeVectorStore(path, lock_timeout_s=IDLE_WAIT_S / 2)
+    vector_edge.IDLE_WAIT_S = 600.0  # a releaser asleep would not look again during the test
+    store = vector_edge.EdgeVectorStore(sys.argv[1])
+    store._shard("Entity_name")  # the releaser starts, finds nothing open, and sleeps
+    time.sleep(0.3)
+    store.ensure_collection("Entity_name", 4)
+    store.upsert(Scope(tenant="acme", dataset="theirs"), "Entity_name", [
+        VectorPoint(id=stable_id("theirs", "a"), vector=[1.0, 0.0, 0.5, 0.0])
+    ])
+    print("held", flush=True)
+    sys.stdin.readline()
+    store.close()
+"""
+
+
+def test_a_holder_whose_releaser_slept_while_it_held_nothing_still_lets_go(tmp_path: Path) -> None:
+    # Given another process whose store held no collection at first (its releaser asleep), then
+    # opened one, wrote, and keeps it open, idle
+    path = str(tmp_path / "vectors")
+    holder = run_python(SLEEPY_HOLDER, path)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+
+        # When this process needs the collection, it gets it: opening it woke the holder's releaser
+        store = EdgeVectorStore(path, lock_timeout_s=30)
         store.upsert(SCOPE, "Entity_name", [point("mine", [1.0, 0.0, 0.0, 0.0])])
         assert store.count(SCOPE, "Entity_name") == 1
         store.close()
     finally:
         holder.communicate("stop\n", timeout=60)
     assert holder.returncode == 0
+
+
+def test_a_collection_whose_meta_file_is_not_an_object_is_a_store_error(tmp_path: Path) -> None:
+    store = EdgeVectorStore(tmp_path / "vectors")
+    store.ensure_collection("Entity_name", 2)
+    store.close()
+    (tmp_path / "vectors" / "Entity_name" / "collection.json").write_text("[]")
+
+    reopened = EdgeVectorStore(tmp_path / "vectors")
+    with pytest.raises(StoreError, match="collection.json"):
+        reopened.search(SCOPE, "Entity_name", [1.0, 0.0], limit=1)
+    reopened.close()
+
+
+def test_the_releaser_outlives_an_os_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a store holding a collection, whose releaser's first look for waiting processes fails
+    store = EdgeVectorStore(tmp_path / "vectors", linger_s=0.5)
+    failures = iter([OSError("too many open files")])
+    looks = vector_edge._others_waiting
+
+    def others_waiting(folder: Path) -> bool:
+        error = next(failures, None) if threading.current_thread().name == "kenning-vector-releaser" else None
+        if error is not None:
+            raise error
+        return looks(folder)
+
+    monkeypatch.setattr(vector_edge, "_others_waiting", others_waiting)
+    monkeypatch.setattr(vector_edge, "POLL_S", 0.01)
+    store.ensure_collection("Entity_name", 2)
+    store.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0])])
+    # When it idles past its linger time, it still lets go (the releaser lived on)
+    shard = store._shard("Entity_name")
+    deadline = time.monotonic() + 30
+    while shard.is_open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not shard.is_open
+    store.close()
 
 
 def test_a_collection_held_too_long_is_a_transient_error(tmp_path: Path) -> None:
