@@ -51,11 +51,12 @@ class LexicalIndex(Protocol):
         """Index (id, text, payload) entries; an id indexed again replaces its earlier text and payload."""
         ...
 
-    def search(self, scope: Scope, query: str, limit: int) -> list[ScoredPoint]:
+    def search(self, scope: Scope, query: str, limit: int, *, payloads: bool = True) -> list[ScoredPoint]:
         """The best matches of the scope first, at most `limit`, only texts sharing a term with the query.
 
         `payload["bm25"]` is the BM25 score (higher is better); `score` is the distance-like
-        `bm25_distance` of it (lower is closer, in (0, 1]), so hits sort like vector hits.
+        `bm25_distance` of it (lower is closer, in (0, 1]), so hits sort like vector hits. With
+        `payloads` off, the payload holds that score alone: the texts' payloads are not read.
         """
         ...
 

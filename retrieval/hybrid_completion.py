@@ -61,7 +61,7 @@ class HybridCompletionRetriever:
     def _scope_hits(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
     ) -> list[Hit]:
-        lanes, facts, points = self._lanes(scope, request, vector, config)
+        lanes, facts = self._lanes(scope, request, vector, config)
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)[: request.top_k]
         top_facts = facts[: config.facts]
         chunk_ids = [entry.id for entry in fused]
@@ -69,9 +69,9 @@ class HybridCompletionRetriever:
         # The facts' ends are only named: their provenance (every item mentioning them) goes unread.
         ends = self._nodes(scope, list(endpoints - set(chunk_ids)), provenance=False)
         nodes = ends | self._nodes(scope, chunk_ids)
-        vector_lane = set(lanes["chunks"])
-        missing = [e.id for e in fused if e.id in vector_lane and e.id not in nodes and e.id not in points]
-        points |= self._indexed(scope, missing)
+        # Chunks the lanes that search the chunks' own text found, but the graph lacks.
+        searched = {*lanes["chunks"], *lanes["lexical"]}
+        points = self._indexed(scope, [e.id for e in fused if e.id in searched and e.id not in nodes])
         hits = [self._hit(scope, entry, nodes, points, config) for entry in fused]
         found = [hit for hit in hits if hit is not None]
         _attach_facts(found, top_facts, nodes)
@@ -79,12 +79,16 @@ class HybridCompletionRetriever:
 
     def _lanes(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
-    ) -> tuple[dict[str, list[str]], list[ScoredPoint], dict[str, ScoredPoint]]:
-        """(chunk ids ranked by each lane, the edge-fact hits, the lexical lane's chunk hits by id,
-        with their payloads: the vector lane's come without)."""
+    ) -> tuple[dict[str, list[str]], list[ScoredPoint]]:
+        """(chunk ids ranked by each lane, the edge-fact hits). The chunks' payloads are not read:
+        their text comes from the graph."""
         search, on, depth, query = self._ports.vectors.search, config.weight, config.depth, request.query
         chunks = search(scope, collection.CHUNKS, vector, depth("chunks"), ()) if on("chunks") > 0 else []
-        lexical = self._ports.lexical.search(scope, query, depth("lexical")) if on("lexical") > 0 else []
+        lexical = (
+            self._ports.lexical.search(scope, query, depth("lexical"), payloads=False)
+            if on("lexical") > 0
+            else []
+        )
         summaries = (
             search(scope, collection.SUMMARIES, vector, depth("summaries"), CHUNK_OF)
             if on("summaries") > 0
@@ -100,7 +104,7 @@ class HybridCompletionRetriever:
             "facts": _chunk_ids(facts)[: depth("facts")],
             "graph": self._graph_lane(scope, request, vector, chunks, config) if on("graph") > 0 else [],
         }
-        return lanes, facts, {point.id: point for point in lexical}
+        return lanes, facts
 
     def _graph_lane(
         self,
@@ -141,8 +145,8 @@ class HybridCompletionRetriever:
         return {node.id: node for node in self._ports.graph.get_nodes(scope, wanted, provenance=provenance)}
 
     def _indexed(self, scope: Scope, chunk_ids: list[str]) -> dict[str, ScoredPoint]:
-        """The chunks' points with their payloads, read from the index: chunks of the vector lane
-        that are not in the graph (the stores disagree)."""
+        """The chunks' points with their payloads, read from the vector index: chunks of the vector
+        or lexical lane that are not in the graph (the stores disagree)."""
         if not chunk_ids:
             return {}
         found = self._ports.vectors.retrieve(scope, collection.CHUNKS, chunk_ids)

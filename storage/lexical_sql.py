@@ -107,12 +107,12 @@ class SqlLexicalIndex:
             _add_stats(conn, scope, len(staged) - old_count, new_length - old_length)
             bump(conn, revisions, scope)
 
-    def search(self, scope: Scope, query: str, limit: int) -> list[ScoredPoint]:
+    def search(self, scope: Scope, query: str, limit: int, *, payloads: bool = True) -> list[ScoredPoint]:
         terms = query_terms(query)
         if not terms or limit <= 0:
             return []
         with _translated(), self._engine.connect() as conn:
-            found = self._from_snapshot(conn, scope, terms, limit)
+            found = self._from_snapshot(conn, scope, terms, limit, payloads)
             if found is None:
                 if self._needs_ln:
                     conn.connection.driver_connection.create_function(  # type: ignore[union-attr]
@@ -121,7 +121,11 @@ class SqlLexicalIndex:
                 rows = conn.execute(_bm25_query(scope, terms, limit)).all()
                 found = [(row.doc_id, float(row.bm25), row.payload) for row in rows]
         return [
-            ScoredPoint(id=doc_id, score=bm25_distance(bm25), payload={**json.loads(payload), "bm25": bm25})
+            ScoredPoint(
+                id=doc_id,
+                score=bm25_distance(bm25),
+                payload={**(json.loads(payload) if payloads else {}), "bm25": bm25},
+            )
             for doc_id, bm25, payload in found
         ]
 
@@ -130,17 +134,20 @@ class SqlLexicalIndex:
         return self._snapshots.revision(scope)
 
     def _from_snapshot(
-        self, conn: sa.Connection, scope: Scope, terms: list[str], limit: int
+        self, conn: sa.Connection, scope: Scope, terms: list[str], limit: int, read_payloads: bool
     ) -> list[tuple[str, float, str]] | None:
         """(id, BM25, payload) of the best texts from the scope's postings in memory at its current
         revision; None when they are not (they are read, as the mode says) or a text they name
-        is gone since."""
+        is gone since. Payloads not to be read come as empty strings: the postings are of this
+        revision, which the read above checked."""
         snapshot = self._snapshots.usable(
             scope, revision_of(conn, revisions, scope), lambda: self._read(scope)
         )
         if snapshot is None:
             return None
         hits = snapshot.search(terms, limit)
+        if not read_payloads:
+            return [(doc_id, bm25, "") for doc_id, bm25 in hits]
         payloads = _payloads(conn, scope, [doc_id for doc_id, _ in hits])
         if len(payloads) < len(hits):
             return None

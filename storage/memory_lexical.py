@@ -46,7 +46,7 @@ class MemoryLexicalIndex:
                 for term in text.terms:
                     target.postings.setdefault(term, set()).add(doc_id)
 
-    def search(self, scope: Scope, query: str, limit: int) -> list[ScoredPoint]:
+    def search(self, scope: Scope, query: str, limit: int, *, payloads: bool = True) -> list[ScoredPoint]:
         terms = query_terms(query)
         with self._lock:
             target = self._scopes.get(scope)
@@ -58,7 +58,7 @@ class MemoryLexicalIndex:
                 ScoredPoint(
                     id=doc_id,
                     score=bm25_distance(score),
-                    payload={**json.loads(json.dumps(target.texts[doc_id].payload)), "bm25": score},
+                    payload={**(_copy(target.texts[doc_id].payload) if payloads else {}), "bm25": score},
                 )
                 for doc_id, score in ranked
             ]
@@ -105,3 +105,9 @@ def _scores(target: _Scope, terms: list[str]) -> dict[str, float]:
             weight = bm25_term(text.terms[term], len(holders), n, text.length, average)
             scores[doc_id] = scores.get(doc_id, 0.0) + weight
     return scores
+
+
+def _copy(payload: dict[str, Any]) -> dict[str, Any]:
+    """A payload as a store would give it back: through JSON."""
+    copied: dict[str, Any] = json.loads(json.dumps(payload))
+    return copied

@@ -93,6 +93,21 @@ def test_best_match_first_and_only_texts_sharing_a_term(index: LexicalIndex, new
     assert hits[0].payload["chunk_id"] == "babbage" and hits[0].payload["data_ids"] == ["data-babbage"]
 
 
+def test_a_search_without_payloads_ranks_the_same_and_copies_only_the_score(
+    index: LexicalIndex, new_scope: NewScope
+) -> None:
+    # Given four texts with their payloads
+    scope = new_scope()
+    index.index(scope, entries(CORPUS))
+    for query in ("the analytical engine", "engine Lovelace", "compiler"):
+        # When searching with and without payloads
+        whole = index.search(scope, query, 10)
+        bare = index.search(scope, query, 10, payloads=False)
+        # Then the same texts come with the same scores, and the payload holds the BM25 score alone
+        assert [(hit.id, hit.score) for hit in bare] == [(hit.id, hit.score) for hit in whole]
+        assert [hit.payload for hit in bare] == [{"bm25": hit.payload["bm25"]} for hit in whole]
+
+
 def test_scores_are_bm25(index: LexicalIndex, new_scope: NewScope) -> None:
     # Given a corpus whose statistics are known: N = 4, lengths from the tokenizer
     scope = new_scope()

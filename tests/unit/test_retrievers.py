@@ -314,6 +314,11 @@ def test_hybrid_gives_a_chunk_missing_from_the_graph_its_indexed_text() -> None:
     # Then the chunk still comes back with its text, read from the vector index
     [hit] = [hit for hit in result.results if hit.chunk_id == lost]
     assert hit.text.startswith("Remington Rand was an American") and hit.kind == "chunk"
+    # And so it does when only the lexical lane ranks
+    lane = {"weights": {"lexical": 1.0}, "facts": 0}
+    result = run(served, SearchType.HYBRID_COMPLETION, "Remington Rand", only_context=True, options=lane)
+    [hit] = [hit for hit in result.results if hit.chunk_id == lost]
+    assert hit.text.startswith("Remington Rand was an American") and hit.kind == "chunk"
     # But a lane that ranks chunks without searching their index (summaries) brings no such hit
     lane = {"weights": {"summaries": 1.0}, "facts": 0}
     result = run(served, SearchType.HYBRID_COMPLETION, "Remington Rand", only_context=True, options=lane)
@@ -416,6 +421,24 @@ def test_hybrid_reads_no_chunk_payload_from_the_vector_index_when_the_graph_has_
     result = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True)
     assert result.results and all(hit.text for hit in result.results)
     assert fields == [()]
+
+
+def test_hybrid_reads_no_payload_from_the_lexical_index(
+    services: TwinServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lexical lane ranks ids; the hits' text comes from the graph (a chunk it lacks: from the
+    vector index). Reading and decoding the texts' payloads cost a query half a millisecond."""
+    asked: list[object] = []
+    inner = services.lexical.search
+
+    def search(scope: Scope, query: str, limit: int, **options: object) -> object:
+        asked.append(options.get("payloads", True))
+        return inner(scope, query, limit, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(services.lexical, "search", search)
+    result = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True)
+    assert result.results and all(hit.text for hit in result.results)
+    assert asked == [False]
 
 
 def test_hybrid_reads_the_provenance_of_its_chunks_alone(
