@@ -21,7 +21,6 @@ holder answering opens the shard itself.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import functools

@@ -23,8 +23,8 @@ import qdrant_edge as qe
 
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint, stable_id
-from kenning.storage.shard_server import SearchServer, search_remotely
 from kenning.storage import vector_edge
+from kenning.storage.shard_server import SearchServer, search_remotely
 from kenning.storage.vector_edge import EdgeVectorStore
 from kenning.storage.vector_import import import_local_qdrant
 from kenning.storage.vector_qdrant import QdrantVectorStore
