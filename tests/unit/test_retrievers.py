@@ -319,6 +319,11 @@ def test_hybrid_gives_a_chunk_missing_from_the_graph_its_indexed_text() -> None:
     result = run(served, SearchType.HYBRID_COMPLETION, "Remington Rand", only_context=True, options=lane)
     [hit] = [hit for hit in result.results if hit.chunk_id == lost]
     assert hit.text.startswith("Remington Rand was an American") and hit.kind == "chunk"
+    # Read from the vector index, not from the lexical index's payload: gone from both graph and
+    # vectors, the lexical lane's hit of it is dropped
+    served.vectors.delete(LIBRARY, collection.CHUNKS, [lost])
+    result = run(served, SearchType.HYBRID_COMPLETION, "Remington Rand", only_context=True, options=lane)
+    assert result.results and lost not in {hit.chunk_id for hit in result.results}
     # But a lane that ranks chunks without searching their index (summaries) brings no such hit
     lane = {"weights": {"summaries": 1.0}, "facts": 0}
     result = run(served, SearchType.HYBRID_COMPLETION, "Remington Rand", only_context=True, options=lane)
