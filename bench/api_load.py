@@ -43,7 +43,7 @@ from bench.latency import QUESTIONS, percentile
 from kenning.pipeline.permission import User, issue_key
 from kenning.retrieval.contract import SearchType
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = ("CHUNKS_LEXICAL", "CHUNKS")

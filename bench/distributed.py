@@ -40,10 +40,10 @@ from bench.ratelimit import abstracts
 from kenning.pipeline.ingest import Source
 from kenning.pipeline.models import PipelineRun, RunStatus
 from kenning.pipeline.plan import PLAN
-from kenning.workers.canvas import current_run, enqueue
-from kenning.workers.simulator import Simulator
+from kenning.workers.celery.canvas import current_run, enqueue
 from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, settings_of
 from tests.services import REDIS_URL, ensure_services, scratch_database
+from tests.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -147,9 +147,10 @@ def overhead(args: argparse.Namespace, home: Path) -> dict[str, Any]:
 
 
 def limit(args: argparse.Namespace, home: Path, workers: int, sources: list[Source]) -> dict[str, Any]:
-    with scratch_database("kenning_bench") as url, Simulator(
-        latency_ms=args.latency_ms, rpm=args.rpm, rpm_scope="chat"
-    ) as simulator:
+    with (
+        scratch_database("kenning_bench") as url,
+        Simulator(latency_ms=args.latency_ms, rpm=args.rpm, rpm_scope="chat") as simulator,
+    ):
         target = deployment(
             home, url, simulator.base_url, llm_rpm=str(args.rpm), extract_batch=str(args.extract_batch)
         )

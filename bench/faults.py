@@ -37,7 +37,6 @@ from typing import Any
 
 from kenning.pipeline.models import ChunkStatus
 from kenning.pipeline.spend import Spend
-from kenning.workers.simulator import Simulator
 from tests.integration.cluster import Deployment, RedisServer, Workers, kenning_env, settings_of
 from tests.integration.faults import (
     Outcome,
@@ -54,6 +53,7 @@ from tests.integration.faults import (
 )
 from tests.integration.test_chaos import add_corpus, write_corpus
 from tests.services import free_port
+from tests.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

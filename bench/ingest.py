@@ -42,10 +42,10 @@ import httpx
 
 from kenning.pipeline.ingest import Source
 from kenning.pipeline.offline import OfflineExtractor
-from kenning.storage.embedder import LocalEmbedder
+from kenning.storage.inference.embedder import LocalEmbedder
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT.parent / "shared" / "data" / "twowiki_101" / "2wikimultihopqa_corpus.json"
@@ -163,7 +163,7 @@ def simulator_process() -> Iterator[tuple[str, int]]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "kenning.workers.simulator", "--port", str(port)]
+    command = [sys.executable, "-m", "tests.simulator", "--port", str(port)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:

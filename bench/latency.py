@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.ingest import CORPUS, documents
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = CORPUS.parent / "results_vdb_2wikimultihopqa_101.json"

@@ -36,9 +36,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kenning.workers.lifecycle import Message
+from kenning.workers.application.lifecycle import Message
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo5.json"

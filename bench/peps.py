@@ -24,8 +24,8 @@ from typing import Any
 
 from kenning.pipeline.ingest import Source
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.simulator import Simulator
+from kenning.workers.runtime.settings import load_settings
+from tests.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 PEPS = ROOT.parent / "shared" / "data" / "peps" / "peps"

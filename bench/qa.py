@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kenning.pipeline.ingest import Source
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import Settings, load_settings
+from kenning.workers.runtime.settings import Settings, load_settings
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -46,10 +46,10 @@ from bench.latency import QUESTIONS, Timed, percentile
 from kenning.pipeline import collection
 from kenning.pipeline.models import Scope
 from kenning.pipeline.ports import Embedder
-from kenning.workers.heap import settle
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import Wiring, open_embedder
+from kenning.workers.runtime.heap import settle
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring, open_embedder
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = ("CHUNKS", "HYBRID_COMPLETION", "GRAPH_COMPLETION")

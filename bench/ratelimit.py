@@ -38,9 +38,9 @@ import redis
 
 from kenning.pipeline.errors import LLMError
 from kenning.pipeline.ratelimit import Limits, provider_key
-from kenning.storage.llm_openai import LLMConfig, OpenAIExtractor
-from kenning.storage.ratelimit_redis import RedisRateLimiter
-from kenning.workers.simulator import Simulator
+from kenning.storage.coordination.ratelimit_redis import RedisRateLimiter
+from kenning.storage.inference.llm_openai import LLMConfig, OpenAIExtractor
+from tests.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT.parent / "shared" / "data" / "scifact" / "corpus_train.csv"

@@ -44,7 +44,7 @@ from kenning.retrieval.contract import Hit, SearchRequest, SearchType
 from kenning.retrieval.fusion import LANES, FusionConfig
 from kenning.retrieval.registry import search
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"

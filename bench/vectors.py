@@ -107,7 +107,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         "query": measure_queries(store, args, queries, vectors[:written]),
     }
     if args.engine == "edge":
-        from kenning.storage.vector_edge import EdgeVectorStore
+        from kenning.storage.vectors.edge import EdgeVectorStore
 
         assert isinstance(store, EdgeVectorStore)
         started = time.perf_counter()
@@ -122,11 +122,11 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_store(engine: str, folder: Path) -> VectorStore:
     if engine == "edge":
-        from kenning.storage.vector_edge import EdgeVectorStore
+        from kenning.storage.vectors.edge import EdgeVectorStore
 
         # Indexing is measured on its own, after the upserts.
         return EdgeVectorStore(folder / "vectors", index_threshold=1_000, auto_index=False)
-    from kenning.storage.vector_qdrant import QdrantVectorStore
+    from kenning.storage.vectors.qdrant import QdrantVectorStore
 
     return QdrantVectorStore(path=folder / "qdrant")
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kenning.pipeline.errors import ConfigError, InputError, KenningError, NoLLMConfigured, StoreError
     from kenning.retrieval.contract import SearchResult, SearchType
-    from kenning.workers.heap import settle
     from kenning.workers.memory import Kenning
-    from kenning.workers.settings import Settings, load_settings
+    from kenning.workers.runtime.heap import settle
+    from kenning.workers.runtime.settings import Settings, load_settings
 
 try:
     __version__ = version("kenning")
@@ -27,9 +27,9 @@ except PackageNotFoundError:  # a source checkout that was never installed
 _EXPORTS = {
     # The Python API
     "Kenning": "kenning.workers.memory",
-    "Settings": "kenning.workers.settings",
-    "load_settings": "kenning.workers.settings",
-    "settle": "kenning.workers.heap",
+    "Settings": "kenning.workers.runtime.settings",
+    "load_settings": "kenning.workers.runtime.settings",
+    "settle": "kenning.workers.runtime.heap",
     # Search
     "SearchResult": "kenning.retrieval.contract",
     "SearchType": "kenning.retrieval.contract",

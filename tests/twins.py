@@ -9,13 +9,13 @@ from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.errors import LLMError, NoLLMConfigured
 from kenning.pipeline.models import Extraction
 from kenning.pipeline.offline import OfflineExtractor
-from kenning.storage.blob import MemoryBlobStore
-from kenning.storage.embedder import HashEmbedder
-from kenning.storage.lock import MemoryLock
-from kenning.storage.memory_graph import MemoryGraphStore
-from kenning.storage.memory_lexical import MemoryLexicalIndex
-from kenning.storage.memory_metadata import MemoryMetadataStore
-from kenning.storage.memory_vectors import MemoryVectorStore
+from kenning.storage.coordination.lock import MemoryLock
+from kenning.storage.graph.memory import MemoryGraphStore
+from kenning.storage.inference.embedder import HashEmbedder
+from kenning.storage.lexical.memory import MemoryLexicalIndex
+from kenning.storage.metadata.memory import MemoryMetadataStore
+from kenning.storage.sources.blob import MemoryBlobStore
+from kenning.storage.vectors.memory import MemoryVectorStore
 
 
 class CountingExtractor:

@@ -39,10 +39,8 @@ from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, sea
 from kenning.retrieval.contract import Hit, Principal, QueryBudget, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.conversation import TURNS, Turn, context_text, turn_points
 from kenning.retrieval.registry import search
-from kenning.workers.decay import AccessBuffer, fade, stale_items
-from kenning.workers.extras import needs_extra
-from kenning.workers.heap import settle
-from kenning.workers.lifecycle import (
+from kenning.workers.application.decay import AccessBuffer, fade, stale_items
+from kenning.workers.application.lifecycle import (
     Message,
     Recalled,
     Recollection,
@@ -52,12 +50,14 @@ from kenning.workers.lifecycle import (
     improve_held,
     session_items,
 )
-from kenning.workers.local import LocalRunner, ProgressCallback, close_dead_runs, no_progress
-from kenning.workers.metrics import StepClock, timed_search
-from kenning.workers.records import Records
-from kenning.workers.settings import Settings, load_settings
-from kenning.workers.tracing import traced
-from kenning.workers.wiring import Wiring
+from kenning.workers.application.records import Records
+from kenning.workers.runtime.extras import needs_extra
+from kenning.workers.runtime.heap import settle
+from kenning.workers.runtime.local_runner import LocalRunner, ProgressCallback, close_dead_runs, no_progress
+from kenning.workers.runtime.metrics import StepClock, timed_search
+from kenning.workers.runtime.settings import Settings, load_settings
+from kenning.workers.runtime.tracing import traced
+from kenning.workers.runtime.wiring import Wiring
 
 SPEND_COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens")
 
@@ -118,7 +118,7 @@ class Kenning:
         self, uri: str, dataset: str | None, result: AddResult, node_sets: Sequence[str] = ()
     ) -> None:
         with needs_extra("reading s3:// sources"):
-            from kenning.storage.s3 import S3Source, parse_s3_uri
+            from kenning.storage.sources.s3 import S3Source, parse_s3_uri
 
         bucket, prefix = parse_s3_uri(uri)
         source = S3Source(bucket, self.settings.s3_endpoint_url or None)
@@ -141,7 +141,7 @@ class Kenning:
 
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
         self.dataset(dataset)
-        settle()  # a run is long: keep its full collections short (workers.heap)
+        settle()  # a run is long: keep its full collections short (workers.runtime.heap)
         self.wiring.warm("extractor")  # built while the documents are classified and chunked
         runner = LocalRunner(
             self.wiring,

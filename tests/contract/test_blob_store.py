@@ -10,7 +10,7 @@ import pytest
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import content_hash
 from kenning.pipeline.ports import BlobStore
-from kenning.storage.blob import FileBlobStore, MemoryBlobStore
+from kenning.storage.sources.blob import FileBlobStore, MemoryBlobStore
 
 
 @pytest.fixture(params=["memory", "file"])

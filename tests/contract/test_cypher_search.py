@@ -14,8 +14,8 @@ from kenning.pipeline.models import GraphEdge, GraphNode, Scope
 from kenning.retrieval.contract import Principal, QueryBudget, SearchRequest, SearchType
 from kenning.retrieval.cypher import QueryRejected
 from kenning.retrieval.registry import search
-from kenning.storage.graph_falkordb import FalkorGraphStore, graph_key
-from kenning.storage.graph_memgraph import MemgraphGraphStore
+from kenning.storage.graph.falkordb import FalkorGraphStore, graph_key
+from kenning.storage.graph.memgraph import MemgraphGraphStore
 from tests.services import free_port
 from tests.twins import TwinServices
 from tests.unit.test_graph_search_types import ScriptedCompleter

@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from kenning.pipeline.spend import FailureTally, Tally, breaker_key
-from kenning.storage.breaker_memory import MemoryFailureTally
-from kenning.storage.breaker_redis import RedisFailureTally
+from kenning.storage.coordination.breaker_memory import MemoryFailureTally
+from kenning.storage.coordination.breaker_redis import RedisFailureTally
 
 KEY = breaker_key("http://127.0.0.1:9/v1", "model-a")
 OTHER = breaker_key("http://127.0.0.1:9/v1", "model-b")

@@ -16,12 +16,18 @@ import redis
 from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
-from kenning.storage.cypher import CypherGraphStore, label_of, upsert_edge_statements, upsert_node_statements
-from kenning.storage.graph_falkordb import FalkorGraphStore, graph_key
-from kenning.storage.graph_memgraph import MemgraphGraphStore
-from kenning.storage.graph_sql import SqlGraphStore
-from kenning.storage.memory_graph import MemoryGraphStore, edge_shape
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.graph.cypher import (
+    CypherGraphStore,
+    label_of,
+    upsert_edge_statements,
+    upsert_node_statements,
+)
+from kenning.storage.graph.falkordb import FalkorGraphStore, graph_key
+from kenning.storage.graph.memgraph import MemgraphGraphStore
+from kenning.storage.graph.memory import MemoryGraphStore
+from kenning.storage.graph.rules import edge_shape
+from kenning.storage.graph.sql import SqlGraphStore
+from kenning.storage.sql.engine import open_engine
 from tests.services import free_port
 
 MEMGRAPH_URL = os.environ.get("KENNING_MEMGRAPH_URL", "")

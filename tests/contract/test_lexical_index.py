@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.lexical import LexicalIndex, bm25_distance, bm25_term, query_terms, tokenize
 from kenning.pipeline.models import Scope
-from kenning.storage.lexical_sql import SqlLexicalIndex
-from kenning.storage.memory_lexical import MemoryLexicalIndex
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.lexical.memory import MemoryLexicalIndex
+from kenning.storage.lexical.sql import SqlLexicalIndex
+from kenning.storage.sql.engine import open_engine
 from tests.threads import at_once
 
 BACKENDS = [

@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from kenning.pipeline.ports import Lock, RunLock
-from kenning.storage.lock import FileLock, MemoryLock
-from kenning.storage.run_lock import RedisRunLock
+from kenning.storage.coordination.lock import FileLock, MemoryLock
+from kenning.storage.coordination.run_lock import RedisRunLock
 
 NAME = "dataset:t1:library"
 TTL_S = 30.0
@@ -42,7 +42,8 @@ class Handles:
 def _die_holding_file_lock(root: Path) -> Callable[[str], None]:
     def die_holding(name: str) -> None:
         program = (
-            "import os, sys; from pathlib import Path; from kenning.storage.lock import FileLock; "
+            "import os, sys; from pathlib import Path; "
+            "from kenning.storage.coordination.lock import FileLock; "
             "token = FileLock(Path(sys.argv[1])).acquire(sys.argv[2], 30); "
             "os._exit(0 if token is not None else 3)"
         )

@@ -36,10 +36,10 @@ from kenning.pipeline.models import (
     stable_id,
 )
 from kenning.pipeline.ports import ChunkStore, ExtractionCache, MetadataStore
-from kenning.storage.memory_metadata import MemoryMetadataStore
-from kenning.storage.metadata_schema import metadata
-from kenning.storage.metadata_sql import SqlMetadataStore, migrate
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.metadata.memory import MemoryMetadataStore
+from kenning.storage.metadata.schema import metadata
+from kenning.storage.metadata.sql import SqlMetadataStore, migrate
+from kenning.storage.sql.engine import open_engine
 from tests.services import ROOT, free_port, scratch_database
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -569,8 +569,8 @@ def test_workers_starting_together_migrate_once(fresh_postgres_url: str) -> None
     # Given four worker processes that all migrate an empty database at startup
     script = (
         "import sys\n"
-        "from storage.metadata_sql import migrate\n"
-        "from storage.sql_engine import open_engine\n"
+        "from storage.metadata.sql import migrate\n"
+        "from storage.sql.engine import open_engine\n"
         "migrate(open_engine(sys.argv[1]))\n"
     )
     workers = [
@@ -600,7 +600,7 @@ def head_revision() -> str:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from kenning.storage.metadata_sql import MIGRATIONS
+    from kenning.storage.metadata.sql import MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -23,10 +23,10 @@ from kenning.pipeline.permission import (
     key_id_of,
 )
 from kenning.retrieval.contract import Principal
-from kenning.storage.metadata_sql import migrate
-from kenning.storage.permission_memory import MemoryPermissionStore
-from kenning.storage.permission_sql import SqlPermissionStore
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.metadata.permissions import SqlPermissionStore
+from kenning.storage.metadata.permissions_memory import MemoryPermissionStore
+from kenning.storage.metadata.sql import migrate
+from kenning.storage.sql.engine import open_engine
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 READ, WRITE, DELETE, SHARE = Permission

@@ -17,8 +17,8 @@ import redis
 
 from kenning.pipeline.errors import TransientLLMError, TransientStoreError
 from kenning.pipeline.ratelimit import FACTOR_FLOOR, Limits, limits_for, provider_key, retry_after_s
-from kenning.storage.ratelimit_memory import MemoryRateLimiter
-from kenning.storage.ratelimit_redis import RedisRateLimiter
+from kenning.storage.coordination.ratelimit_memory import MemoryRateLimiter
+from kenning.storage.coordination.ratelimit_redis import RedisRateLimiter
 from tests.services import free_port
 
 Limiter = MemoryRateLimiter | RedisRateLimiter

@@ -19,8 +19,8 @@ from kenning.pipeline.models import Scope
 from kenning.retrieval.contract import Principal, SearchType
 from kenning.retrieval.registry import REGISTRY
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import Settings, load_settings
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.settings import Settings, load_settings
+from kenning.workers.runtime.wiring import Wiring
 
 # Raw queries with no tenant or dataset filter: they return another dataset's text if anything can.
 RAW = "MATCH (n) RETURN n.text AS text, n.name AS name"

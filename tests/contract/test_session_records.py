@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from kenning.pipeline.session import ModelUsage, SessionKey, SessionRecords
-from kenning.storage.metadata_sql import migrate
-from kenning.storage.session_memory import MemorySessionRecords
-from kenning.storage.session_sql import SqlSessionRecords
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.metadata.session_records import SqlSessionRecords
+from kenning.storage.metadata.sql import migrate
+from kenning.storage.sessions.memory import MemorySessionRecords
+from kenning.storage.sql.engine import open_engine
 
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 START = datetime(2026, 1, 2, 9, 0, tzinfo=UTC)

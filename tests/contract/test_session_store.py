@@ -16,9 +16,9 @@ import redis
 
 from kenning.pipeline.errors import TransientStoreError
 from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore
-from kenning.storage.session_file import FileSessionStore
-from kenning.storage.session_memory import MemorySessionStore
-from kenning.storage.session_redis import RedisSessionStore
+from kenning.storage.sessions.file import FileSessionStore
+from kenning.storage.sessions.memory import MemorySessionStore
+from kenning.storage.sessions.redis import RedisSessionStore
 from tests.services import ROOT, free_port
 
 BACKENDS = ["memory", "file", pytest.param("redis", marks=pytest.mark.redis)]
@@ -329,10 +329,10 @@ from kenning.pipeline.session import SessionEntry, SessionKey
 backend, where, prefix, worker, count, start = sys.argv[1:7]
 if backend == "redis":
     import redis
-    from kenning.storage.session_redis import RedisSessionStore
+    from kenning.storage.sessions.redis import RedisSessionStore
     store = RedisSessionStore(redis.Redis.from_url(where), prefix)
 else:
-    from kenning.storage.session_file import FileSessionStore
+    from kenning.storage.sessions.file import FileSessionStore
     store = FileSessionStore(Path(where))
 key = SessionKey(tenant="t", user="u", session_id="shared")
 time.sleep(max(0.0, float(start) - time.time()))
@@ -405,7 +405,7 @@ def test_an_unreachable_redis_is_a_transient_store_error(key: SessionKey) -> Non
 
 def test_a_session_id_too_long_for_a_file_name_is_an_input_error(tmp_path: Path) -> None:
     from kenning.pipeline.errors import InputError
-    from kenning.storage.session_file import FileSessionStore
+    from kenning.storage.sessions.file import FileSessionStore
 
     store = FileSessionStore(tmp_path)
     with pytest.raises(InputError, match="too long"):

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.spend import Charge, Spend
-from kenning.storage.metadata_sql import migrate
-from kenning.storage.spend_sql import SqlSpendLedger
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.metadata.spend import SqlSpendLedger
+from kenning.storage.metadata.sql import migrate
+from kenning.storage.sql.engine import open_engine
 from tests.threads import at_once
 
 THREADS = 16

@@ -23,11 +23,11 @@ import qdrant_edge as qe
 
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint, stable_id
-from kenning.storage import vector_edge
-from kenning.storage.shard_server import SearchServer, search_remotely
-from kenning.storage.vector_edge import EdgeVectorStore
-from kenning.storage.vector_import import import_local_qdrant
-from kenning.storage.vector_qdrant import QdrantVectorStore
+from kenning.storage.vectors import edge as vector_edge
+from kenning.storage.vectors.edge import EdgeVectorStore
+from kenning.storage.vectors.local_import import import_local_qdrant
+from kenning.storage.vectors.qdrant import QdrantVectorStore
+from kenning.storage.vectors.shard_server import SearchServer, search_remotely
 
 SCOPE = Scope(tenant="acme", dataset="papers")
 
@@ -49,7 +49,7 @@ def run_python(code: str, *args: str) -> subprocess.Popen[str]:
 WRITER = """
     import sys
     from kenning.pipeline.models import Scope, VectorPoint, stable_id
-    from kenning.storage.vector_edge import EdgeVectorStore
+    from kenning.storage.vectors.edge import EdgeVectorStore
 
     path, dataset, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = EdgeVectorStore(path)
@@ -196,7 +196,7 @@ def test_an_idle_holder_lets_go_when_another_process_asks(tmp_path: Path) -> Non
 SLEEPY_HOLDER = """
     import sys, time
     from kenning.pipeline.models import Scope, VectorPoint, stable_id
-    from kenning.storage import vector_edge
+    from kenning.storage.vectors import edge as vector_edge
 
     vector_edge.IDLE_WAIT_S = 600.0  # a releaser asleep would not look again during the test
     store = vector_edge.EdgeVectorStore(sys.argv[1])
@@ -421,7 +421,7 @@ def test_an_unfiltered_search_that_finds_another_scopes_point_is_run_again_filte
     # Given two scopes in one collection (another tenant's, or another dataset of the same
     # tenant), the closest point the other's, with a payload field, and an estimate that
     # wrongly says every point is this dataset's (as a write racing the estimate would make it)
-    from kenning.storage import vector_edge
+    from kenning.storage.vectors import edge as vector_edge
 
     store = names_of_one_dataset(tmp_path, 5)
     store.upsert(theirs, "Entity_name", [point("x", [1.0, 0.0, 0.5, 0.0], n=1)])

@@ -18,9 +18,9 @@ import pytest
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, VectorPoint, stable_id
 from kenning.pipeline.ports import VectorStore
-from kenning.storage.memory_vectors import MemoryVectorStore
-from kenning.storage.vector_edge import EdgeVectorStore
-from kenning.storage.vector_qdrant import QdrantVectorStore
+from kenning.storage.vectors.edge import EdgeVectorStore
+from kenning.storage.vectors.memory import MemoryVectorStore
+from kenning.storage.vectors.qdrant import QdrantVectorStore
 from tests.services import free_port
 
 QDRANT_URL = os.environ.get("KENNING_QDRANT_URL", "")

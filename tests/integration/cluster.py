@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import Settings, load_settings
+from kenning.workers.runtime.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 180.0

@@ -26,8 +26,8 @@ import sqlalchemy as sa
 from kenning.pipeline.models import ChunkStatus, Dataset, PipelineRun, Scope, utcnow
 from kenning.pipeline.spend import breaker_key
 from kenning.workers.memory import Kenning
-from kenning.workers.simulator import Simulator
 from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers
+from tests.simulator import Simulator
 
 POLL_S = 0.1
 READY_TIMEOUT_S = 60.0

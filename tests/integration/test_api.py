@@ -26,9 +26,9 @@ from kenning.pipeline.models import Scope, utcnow
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.api.app import listening_socket
-from kenning.workers.cli import main
+from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 from tests.services import free_port
 
 ADA = b"Ada Lovelace wrote the first published algorithm for the Analytical Engine."

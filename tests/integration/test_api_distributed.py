@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.wiring import Wiring
 from tests.integration.cluster import Deployment, Workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(300)]

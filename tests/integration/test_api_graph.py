@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
-from kenning.workers.graph_view import graph_html
+from kenning.workers.control.graph_view import graph_html
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 from tests.integration.test_mcp import TOOLS, call, connected, served
 
 ADA = "Ada Lovelace wrote the first program for the Analytical Engine."

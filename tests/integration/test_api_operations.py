@@ -18,11 +18,11 @@ from fastapi.testclient import TestClient
 
 from kenning.pipeline.errors import TransientStoreError
 from kenning.pipeline.permission import User, issue_key
-from kenning.storage.queue_depth import queue_depths
+from kenning.storage.coordination.queue_depth import queue_depths
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
-from kenning.workers.metrics import metrics, serve_worker_metrics
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.metrics import metrics, serve_worker_metrics
+from kenning.workers.runtime.settings import load_settings
 from tests.services import REDIS_URL, free_port
 
 

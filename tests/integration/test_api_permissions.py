@@ -24,7 +24,7 @@ from kenning.pipeline.models import Scope, utcnow
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 READ, WRITE, DELETE, SHARE = Permission
 TENANTS = ("acme", "umbra")

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
 from kenning.pipeline.permission import User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 CHECKS = [
     schemathesis.checks.not_a_server_error,

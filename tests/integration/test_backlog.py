@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from kenning.pipeline.models import ChunkStatus, RunStatus
-from kenning.workers.simulator import Simulator
 from tests.integration.cluster import Deployment, Workers, small_chunks
 from tests.integration.faults import chunk_counts, cognifying, dataset_id, wait_for_extraction
 from tests.integration.test_chaos import add_corpus, write_corpus
+from tests.simulator import Simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from bench.locomo import conversation_of, recall_at, report, run_conversation
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 
 def record() -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The distributed pipeline in a hostile world: killed workers, a restarted Redis, a faulty LLM.
 
-The LLM is the simulator (`workers.simulator` on 127.0.0.1, answering what the offline
+The LLM is the simulator (`tests.simulator` on 127.0.0.1, answering what the offline
 extractor answers), PostgreSQL and Redis are real. Every run is checked against an
 undisturbed embedded run of the same input: same node, edge and vector point ids, none
 duplicated, none missing. Each test bounds its waits; its workers are stopped whatever
@@ -26,15 +26,15 @@ from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ChunkRecord, ChunkStatus, Dataset, ItemStatus, RunStatus, Scope
 from kenning.pipeline.plan import fail_run, start_run
 from kenning.pipeline.unit import units_of
-from kenning.storage.run_lock import Deliveries
-from kenning.workers.celery_app import Resources
+from kenning.storage.coordination.run_lock import Deliveries
+from kenning.workers.celery.app import Resources
+from kenning.workers.celery.tasks import Message, Redelivered, check_redelivery, hold
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.simulator import Simulator
-from kenning.workers.tasks import Message, Redelivered, check_redelivery, hold
+from kenning.workers.runtime.settings import load_settings
 from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers, small_chunks
 from tests.integration.test_distributed import embedded_memory, graph_of, lock_released, runs_of, vector_ids
 from tests.services import free_port
+from tests.simulator import Simulator
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

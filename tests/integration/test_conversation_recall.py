@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kenning.retrieval.conversation import TURN_FIELDS, TURNS, context_text
-from kenning.workers.lifecycle import Message
+from kenning.workers.application.lifecycle import Message
 from kenning.workers.memory import Kenning, spoken
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 SAID = datetime(2023, 5, 8, 13, 56)
 CHAT = [

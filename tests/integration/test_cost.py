@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from kenning.workers.cli import main
-from kenning.workers.simulator import Simulator
+from kenning.workers.cli.main import main
+from tests.simulator import Simulator
 
 PROMPT_PRICE = 0.15
 COMPLETION_PRICE = 0.6

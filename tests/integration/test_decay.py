@@ -9,8 +9,8 @@ import sqlalchemy as sa
 
 from kenning.pipeline.models import utcnow
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 
 
 class EchoCompleter:

@@ -17,10 +17,10 @@ from qdrant_client import QdrantClient
 
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ItemStatus, PipelineRun, RunStatus, Scope
-from kenning.storage.vector_edge import EdgeVectorStore
-from kenning.workers.celery_app import open_lock
+from kenning.storage.vectors.edge import EdgeVectorStore
+from kenning.workers.celery.app import open_lock
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import Settings
+from kenning.workers.runtime.settings import Settings
 from tests.integration.cluster import CLI_TIMEOUT_S, ROOT, Deployment, Workers, kenning_env, settings_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]

@@ -11,9 +11,9 @@ from click.testing import CliRunner, Result
 
 import kenning.workers.memory
 from kenning.pipeline.errors import ConfigError
-from kenning.workers.cli import main
+from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 HOSTILE = "'}) DETACH DELETE n //"
 
@@ -148,7 +148,7 @@ def test_fifty_megabyte_file_over_the_limit_fails_alone(env: Path) -> None:
 
 def test_an_llm_endpoint_extracts_and_answers(tmp_path: Path) -> None:
     # Given the project's LLM simulator as the OpenAI-compatible endpoint
-    from kenning.workers.simulator import Simulator
+    from tests.simulator import Simulator
 
     with Simulator() as simulator:
         settings = load_settings(
@@ -167,7 +167,7 @@ def test_an_llm_endpoint_extracts_and_answers(tmp_path: Path) -> None:
 
 
 def test_dry_run_estimates_calls_and_tokens_without_spending(tmp_path: Path) -> None:
-    from kenning.workers.simulator import Simulator
+    from tests.simulator import Simulator
 
     with Simulator() as simulator:
         settings = load_settings(

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.simulator import Simulator
+from kenning.workers.runtime.settings import load_settings
+from tests.simulator import Simulator
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 DOCUMENTS = 20

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from kenning.pipeline.models import ChunkStatus, RunStatus
-from kenning.workers.simulator import Simulator
 from tests.integration.cluster import Deployment, RedisServer, Workers, small_chunks
 from tests.integration.faults import (
     Outcome,
@@ -39,6 +38,7 @@ from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, wr
 from tests.integration.test_distributed import lock_released
 from tests.integration.test_spend import KILLED_TOLERANCE, KILLED_UNSENT, assert_spend, status_of
 from tests.services import free_port
+from tests.simulator import Simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 
 from kenning.pipeline.models import ChunkStatus, RunStatus
-from kenning.workers.simulator import Simulator
 from tests.integration.cluster import ROOT, Deployment, Workers, small_chunks
 from tests.integration.faults import black_hole, chunk_counts, dataset_id, run_with_fault, wait_for_breaker
 from tests.integration.test_chaos import add_corpus, assert_same_as_embedded, write_corpus
 from tests.integration.test_distributed import lock_released
 from tests.integration.test_spend import STATUS, assert_spend, status_of
+from tests.simulator import Simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

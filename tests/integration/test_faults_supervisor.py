@@ -20,11 +20,11 @@ from kenning.pipeline.context import Job
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import record_step, start_run
-from kenning.workers.celery_app import Resources, queue_name
-from kenning.workers.local import EMBEDDED_PID
-from kenning.workers.settings import load_settings
-from kenning.workers.supervisor import RESUMES, run_leases, stall_reason, supervise, supervise_dataset
-from kenning.workers.tasks import record_failure
+from kenning.workers.celery.app import Resources, queue_name
+from kenning.workers.celery.supervisor import RESUMES, run_leases, stall_reason, supervise, supervise_dataset
+from kenning.workers.celery.tasks import record_failure
+from kenning.workers.runtime.local_runner import EMBEDDED_PID
+from kenning.workers.runtime.settings import load_settings
 from tests.integration.cluster import forget_keys
 from tests.services import free_port
 

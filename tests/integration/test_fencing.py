@@ -12,10 +12,10 @@ import redis
 
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ChunkStatus, Dataset, RunStatus, Scope
-from kenning.storage.run_lock import RedisRunLock
-from kenning.workers import keys
-from kenning.workers.simulator import Simulator
+from kenning.storage.coordination.run_lock import RedisRunLock
+from kenning.workers.runtime import keys
 from tests.integration.cluster import CLI_TIMEOUT_S, ROOT, Deployment, Workers
+from tests.simulator import Simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

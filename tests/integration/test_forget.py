@@ -16,9 +16,9 @@ from kenning.pipeline.ingest import text_source
 from kenning.pipeline.session import SessionEntry
 from kenning.retrieval.contract import SearchType
 from kenning.retrieval.registry import REGISTRY
-from kenning.workers.cli import main
+from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 # Three items: "Falcon Dynamics" and "Boston" are shared; "Oliver Reed" and "zeppelin" only in B.
 TEXTS = {

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
-from kenning.workers.graph_view import MAX_NODES, graph_html, graph_view, render_html
+from kenning.workers.control.graph_view import MAX_NODES, graph_html, graph_view, render_html
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 from tests.browser import Page, chromium, chromium_path
 
 ARTIFACTS = Path(__file__).parents[1] / "artifacts"

@@ -9,8 +9,8 @@ import pytest
 
 from kenning.pipeline.models import Extraction, KnowledgeEdge, KnowledgeGraph, KnowledgeNode
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 
 NAMES = {
     "New York City": "Place",

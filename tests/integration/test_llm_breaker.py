@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kenning.pipeline.errors import TransientLLMError
-from kenning.storage.llm_openai import CircuitOpen, LLMConfig, OpenAIExtractor
+from kenning.storage.inference.llm_openai import CircuitOpen, LLMConfig, OpenAIExtractor
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 
 class BlackHole:

@@ -16,7 +16,7 @@ import pytest
 from kenning.pipeline.errors import LLMError, TransientLLMError
 from kenning.pipeline.models import Extraction
 from kenning.pipeline.offline import OfflineExtractor
-from kenning.storage.llm_openai import (
+from kenning.storage.inference.llm_openai import (
     EXTRACTION_SYSTEM_PROMPT,
     LLMConfig,
     OpenAICompleter,
@@ -24,7 +24,7 @@ from kenning.storage.llm_openai import (
     unwrap_chunk,
     wrap_chunk,
 )
-from kenning.workers.simulator import EMBEDDING_DIMENSION, Simulator
+from tests.simulator import EMBEDDING_DIMENSION, Simulator
 
 TEXT = (
     "Ada Lovelace worked with Charles Babbage in London. "

@@ -26,11 +26,11 @@ from kenning.pipeline.models import (
     stable_id,
 )
 from kenning.pipeline.ports import GraphStore
-from kenning.storage.cypher import CypherGraphStore
-from kenning.storage.graph_falkordb import FalkorGraphStore
-from kenning.storage.graph_sql import SqlGraphStore
-from kenning.storage.memory_graph import MemoryGraphStore
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.graph.cypher import CypherGraphStore
+from kenning.storage.graph.falkordb import FalkorGraphStore
+from kenning.storage.graph.memory import MemoryGraphStore
+from kenning.storage.graph.sql import SqlGraphStore
+from kenning.storage.sql.engine import open_engine
 
 # Written at load time, or naming the run: they differ between any two loads.
 VOLATILE = frozenset({"created_at", "updated_at", "source_run"})

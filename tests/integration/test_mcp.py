@@ -24,10 +24,10 @@ from starlette.applications import Starlette
 
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.permission import Caller, Permission, User, issue_key
-from kenning.workers.lifecycle import Recalled
-from kenning.workers.mcp_server import http_app
+from kenning.workers.application.lifecycle import Recalled
+from kenning.workers.mcp.server import http_app
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 TOOLS = {"remember", "recall", "forget", "search", "list_datasets", "status"}
 ADA = "Ada Lovelace wrote the first program for the Analytical Engine."

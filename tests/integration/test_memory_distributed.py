@@ -20,7 +20,7 @@ from celery import Celery
 from kenning.pipeline.ingest import text_source
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ChunkStatus, ItemStatus, RunStatus, Scope
-from kenning.workers.celery_app import open_lock
+from kenning.workers.celery.app import open_lock
 from kenning.workers.memory import Kenning
 from tests.integration.cluster import Deployment, Workers, kenning_env, settings_of
 from tests.integration.test_distributed import graph_of, lock_released, vector_ids

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from kenning.workers.cli import main
+from kenning.workers.cli.main import main
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from kenning.pipeline.context import Job
 from kenning.pipeline.models import ChunkStatus, PipelineRun, RunStatus
 from kenning.pipeline.plan import PLAN
 from kenning.pipeline.progress import reporting
-from kenning.workers.canvas import add_bars, draw
-from kenning.workers.local import LocalRunner
+from kenning.workers.celery.canvas import add_bars, draw
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.local_runner import LocalRunner
+from kenning.workers.runtime.settings import load_settings
 
 TEXTS = [
     f"Document {n}. Ada Lovelace wrote notes on the Analytical Engine. "

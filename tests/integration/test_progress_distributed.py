@@ -16,11 +16,11 @@ import pytest
 
 from kenning.pipeline.context import Job
 from kenning.pipeline.models import ENDED, ChunkStatus, RunStatus
-from kenning.workers.canvas import chunk_counts, current_run
-from kenning.workers.simulator import Simulator
+from kenning.workers.celery.canvas import chunk_counts, current_run
 from tests.integration.cluster import Deployment, Workers, small_chunks
 from tests.integration.faults import cognifying, dataset_id
 from tests.integration.test_chaos import add_corpus, write_corpus
+from tests.simulator import Simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from bench.qa import DATA, SETS, evaluate, exact_match, token_f1
-from kenning.workers.settings import load_settings
-from kenning.workers.simulator import Simulator
+from kenning.workers.runtime.settings import load_settings
+from tests.simulator import Simulator
 
 
 def test_answer_scores() -> None:

@@ -26,13 +26,13 @@ import redis
 
 from kenning.pipeline.errors import LLMError, TransientLLMError
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
-from kenning.storage.embedder import OpenAIEmbedder
-from kenning.storage.llm_openai import LLMConfig, OpenAICompleter, OpenAIExtractor
-from kenning.storage.ratelimit_memory import MemoryRateLimiter
-from kenning.storage.ratelimit_redis import RedisRateLimiter
-from kenning.workers.settings import load_settings
-from kenning.workers.simulator import EMBEDDING_DIMENSION, Simulator
-from kenning.workers.wiring import Wiring, llm_limit_key
+from kenning.storage.coordination.ratelimit_memory import MemoryRateLimiter
+from kenning.storage.coordination.ratelimit_redis import RedisRateLimiter
+from kenning.storage.inference.embedder import OpenAIEmbedder
+from kenning.storage.inference.llm_openai import LLMConfig, OpenAICompleter, OpenAIExtractor
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring, llm_limit_key
+from tests.simulator import EMBEDDING_DIMENSION, Simulator
 
 PROCESSES = 3
 RUN_S = 3.0

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from kenning.pipeline.errors import InputError
-from kenning.workers.cli import main
+from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 
 def test_records_round_trip_and_update_replaces_stale_facts(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from kenning.pipeline.models import Extraction, RunStatus
-from kenning.workers.cli import main
+from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 from tests.twins import CountingExtractor
 
 
@@ -109,7 +109,7 @@ def test_status_marks_a_run_whose_process_is_gone_interrupted(tmp_path: Path) ->
     import subprocess
 
     from kenning.pipeline.plan import record_step, start_run
-    from kenning.workers.local import EMBEDDED_PID
+    from kenning.workers.runtime.local_runner import EMBEDDED_PID
 
     settings = load_settings(home=tmp_path / "home", embedding_provider="hash")
     with Kenning(settings) as memory:

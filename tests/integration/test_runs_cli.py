@@ -22,8 +22,7 @@ from click.testing import CliRunner, Result
 
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import ChunkStatus, RunStatus
-from kenning.workers.cli import main
-from kenning.workers.simulator import Simulator
+from kenning.workers.cli.main import main
 from tests.integration.cluster import ROOT, Deployment, Workers
 from tests.integration.test_chaos import (
     add_corpus,
@@ -33,6 +32,7 @@ from tests.integration.test_chaos import (
     write_corpus,
 )
 from tests.integration.test_distributed import lock_released
+from tests.simulator import Simulator
 
 CLI = [sys.executable, "-m", "kenning.workers.cli"]
 LATENCY_MS = 800  # slow enough that a cancel lands while extraction goes on
@@ -101,9 +101,9 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 # Sends a cognify run of a dataset to the workers, from the settings in the environment.
 ENQUEUE = """
 import sys
-from kenning.workers.canvas import enqueue
+from kenning.workers.celery.canvas import enqueue
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 settings = load_settings()
 with Kenning(settings) as memory:
     print(enqueue(memory.wiring, settings, memory.scope(sys.argv[1])).run_id)
@@ -220,7 +220,7 @@ def test_runs_over_http_list_retry_cancel_and_show_a_stalled_run(home: Path) -> 
     from kenning.pipeline.plan import start_run
     from kenning.workers.api import create_app
     from kenning.workers.memory import Kenning
-    from kenning.workers.settings import load_settings
+    from kenning.workers.runtime.settings import load_settings
 
     settings = load_settings(home=home / "home", queue_prefix=f"kenning-test-{uuid.uuid4().hex[:8]}")
     with Kenning(settings) as memory, TestClient(create_app(memory)) as client:
@@ -263,7 +263,7 @@ def _key(memory: Any, name: str, grants: str) -> dict[str, str]:
 def test_a_run_is_stalled_when_its_broker_does_not_answer(home: Path) -> None:
     from kenning.pipeline.plan import start_run
     from kenning.workers.memory import Kenning
-    from kenning.workers.settings import load_settings
+    from kenning.workers.runtime.settings import load_settings
     from tests.services import free_port
 
     # Given a run sent to workers through a broker (and Redis) that went away

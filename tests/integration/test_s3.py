@@ -16,7 +16,7 @@ import boto3
 import pytest
 
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 from tests.services import free_port
 
 

@@ -136,7 +136,7 @@ def test_flower_lists_the_workers(deployment: Deployment, one_worker: Workers, t
         "-m",
         "celery",
         "-A",
-        "kenning.workers.celery_app",
+        "kenning.workers.celery.app",
         "flower",
         "--address=127.0.0.1",
         f"--port={port}",
@@ -179,7 +179,7 @@ def test_maintenance_starts_runs_for_datasets_with_work_left(
 ) -> None:
     from celery import Celery
 
-    from kenning.workers.celery_app import queue_name
+    from kenning.workers.celery.app import queue_name
 
     # Given one dataset with new data and one already cognified
     with deployment.memory() as memory:
@@ -206,8 +206,8 @@ def test_maintenance_starts_runs_for_datasets_with_work_left(
 
 
 def test_beat_schedule_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kenning.workers.celery_app import celery_config
-    from kenning.workers.settings import load_settings
+    from kenning.workers.celery.app import celery_config
+    from kenning.workers.runtime.settings import load_settings
 
     monkeypatch.setenv(
         "KENNING_SCHEDULE",
@@ -237,7 +237,7 @@ def test_improve_runs_on_a_worker_and_a_second_run_changes_nothing(
 ) -> None:
     from celery import Celery
 
-    from kenning.workers.celery_app import queue_name
+    from kenning.workers.celery.app import queue_name
 
     # Given a cognified dataset whose graph names one city two ways
     with deployment.memory() as memory:

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from kenning.pipeline.models import Scope
-from kenning.storage.vector_edge import EdgeVectorStore
+from kenning.storage.vectors.edge import EdgeVectorStore
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.simulator import Simulator
+from kenning.workers.runtime.settings import load_settings
+from tests.simulator import Simulator
 
 pytestmark = pytest.mark.slow
 

@@ -22,10 +22,9 @@ from kenning.pipeline.errors import StoreError
 from kenning.pipeline.ingest import Source
 from kenning.pipeline.models import ChunkStatus, RunStatus
 from kenning.pipeline.spend import HeldLedger, SpendLedger
-from kenning.storage.spend_sql import SqlSpendLedger
+from kenning.storage.metadata.spend import SqlSpendLedger
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.simulator import Simulator
+from kenning.workers.runtime.settings import load_settings
 from tests.integration.cluster import ROOT, Deployment, Workers
 from tests.integration.test_chaos import (
     add_corpus,
@@ -37,6 +36,7 @@ from tests.integration.test_chaos import (
     write_corpus,
 )
 from tests.integration.test_distributed import runs_of
+from tests.simulator import Simulator
 
 SEED = 4242
 TOLERANCE = 0.01

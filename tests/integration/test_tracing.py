@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
-from kenning.workers.tracing import tracing
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.tracing import tracing
 
 trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from kenning.pipeline.errors import InputError
-from kenning.workers.cli import run
-from kenning.workers.lifecycle import Message
+from kenning.workers.application.lifecycle import Message
+from kenning.workers.cli.main import run
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import Settings, load_settings
+from kenning.workers.runtime.settings import Settings, load_settings
 
 
 @pytest.fixture

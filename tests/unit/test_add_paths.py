@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kenning.pipeline.ingest import path_sources
-from kenning.workers.cli import main
+from kenning.workers.cli.main import main
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pytest
 
 from kenning.pipeline.errors import LLMUnreachable, TransientStoreError
 from kenning.pipeline.spend import Tally
-from kenning.storage.breaker_memory import MemoryFailureTally
-from kenning.storage.llm_openai import CircuitBreaker
+from kenning.storage.coordination.breaker_memory import MemoryFailureTally
+from kenning.storage.inference.llm_openai import CircuitBreaker
 
 
 class AwayTally:

@@ -8,7 +8,7 @@ from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import Scope
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
 from kenning.retrieval.registry import search
-from kenning.workers.local import LocalRunner
+from kenning.workers.runtime.local_runner import LocalRunner
 from tests.twins import TwinServices
 
 PROJECT = Scope(tenant="t1", dataset="project")

@@ -28,8 +28,8 @@ from kenning.retrieval.conversation import (
     turns_of,
 )
 from kenning.retrieval.fusion import FusionConfig, reciprocal_rank_fusion
-from kenning.storage.embedder import HashEmbedder
-from kenning.storage.memory_vectors import MemoryVectorStore
+from kenning.storage.inference.embedder import HashEmbedder
+from kenning.storage.vectors.memory import MemoryVectorStore
 
 
 def turns() -> list[Turn]:

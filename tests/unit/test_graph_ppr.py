@@ -21,8 +21,8 @@ from kenning.retrieval.graph_ppr import (
     walk,
 )
 from kenning.retrieval.registry import search
-from kenning.storage.memory_graph import MemoryGraphStore
-from kenning.workers.local import LocalRunner
+from kenning.storage.graph.memory import MemoryGraphStore
+from kenning.workers.runtime.local_runner import LocalRunner
 from tests.twins import TwinServices
 
 CONFIG = WalkConfig()

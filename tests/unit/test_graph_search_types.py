@@ -13,9 +13,9 @@ from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
 from kenning.retrieval.contract import Principal, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.cypher import QueryRejected
 from kenning.retrieval.registry import REGISTRY, search
-from kenning.workers.local import LocalRunner
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import open_completer
+from kenning.workers.runtime.local_runner import LocalRunner
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import open_completer
 from tests.twins import TwinServices
 
 SCOPE = Scope(tenant="t1", dataset="history")

@@ -7,8 +7,8 @@ import gc
 import random
 
 from kenning.pipeline.models import EdgeShape
-from kenning.storage.graph_shape import Row, Shape
-from kenning.storage.memory_graph import by_first_end, expand
+from kenning.storage.graph.rules import by_first_end, expand
+from kenning.storage.graph.shape import Row, Shape
 
 ROWS = [
     ("e1", "a", "b", "contains"),

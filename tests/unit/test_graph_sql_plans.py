@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
-from kenning.storage.graph_sql import SqlGraphStore
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.graph.sql import SqlGraphStore
+from kenning.storage.sql.engine import open_engine
 
 SCOPE = Scope(tenant="t", dataset="d")
 

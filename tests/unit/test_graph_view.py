@@ -11,9 +11,9 @@ import pytest
 
 from kenning.pipeline.errors import NotFound
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
-from kenning.workers.graph_view import dataset_view, graph_view, render_html
+from kenning.workers.control.graph_view import dataset_view, graph_view, render_html
 from kenning.workers.memory import Kenning
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.settings import load_settings
 
 SCOPE = Scope(tenant="t", dataset="d")
 

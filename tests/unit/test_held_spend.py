@@ -12,7 +12,7 @@ import pytest
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.spend import Breaker, Charge, HeldLedger, Spend
-from kenning.storage.spend_sql import MemorySpendLedger
+from kenning.storage.metadata.spend import MemorySpendLedger
 
 RUN = Charge(run_id="r1", dataset_id="d1")
 

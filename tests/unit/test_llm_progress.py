@@ -10,10 +10,10 @@ from rich.progress import Progress
 from kenning.pipeline.context import Job
 from kenning.pipeline.models import ChunkStatus, PipelineRun, RunStatus
 from kenning.pipeline.spend import Charge, Spend, charged_to
-from kenning.storage.spend_sql import MemorySpendLedger
-from kenning.workers.cli import progress_bars
+from kenning.storage.metadata.spend import MemorySpendLedger
+from kenning.workers.cli.main import progress_bars
 
-canvas = pytest.importorskip("kenning.workers.canvas")
+canvas = pytest.importorskip("kenning.workers.celery.canvas")
 
 
 def ledger_with_failures() -> MemorySpendLedger:

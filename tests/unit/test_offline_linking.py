@@ -18,7 +18,7 @@ from kenning.pipeline.linking import (
 )
 from kenning.pipeline.models import GraphEdge, GraphNode, KnowledgeGraph, Scope
 from kenning.pipeline.offline import OfflineExtractor
-from kenning.workers.local import LocalRunner
+from kenning.workers.runtime.local_runner import LocalRunner
 from tests.twins import TwinServices
 
 SCOPE = Scope(tenant="t1", dataset="wiki")

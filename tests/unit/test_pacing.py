@@ -15,10 +15,10 @@ from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import Extraction, GraphNode, Scope
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.pacing import Metered, Pacer, in_flight
-from kenning.storage.memory_graph import MemoryGraphStore
-from kenning.workers.local import BEHIND_BATCHES, LocalRunner
-from kenning.workers.settings import Settings, load_settings
-from kenning.workers.wiring import embeddings_share_llm_limit
+from kenning.storage.graph.memory import MemoryGraphStore
+from kenning.workers.runtime.local_runner import BEHIND_BATCHES, LocalRunner
+from kenning.workers.runtime.settings import Settings, load_settings
+from kenning.workers.runtime.wiring import embeddings_share_llm_limit
 from tests.twins import CountingExtractor, TwinServices
 
 SCOPE = Scope(tenant="t1", dataset="stream")

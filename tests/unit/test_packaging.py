@@ -11,7 +11,7 @@ import pytest
 
 import kenning
 from kenning.pipeline.errors import ConfigError
-from kenning.workers.extras import needs_extra
+from kenning.workers.runtime.extras import needs_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("pipeline", "storage", "retrieval", "workers")
@@ -34,9 +34,20 @@ def test_a_bare_folder_name_is_not_importable_outside_the_checkout(tmp_path: Pat
     assert found.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_a_bare_folder_name_fails_inside_the_checkout_naming_kenning(folder: str) -> None:
+    # Given a process started at the checkout's root, where the folder is on the path
+    probe = f"import {folder}.{'models' if folder == 'pipeline' else 'nothing'}"
+    # When it imports the folder by its bare name
+    tried = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    # Then the import fails, naming the one path there is
+    assert tried.returncode != 0
+    assert f"import kenning.{folder}, not {folder}" in tried.stderr
+
+
 def test_a_bare_import_is_a_lint_failure(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from pipeline.models import Chunk\nimport workers.cli\n")
+    bad.write_text("from pipeline.models import Chunk\nimport workers.cli.main\n")
     ruff = Path(sys.executable).parent / "ruff"
     checked = subprocess.run(
         [str(ruff), "check", "--config", str(ROOT / "pyproject.toml"), str(bad)],

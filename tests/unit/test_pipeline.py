@@ -15,7 +15,7 @@ from kenning.pipeline.models import ChunkStatus, Extraction, ItemStatus, Pipelin
 from kenning.pipeline.plan import PLAN, start_run
 from kenning.retrieval.contract import SearchRequest, SearchType
 from kenning.retrieval.registry import search
-from kenning.workers.local import LocalRunner
+from kenning.workers.runtime.local_runner import LocalRunner
 from tests.twins import CountingExtractor, TwinServices
 
 SCOPE = Scope(tenant="t1", dataset="library")

@@ -14,9 +14,9 @@ from kenning.pipeline.models import DocumentRecord, GraphEdge, GraphNode, Scope
 from kenning.retrieval.contract import Hit, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.fusion import LANES, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.registry import REGISTRY, search
-from kenning.storage.graph_sql import SqlGraphStore
-from kenning.storage.sql_engine import open_engine
-from kenning.workers.local import LocalRunner
+from kenning.storage.graph.sql import SqlGraphStore
+from kenning.storage.sql.engine import open_engine
+from kenning.workers.runtime.local_runner import LocalRunner
 from tests.twins import TwinServices
 
 LIBRARY = Scope(tenant="t1", dataset="library")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kenning.pipeline.errors import ConfigError
-from kenning.workers.cli import run
-from kenning.workers.settings import load_settings
+from kenning.workers.cli.main import run
+from kenning.workers.runtime.settings import load_settings
 
 # (environment, the variable the error must name, a word of what it accepts)
 BAD_VALUES = [

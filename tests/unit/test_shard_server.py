@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kenning.pipeline.models import Scope, ScoredPoint
-from kenning.storage.shard_server import ANSWERING_THREADS, SearchServer, search_remotely
+from kenning.storage.vectors.shard_server import ANSWERING_THREADS, SearchServer, search_remotely
 
 SCOPE = Scope(tenant="t", dataset="d")
 

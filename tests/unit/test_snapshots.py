@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 
 from kenning.pipeline.models import Scope
-from kenning.storage.snapshots import Snapshots
+from kenning.storage.sql.snapshots import Snapshots
 
 SCOPE = Scope(tenant="t", dataset="d")
 

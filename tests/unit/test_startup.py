@@ -11,8 +11,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from kenning.storage.metadata_sql import MIGRATIONS, VERSION_TABLE, migrate, newest_revision, stored_revision
-from kenning.storage.sql_engine import open_engine
+from kenning.storage.metadata.sql import MIGRATIONS, VERSION_TABLE, migrate, newest_revision, stored_revision
+from kenning.storage.sql.engine import open_engine
 from tests.services import ROOT
 
 # Modules a `kenning search` on an embedded home never needs.
@@ -29,7 +29,7 @@ def alembic_config(connection: sa.Connection) -> Config:
 def test_the_command_line_imports_no_heavy_module_it_may_not_need() -> None:
     script = (
         "import sys\n"
-        "import kenning.workers.cli\n"
+        "import kenning.workers.cli.main\n"
         f"print(','.join(name for name in {NOT_AT_STARTUP!r} if name in sys.modules))\n"
     )
     command = [sys.executable, "-c", script]
@@ -75,8 +75,8 @@ def test_a_database_at_the_newest_revision_is_opened_without_alembic(tmp_path: P
     engine.dispose()
     script = (
         "import sys\n"
-        "from kenning.storage.metadata_sql import migrate\n"
-        "from kenning.storage.sql_engine import open_engine\n"
+        "from kenning.storage.metadata.sql import migrate\n"
+        "from kenning.storage.sql.engine import open_engine\n"
         "migrate(open_engine(sys.argv[1]))\n"
         "print('alembic' in sys.modules)\n"
     )

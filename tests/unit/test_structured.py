@@ -9,8 +9,8 @@ from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.loaders import extract_rows
 from kenning.pipeline.models import Edge, Scope, stable_id
 from kenning.pipeline.structured import Record, Table, foreign_key_graph
-from kenning.workers.local import LocalRunner
-from kenning.workers.settings import load_settings
+from kenning.workers.runtime.local_runner import LocalRunner
+from kenning.workers.runtime.settings import load_settings
 from tests.twins import TwinServices
 
 CYPHER = "'}) DETACH DELETE n //"

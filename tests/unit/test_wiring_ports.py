@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 
 WAIT_S = 10.0
 

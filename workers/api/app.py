@@ -31,11 +31,11 @@ from kenning.workers.api.errors import error_response, install_error_handlers
 from kenning.workers.api.routes import router
 from kenning.workers.api.runs import RunTracker
 from kenning.workers.api.schemas import Readiness, Status
-from kenning.workers.heap import settle
 from kenning.workers.memory import Kenning
-from kenning.workers.metrics import CONTENT_TYPE, LLMCounters, metrics
-from kenning.workers.settings import load_settings
-from kenning.workers.wiring import Wiring
+from kenning.workers.runtime.heap import settle
+from kenning.workers.runtime.metrics import CONTENT_TYPE, LLMCounters, metrics
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 
 MCP_PATH = "/mcp"
 # uvicorn's logger: the one its configuration gives a handler, in the supervisor and each worker.
@@ -123,7 +123,7 @@ def create_app(
 def _mcp_endpoint(memory: Kenning, host: str) -> McpEndpoint | None:
     """MCP over the memory's API keys, or None without the `mcp` extra."""
     try:
-        from kenning.workers.mcp_server import http_app
+        from kenning.workers.mcp.server import http_app
     except ModuleNotFoundError:
         return None
     return McpEndpoint(lambda: http_app(memory, host=host, path=MCP_PATH))

@@ -19,10 +19,10 @@ from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, Scope
 from kenning.pipeline.permission import Caller, Permission
 from kenning.pipeline.ports import MetadataStore
 from kenning.workers.api.schemas import RunList, RunView
-from kenning.workers.extras import needs_extra
-from kenning.workers.local import LocalRunner
+from kenning.workers.control.runs import StallDetector
 from kenning.workers.memory import Kenning
-from kenning.workers.run_control import StallDetector
+from kenning.workers.runtime.extras import needs_extra
+from kenning.workers.runtime.local_runner import LocalRunner
 
 log = logging.getLogger("kenning.api")
 FINISHED = frozenset(status.value for status in ENDED)
@@ -101,7 +101,7 @@ class RunTracker:
 
     def _enqueue(self, memory: Kenning, dataset: str) -> str:
         with needs_extra("kenning serve --distributed"):
-            from kenning.workers.canvas import enqueue
+            from kenning.workers.celery.canvas import enqueue
 
         job = enqueue(memory.wiring, memory.settings, Scope(tenant=memory.settings.tenant, dataset=dataset))
         return job.run_id

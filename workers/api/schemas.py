@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kenning.pipeline.models import DataItem, PipelineRun
 from kenning.pipeline.permission import Permission
 from kenning.retrieval.contract import SearchType
-from kenning.workers.lifecycle import Message
+from kenning.workers.application.lifecycle import Message
 
 MAX_TEXT_CHARS = 1_000_000
 # No `/` (a dataset is `tenant/dataset` to read scopes) and no control characters.

@@ -1,0 +1,166 @@
+"""Agent memory around the pipeline: messages to remember, what recall returns, and forgetting
+(under the dataset's lock, then a load that rewrites what survived)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from kenning.pipeline.context import Job
+from kenning.pipeline.errors import InputError
+from kenning.pipeline.forget import Forgotten, forget_items
+from kenning.pipeline.ingest import Source
+from kenning.pipeline.locking import held, lock_name
+from kenning.pipeline.memify import (
+    Improvement,
+    MemifyConfig,
+    apply_weights,
+    consolidate,
+    feedback_weights,
+    ratings,
+    session_sources,
+)
+from kenning.pipeline.models import RUNNING, Dataset
+from kenning.pipeline.ports import MetadataStore
+from kenning.pipeline.session import SessionEntry
+from kenning.pipeline.tasks import load
+from kenning.retrieval.conversation import mend_turns, turns_of
+from kenning.workers.runtime.wiring import Wiring
+
+
+def forget_job(dataset: Dataset) -> Job:
+    run_id = f"forget-{uuid.uuid4().hex}"
+    return Job(run_id=run_id, dataset_id=dataset.id, tenant=dataset.tenant, dataset=dataset.name)
+
+
+def find_dataset(
+    metadata: MetadataStore, tenant: str, name: str, readable: Callable[[Dataset], bool] | None = None
+) -> Dataset:
+    """The tenant's dataset of that name; InputError naming the datasets that exist otherwise (only
+    those `readable` allows, when given: the error must not tell a caller what it may not read)."""
+    datasets = [d for d in metadata.list_datasets(tenant) if readable is None or readable(d)]
+    for dataset in datasets:
+        if dataset.name == name:
+            return dataset
+    known = ", ".join(d.name for d in datasets) or "none"
+    raise InputError(f"no dataset {name!r} (datasets: {known})")
+
+
+def forget_in_dataset(
+    wiring: Wiring, dataset: Dataset, data_ids: Sequence[str] | None, memory_only: bool, lock_ttl_s: float
+) -> Forgotten:
+    """Forget those items (all of the dataset's when None) and reload what still stands, under the
+    embedded dataset lock."""
+    with held(wiring.lock, lock_name(dataset.scope), lock_ttl_s):
+        return forget_held(wiring, dataset, data_ids, memory_only)
+
+
+def improve_held(wiring: Wiring, dataset: Dataset, config: MemifyConfig) -> Improvement:
+    """Feedback weights and entity consolidation of one dataset; the caller holds its lock."""
+    rated = ratings(entry for _, entry in session_entries(wiring, dataset))
+    weighted = apply_weights(wiring, dataset.scope, feedback_weights(rated, config.alpha))
+    merged, repointed = consolidate(wiring, dataset.scope, config)
+    return Improvement(weighted=weighted, merged_entities=merged, repointed_edges=repointed)
+
+
+def session_items(wiring: Wiring, dataset: Dataset) -> list[Source]:
+    """The answered questions of the tenant's sessions about this dataset, as texts to remember."""
+    by_session: dict[str, list[SessionEntry]] = {}
+    for session_id, entry in session_entries(wiring, dataset):
+        by_session.setdefault(session_id, []).append(entry)
+    sources: list[Source] = []
+    for session_id, entries in by_session.items():
+        sources += session_sources(session_id, entries)
+    return sources
+
+
+def _active_runs(metadata: MetadataStore, dataset: Dataset) -> bool:
+    return any(run.status in RUNNING for run in metadata.list_runs(dataset.id))
+
+
+def session_entries(wiring: Wiring, dataset: Dataset) -> list[tuple[str, SessionEntry]]:
+    """(session id, entry) of every session of the dataset's tenant, for this dataset or none named."""
+    sessions = wiring.sessions
+    if sessions is None:
+        return []
+    return [
+        (key.session_id, entry)
+        for key in sessions.list_sessions(dataset.tenant)
+        for entry in sessions.get_session(key)
+        if entry.dataset in (dataset.name, "")
+    ]
+
+
+def forget_held(
+    wiring: Wiring, dataset: Dataset, data_ids: Sequence[str] | None, memory_only: bool
+) -> Forgotten:
+    """`forget_in_dataset` for a caller that already holds the dataset's lock."""
+    job = forget_job(dataset)
+    ids = [item.id for item in wiring.metadata.list_items(dataset.id)] if data_ids is None else data_ids
+    chunk_ids = [chunk.id for chunk in wiring.chunks.chunks_of(dataset.id, ids)]
+    wiring.access.forget_access(dataset.id, chunk_ids)
+    # The turns beside a forgotten message embed its words: read its links before it goes.
+    gone = turns_of(wiring.vectors, dataset.scope, chunk_ids) if data_ids is not None else {}
+    forgotten = forget_items(wiring, job, ids, memory_only)
+    if gone:
+        mend_turns(wiring.vectors, wiring.embedder, dataset.scope, gone)
+    if data_ids is None and not _active_runs(wiring.metadata, dataset):
+        # A run waiting for the lock keeps its dataset (now empty) and completes with nothing to do.
+        wiring.metadata.delete_dataset(dataset.id)
+    elif forgotten.reload_chunks:
+        load(wiring, job)
+    if wiring.sessions is not None and forgotten.items:
+        wiring.sessions.forget_data(dataset.tenant, forgotten.items)
+    return forgotten
+
+
+class Message(BaseModel):
+    """One message of a conversation, as an agent holds it."""
+
+    speaker: str = ""
+    text: str
+    time: datetime | None = None
+    id: str = Field(default="", description="The agent's id for the message; a new text under it replaces it")
+
+    def as_text(self) -> str:
+        """`[time] speaker: text`: the time and speaker stay with the words, for recall and "when"."""
+        when = f"[{self.time.isoformat()}] " if self.time else ""
+        who = f"{self.speaker}: " if self.speaker else ""
+        return f"{when}{who}{self.text}"
+
+
+class Remembered(BaseModel):
+    """What remember did: the items added, the run that made them memory, and its status."""
+
+    item_ids: list[str] = Field(default_factory=list)
+    run_id: str | None = None
+    status: str
+    session_entries: list[str] = Field(default_factory=list)
+
+
+class Recollection(BaseModel):
+    """One recalled item and where it came from."""
+
+    source: Literal["session", "graph"]
+    text: str
+    score: float = Field(description="Higher is better within a source: BM25 (session), 1 - distance (graph)")
+    kind: str
+    dataset: str = ""
+    data_id: str | None = None
+    document_id: str | None = None
+    chunk_id: str | None = None
+    entry_id: str | None = None
+    speaker: str = ""
+    said_at: datetime | None = None
+
+
+class Recalled(BaseModel):
+    query: str
+    results: list[Recollection]
+    answer: str | None = None
+    notice: str = ""
+    entry_id: str | None = Field(default=None, description="The session entry this recall added")
