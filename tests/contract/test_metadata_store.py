@@ -569,8 +569,8 @@ def test_workers_starting_together_migrate_once(fresh_postgres_url: str) -> None
     # Given four worker processes that all migrate an empty database at startup
     script = (
         "import sys\n"
-        "from storage.metadata.sql import migrate\n"
-        "from storage.sql.engine import open_engine\n"
+        "from kenning.storage.metadata.sql import migrate\n"
+        "from kenning.storage.sql.engine import open_engine\n"
         "migrate(open_engine(sys.argv[1]))\n"
     )
     workers = [
