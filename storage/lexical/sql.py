@@ -133,6 +133,10 @@ class SqlLexicalIndex:
         """The revision at which the scope's postings are held in memory; None when they are not."""
         return self._snapshots.revision(scope)
 
+    def reading(self, scope: Scope) -> bool:
+        """Whether the scope's postings are being read into memory now."""
+        return self._snapshots.reading(scope)
+
     def _from_snapshot(
         self, conn: sa.Connection, scope: Scope, terms: list[str], limit: int, read_payloads: bool
     ) -> list[tuple[str, float, str]] | None:

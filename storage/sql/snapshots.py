@@ -89,6 +89,11 @@ class Snapshots(Generic[T]):
             snapshot = self._held.get((scope.tenant, scope.dataset))
             return None if snapshot is None else snapshot.revision
 
+    def reading(self, scope: Scope) -> bool:
+        """Whether a read of the scope's snapshot is under way (begun by `usable` before it returns)."""
+        with self._lock:
+            return (scope.tenant, scope.dataset) in self._reading
+
     def _read(self, key: Key, read: Callable[[], T | None]) -> T | None:
         snapshot = None
         started = self._clock()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -15,6 +14,7 @@ from kenning.pipeline.models import ChunkStatus, Extraction, ItemStatus, Pipelin
 from kenning.pipeline.plan import PLAN, start_run
 from kenning.retrieval.contract import SearchRequest, SearchType
 from kenning.retrieval.registry import search
+from kenning.storage.coordination.lock import MemoryLock
 from kenning.workers.runtime.local_runner import LocalRunner
 from tests.twins import CountingExtractor, TwinServices
 
@@ -323,11 +323,12 @@ def test_local_runner_waits_for_a_dataset_lock_held_elsewhere() -> None:
     name = lock_name(SCOPE)
     token = services.lock.acquire(name, 60)
     assert token is not None
-    # When a run starts, and the other holder lets go a moment later
+    # When a run starts, and the other holder lets go once the run, refused the lock, asked again
+    lock = RefusalsSeen(services.lock, count=2)
     runs: list[PipelineRun] = []
-    runner = threading.Thread(target=lambda: runs.append(LocalRunner(services, services.lock).run(SCOPE)))
+    runner = threading.Thread(target=lambda: runs.append(LocalRunner(services, lock).run(SCOPE)))
     runner.start()
-    time.sleep(0.5)
+    assert lock.refused.wait(timeout=30)
     dataset = services.metadata.get_dataset(SCOPE)
     assert dataset is not None
     started_while_held = services.metadata.list_runs(dataset.id)
@@ -336,6 +337,26 @@ def test_local_runner_waits_for_a_dataset_lock_held_elsewhere() -> None:
     # Then the run began only once the lock was free, and completed
     assert started_while_held == []
     assert [run.status.value for run in runs] == ["completed"]
+
+
+class RefusalsSeen:
+    """A lock that sets `refused` once it has refused `count` acquisitions."""
+
+    def __init__(self, lock: MemoryLock, count: int) -> None:
+        self._lock = lock
+        self._left = count
+        self.refused = threading.Event()
+
+    def acquire(self, name: str, ttl_s: float) -> int | None:
+        token = self._lock.acquire(name, ttl_s)
+        if token is None:
+            self._left -= 1
+            if self._left <= 0:
+                self.refused.set()
+        return token
+
+    def release(self, name: str, token: int) -> None:
+        self._lock.release(name, token)
 
 
 def test_runs_started_at_the_same_instant_get_their_own_ids(monkeypatch: pytest.MonkeyPatch) -> None:

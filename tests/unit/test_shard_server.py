@@ -71,10 +71,12 @@ def test_stop_does_not_wait_for_a_search_that_waits_for_the_stopping_thread(tmp_
     # Given a server whose search needs a lock that the thread stopping the server holds (a
     # collection's holder closes its shard holding the shard's state)
     held = threading.Lock()
+    answering = threading.Event()
 
     def search(
         scope: Scope, vector: Sequence[float], limit: int, fields: Sequence[str] | None
     ) -> list[ScoredPoint]:
+        answering.set()
         with held:
             return []
 
@@ -83,7 +85,7 @@ def test_stop_does_not_wait_for_a_search_that_waits_for_the_stopping_thread(tmp_
     with held:
         asker = threading.Thread(target=search_remotely, args=(tmp_path, SCOPE, [1.0], 1, None, 5.0))
         asker.start()
-        time.sleep(0.2)  # the search is being answered, waiting for the lock
+        assert answering.wait(timeout=5)  # the search is being answered, waiting for the lock
         # When the holder stops the server, holding that lock
         stopper = threading.Thread(target=server.stop)
         stopper.start()
