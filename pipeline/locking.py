@@ -36,14 +36,16 @@ def held(lock: Lock, name: str, ttl_s: float, wait_s: float = 3600.0, poll_s: fl
         lock.release(name, token)
 
 
-# The check a step's writes pass, set by the task that runs the step (see `fenced`).
+# The check a step's writes pass, set by the task that runs the step (see `fenced`), and called by
+# the fenced writer (`fencing.fenced_services`) before each of them.
 _fence: ContextVar[Callable[[], None] | None] = ContextVar("kenning_fence", default=None)
 
 
 @contextmanager
 def fenced(check: Callable[[], None]) -> Iterator[None]:
     """Make `check` the fence of the steps run in this block (and this context): each of their
-    store write batches calls it first, and does not happen when it raises (`LockLost`)."""
+    store writes calls it first (`fencing.fenced_services`), and does not happen when it raises
+    (`LockLost`)."""
     token = _fence.set(check)
     try:
         yield
@@ -52,7 +54,8 @@ def fenced(check: Callable[[], None]) -> Iterator[None]:
 
 
 def check_fence() -> None:
-    """Called right before a write batch: raises when the caller no longer holds its dataset lock."""
+    """Called right before a write (by `fencing.Fenced`): raises when the caller no longer holds its
+    dataset lock."""
     check = _fence.get()
     if check is not None:
         check()

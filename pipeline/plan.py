@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from kenning.pipeline import tasks
 from kenning.pipeline.context import Job, PipelineConfig, Services
 from kenning.pipeline.errors import BREAKER_OPEN
-from kenning.pipeline.locking import check_fence
+from kenning.pipeline.fencing import fenced_services
 from kenning.pipeline.models import (
     RUNNING,
     ChunkStatus,
@@ -50,10 +50,11 @@ class Step:
         return config.extract_batch if self.fan_out else 1
 
     def run(self, services: Services, job: Job, items: Sequence[str]) -> StepResult:
-        """The step's result; its counters include `ms_<name>`, the milliseconds it ran here."""
+        """The step's result; its counters include `ms_<name>`, the milliseconds it ran here. The step
+        writes through `fenced_services`: none of its writes happens once the fence is lost."""
         started = time.perf_counter()
         with charged_to(job.run_id, job.dataset_id):  # every LLM request is recorded as the run's spend
-            result = self.function(services, job, items)
+            result = self.function(fenced_services(services), job, items)
         key = f"ms_{self.name}"
         result.counts[key] = result.counts.get(key, 0) + round((time.perf_counter() - started) * 1000)
         return result
@@ -130,8 +131,7 @@ def record_step(services: Services, job: Job, step: str, counts: dict[str, int])
     for name, value in counts.items():
         run.stats[name] = run.stats.get(name, 0) + value
     run.step = step
-    check_fence()
-    services.metadata.save_run(run)
+    fenced_services(services).metadata.save_run(run)
     return run
 
 
@@ -147,8 +147,7 @@ def finish_run(services: Services, job: Job) -> PipelineRun:
         run.error = f"{counts}: `kenning status` lists each with its reason"
         if run.stats.get("unreachable_chunks"):
             run.error = f"{breaker_cause(services, job)}; {run.error}"
-    check_fence()
-    services.metadata.save_run(run)
+    fenced_services(services).metadata.save_run(run)
     return run
 
 

@@ -2,6 +2,8 @@
 
 Each step reads its input from the stores by id and writes its output back, so a
 step can run in any process, be retried, or be re-run, with the same result.
+A step of the plan is given `fencing.fenced_services` (see `plan.Step.run`): a write of a
+step whose run lost its dataset lock raises `LockLost` before it happens.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from kenning.pipeline.errors import InputError, LLMError, LLMUnreachable
 from kenning.pipeline.forget import forget_superseded
 from kenning.pipeline.linking import document_title
 from kenning.pipeline.loaders import detect_kind, extract_rows, extract_text
-from kenning.pipeline.locking import check_fence
 from kenning.pipeline.models import (
     Chunk,
     ChunkRecord,
@@ -57,10 +58,8 @@ def classify(services: Services, job: Job) -> dict[str, int]:
         try:
             documents.append(_classify_item(services, job, item))
         except InputError as error:
-            check_fence()
             services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
         report("classify", done, len(items))
-    check_fence()
     services.chunks.save_documents(documents)
     services.metadata.set_items_status([document.data_id for document in documents], ItemStatus.CLASSIFIED)
     structured = sum(1 for document in documents if document.kind in STRUCTURED_KINDS)
@@ -98,7 +97,6 @@ def chunk(services: Services, job: Job) -> list[str]:
             records += _chunk_document(services, job, item, document)
             cut.append(item.id)
         except InputError as error:
-            check_fence()
             services.metadata.set_item_status(item.id, ItemStatus.FAILED, str(error))
         if len(cut) == CHUNK_GROUP or done == len(documents):
             _save_chunks(services, records, cut)
@@ -114,7 +112,6 @@ def _save_chunks(services: Services, records: list[ChunkRecord], item_ids: list[
     """The chunks of these items, then the items marked chunked: one transaction each."""
     if not item_ids:
         return
-    check_fence()
     services.chunks.save_chunks(records)
     services.metadata.set_items_status(item_ids, ItemStatus.CHUNKED)
 
@@ -197,7 +194,6 @@ def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int
     units = [[records[i] for i in chunk_ids_of([item]) if i in records] for item in items]
     waiting = [[r for r in unit if r.status in _EXTRACTABLE or keys[r.id] not in cached] for unit in units]
     hits = [r.id for chunks in waiting if all(keys[r.id] in cached for r in chunks) for r in chunks]
-    check_fence()
     services.chunks.set_chunk_status(hits, ChunkStatus.EXTRACTED)
     spent: Counter[str] = Counter(cache_hits=sum(keys[r.id] in cached for chunks in waiting for r in chunks))
     done = set(cached)
@@ -210,10 +206,8 @@ def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int
             except LLMError as error:
                 spent["failed_chunks"] += len(chunks)
                 spent["unreachable_chunks"] += len(chunks) if isinstance(error, LLMUnreachable) else 0
-                check_fence()
                 services.chunks.set_chunk_status([r.id for r in chunks], ChunkStatus.FAILED, str(error))
                 continue
-        check_fence()
         services.chunks.set_chunk_status([record.id for record in chunks], ChunkStatus.EXTRACTED)
     calls = spent["calls"]
     return {
@@ -270,7 +264,6 @@ def load(services: Services, job: Job) -> dict[str, int]:
     thread assembles and embeds batch k+1. Writes stay in batch order, and a batch's
     chunks are marked loaded only once it is written. Progress counts the chunks written.
     """
-    check_fence()
     forgotten = forget_superseded(services, job)
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
     totals: Counter[str] = Counter(superseded_items=len(forgotten.items))
@@ -358,7 +351,6 @@ def _write_batch(
 ) -> Counter[str]:
     """Write the batch and mark its chunks loaded; a chunk the assembly has no extraction for
     (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
-    check_fence()
     counts = _write(services, job, assembly, indexed)
     built = assembly.chunk_ids
     missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
@@ -399,7 +391,6 @@ def _mark_items_done(services: Services, job: Job) -> None:
     if not chunked_items:
         return
     unfinished = services.chunks.data_ids_with_chunks(job.dataset_id, OPEN_CHUNKS)
-    check_fence()
     services.metadata.set_items_status(
         [item.id for item in chunked_items if item.id not in unfinished], ItemStatus.DONE
     )
@@ -428,7 +419,6 @@ def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
         assembly.add_node(record, "")
     for edge in edges:
         assembly.add_edge(edge, "")
-    check_fence()
     return dict(_write(services, job, assembly, _embed(services, assembly)))
 
 
