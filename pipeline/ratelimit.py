@@ -179,31 +179,34 @@ def wait_until_admitted(
     deadline_s: float,
     *,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Wait for a turn from `take_turn` and sleep until it comes; ask again if a penalty
     (a new `mark_of`) voided it meanwhile or was in force. Gives up as soon as the wait would
-    end past the deadline, before anything is debited."""
-    give_up = time.monotonic() + deadline_s
+    end past the deadline (on `clock`), before anything is debited."""
+    give_up = clock() + deadline_s
     # Every round that does not admit sleeps at least a millisecond: bounded by the deadline.
     for _ in range(int(deadline_s * 1000) + 2):
-        left = give_up - time.monotonic()
+        left = give_up - clock()
         turn = take_turn(max(0.0, left))
         if not turn.held:
             if turn.wait_s > left:
                 break
             sleep(max(turn.wait_s, MIN_WAIT_S))
-        elif turn.wait_s <= 0 or _kept(turn, mark_of, sleep):
+        elif turn.wait_s <= 0 or _kept(turn, mark_of, sleep, clock):
             return
     raise TransientLLMError(f"rate limit wait exceeded: {key} admits no request within {deadline_s:g} s")
 
 
-def _kept(turn: Turn, mark_of: Callable[[], int], sleep: Callable[[float], None]) -> bool:
+def _kept(
+    turn: Turn, mark_of: Callable[[], int], sleep: Callable[[float], None], clock: Callable[[], float]
+) -> bool:
     """Sleep until the turn comes; False as soon as a penalty voids it."""
-    due = time.monotonic() + turn.wait_s
+    due = clock() + turn.wait_s
     for _ in range(math.ceil(turn.wait_s / MARK_CHECK_S) + 1):
-        sleep(max(0.0, min(MARK_CHECK_S, due - time.monotonic())))
+        sleep(max(0.0, min(MARK_CHECK_S, due - clock())))
         if mark_of() != turn.mark:
             return False
-        if time.monotonic() >= due:
+        if clock() >= due:
             return True
     return True

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,9 +68,11 @@ class _Hold:
 
 
 class MemoryLock:
-    """The in-process twin of the file lock and of the Redis run lock, with expiry on a monotonic clock."""
+    """The in-process twin of the file lock and of the Redis run lock, with expiry on a monotonic
+    clock (or on `clock`: a test's own, that it advances to expire a hold)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._held: dict[str, _Hold] = {}
         self._fence = 0
         self._mutex = threading.Lock()
@@ -91,7 +94,7 @@ class MemoryLock:
                 current = self._held[name] = _Hold(self._fence, run_id, 0.0)
             elif current.holder != run_id:
                 return None
-            current.expires = time.monotonic() + ttl_s
+            current.expires = self._clock() + ttl_s
             return current.token
 
     def keep(self, name: str, run_id: str, ttl_s: float) -> int | None:
@@ -99,7 +102,7 @@ class MemoryLock:
             current = self._current(name)
             if current is None or current.holder != run_id:
                 return None
-            current.expires = time.monotonic() + ttl_s
+            current.expires = self._clock() + ttl_s
             return current.token
 
     def release_run(self, name: str, run_id: str) -> None:
@@ -116,7 +119,7 @@ class MemoryLock:
     def _current(self, name: str) -> _Hold | None:
         """The live hold of the lock; an expired one is dropped. The caller holds the mutex."""
         current = self._held.get(name)
-        if current is not None and current.expires <= time.monotonic():
+        if current is not None and current.expires <= self._clock():
             del self._held[name]
             return None
         return current

@@ -1,5 +1,6 @@
 """The in-process twin of the Redis rate limiter: the same buckets, penalties and factor,
-on a monotonic clock behind a lock. For embedded mode (one process) and tests."""
+on a monotonic clock behind a lock. For embedded mode (one process) and tests, which may give
+it a clock of their own (and a sleep that advances it) to refill a bucket without waiting."""
 
 from __future__ import annotations
 
@@ -43,17 +44,22 @@ class MemoryRateLimiter:
     """A `RateLimiter` for the threads of one process."""
 
     def __init__(
-        self, limits_by_key: Mapping[str, Limits], clock: Callable[[], float] = time.monotonic
+        self,
+        limits_by_key: Mapping[str, Limits],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._limits = dict(limits_by_key)
         self._clock = clock
+        self._sleep = sleep
         self._buckets: dict[str, _Bucket] = {}
         self._mutex = threading.Lock()
 
     def acquire(self, key: str, tokens: int, deadline_s: float) -> None:
         limits = limits_for(self._limits, key)
         take_turn = functools.partial(self._take_turn, key, limits, tokens)
-        wait_until_admitted(take_turn, functools.partial(self._mark, key), key, deadline_s)
+        mark = functools.partial(self._mark, key)
+        wait_until_admitted(take_turn, mark, key, deadline_s, sleep=self._sleep, clock=self._clock)
 
     def penalize(self, key: str, retry_after_s: float) -> None:
         with self._mutex:

@@ -4,7 +4,8 @@ their in-memory twin.
 Every lock is a `Lock` (acquire and release under a fencing token); the Redis run lock and the
 twin are also a `RunLock`, held by a run's id across tasks, and expire unless kept. Each test
 gets two handles on one lock state: two file locks on one folder, two Redis clients, or the
-twin itself twice (its users are threads).
+twin itself twice (its users are threads). The twin runs on a clock the test advances to expire a
+hold; the Redis locks expire on the server's clock, which the test waits on by polling.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import redis
@@ -22,21 +24,54 @@ import redis
 from kenning.pipeline.ports import Lock, RunLock
 from kenning.storage.coordination.lock import FileLock, MemoryLock
 from kenning.storage.coordination.run_lock import RedisRunLock
+from tests.clock import FakeClock
 
 NAME = "dataset:t1:library"
 TTL_S = 30.0
 SHORT_TTL_S = 0.4
 QUICK_TAKES = 50
+POLL_S = 0.05
+MAX_ROUNDS = 10_000
+
+
+class Time:
+    """How time passes for a lock under test: on a clock the test advances (the twin), or on the
+    real one, which the test waits for by polling (the file lock, Redis)."""
+
+    def __init__(self, fake: FakeClock | None = None) -> None:
+        self.fake = fake
+
+    def now(self) -> float:
+        return self.fake() if self.fake is not None else time.monotonic()
+
+    def passes(self, seconds: float) -> None:
+        """Move the fake clock on; the real one moves by itself, and the test polls."""
+        if self.fake is not None:
+            self.fake.advance(seconds)
+
+    def pace(self) -> None:
+        """Between two polls of a lock on the real clock: let a little of it go by."""
+        if self.fake is None:
+            time.sleep(POLL_S)
 
 
 class Handles:
-    """Two handles on one lock state, and how a holder that dies without letting go is made."""
+    """Two handles on one lock state, how a holder that dies without letting go is made, and its time."""
 
-    def __init__(self, kind: str, first: Lock, second: Lock, die_holding: Callable[[str], None]) -> None:
+    def __init__(
+        self, kind: str, first: Lock, second: Lock, die_holding: Callable[[str], None], clock: Time
+    ) -> None:
         self.kind = kind
         self.first = first
         self.second = second
         self.die_holding = die_holding
+        self.time = clock
+
+
+class RunLocks(NamedTuple):
+    first: RunLock
+    second: RunLock
+    time: Time
 
 
 def _die_holding_file_lock(root: Path) -> Callable[[str], None]:
@@ -77,27 +112,31 @@ def redis_locks(
 @pytest.fixture(params=["file", "memory", pytest.param("redis", marks=pytest.mark.redis)])
 def locks(request: pytest.FixtureRequest, tmp_path: Path) -> Handles:
     if request.param == "file":
-        return Handles("file", FileLock(tmp_path), FileLock(tmp_path), _die_holding_file_lock(tmp_path))
+        files = FileLock(tmp_path), FileLock(tmp_path)
+        return Handles("file", *files, _die_holding_file_lock(tmp_path), Time())
     if request.param == "memory":
-        twin = MemoryLock()
-        return Handles("memory", twin, twin, _abandon(twin))
+        clock = FakeClock()
+        twin = MemoryLock(clock)
+        return Handles("memory", twin, twin, _abandon(twin), Time(clock))
     first, second = request.getfixturevalue("redis_locks")
-    return Handles("redis", first, second, _abandon(first))
+    return Handles("redis", first, second, _abandon(first), Time())
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def run_locks(request: pytest.FixtureRequest) -> tuple[RunLock, RunLock]:
+def run_locks(request: pytest.FixtureRequest) -> RunLocks:
     if request.param == "memory":
-        twin = MemoryLock()
-        return twin, twin
+        clock = FakeClock()
+        twin = MemoryLock(clock)
+        return RunLocks(twin, twin, Time(clock))
     first, second = request.getfixturevalue("redis_locks")
-    return first, second
+    return RunLocks(first, second, Time())
 
 
-def wait_for(acquire: Callable[[], int | None], within_s: float) -> int | None:
+def wait_for(acquire: Callable[[], int | None], clock: Time, within_s: float = 10.0) -> int | None:
+    """The first token `acquire` gets, polling until `within_s` went by on the real clock; None if none."""
     deadline = time.monotonic() + within_s
     while (token := acquire()) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+        clock.pace()
     return token
 
 
@@ -163,26 +202,30 @@ def test_a_holder_that_dies_does_not_hold_the_lock_forever(locks: Handles) -> No
     # Given a holder that went away without letting go (a killed process, or one that stopped
     # extending its expiring lock)
     locks.die_holding(NAME)
+    locks.time.passes(SHORT_TTL_S)
     # When another holder asks for the lock, then it gets it: at once from the operating system
     # for the file lock, after the ttl for the expiring locks
-    assert wait_for(lambda: locks.second.acquire(NAME, TTL_S), within_s=10) is not None
+    assert wait_for(lambda: locks.second.acquire(NAME, TTL_S), locks.time) is not None
 
 
 # Expiry, and the RunLock contract: Redis run lock, twin
 
 
-def test_a_lock_nobody_keeps_expires_after_its_ttl(run_locks: tuple[RunLock, RunLock]) -> None:
-    first, second = run_locks
+def test_a_lock_nobody_keeps_expires_after_its_ttl(run_locks: RunLocks) -> None:
+    first, second, clock = run_locks
     token = first.acquire(NAME, SHORT_TTL_S)
     assert token is not None
     assert second.acquire(NAME, TTL_S) is None
-    time.sleep(SHORT_TTL_S + 0.2)
-    later = second.acquire(NAME, TTL_S)
+    if clock.fake is not None:  # just short of its ttl, it is still held
+        clock.passes(SHORT_TTL_S * 0.9)
+        assert second.acquire(NAME, TTL_S) is None
+    clock.passes(SHORT_TTL_S)
+    later = wait_for(lambda: second.acquire(NAME, TTL_S), clock)
     assert later is not None and later > token
 
 
-def test_a_run_takes_the_lock_once_and_again_under_the_same_token(run_locks: tuple[RunLock, RunLock]) -> None:
-    first, second = run_locks
+def test_a_run_takes_the_lock_once_and_again_under_the_same_token(run_locks: RunLocks) -> None:
+    first, second, _ = run_locks
     # Given a run that took the dataset's lock
     token = first.take(NAME, "run-a", TTL_S)
     assert token is not None
@@ -196,8 +239,8 @@ def test_a_run_takes_the_lock_once_and_again_under_the_same_token(run_locks: tup
     assert second.acquire(NAME, TTL_S) is None
 
 
-def test_only_the_holding_run_releases_it(run_locks: tuple[RunLock, RunLock]) -> None:
-    first, second = run_locks
+def test_only_the_holding_run_releases_it(run_locks: RunLocks) -> None:
+    first, second, _ = run_locks
     token = first.take(NAME, "run-a", TTL_S)
     assert token is not None
     second.release_run(NAME, "run-b")
@@ -208,25 +251,30 @@ def test_only_the_holding_run_releases_it(run_locks: tuple[RunLock, RunLock]) ->
     assert later is not None and later > token
 
 
-def test_keeping_the_lock_extends_it(run_locks: tuple[RunLock, RunLock]) -> None:
-    first, second = run_locks
+def test_keeping_the_lock_extends_it(run_locks: RunLocks) -> None:
+    first, second, clock = run_locks
     assert first.take(NAME, "run-a", SHORT_TTL_S) is not None
-    # While the run keeps it, well past its ttl, nobody else gets it
-    deadline = time.monotonic() + 3 * SHORT_TTL_S
-    while time.monotonic() < deadline:
+    # While the run keeps it, until its clock is well past its ttl, nobody else gets it
+    deadline = clock.now() + 3 * SHORT_TTL_S
+    for _ in range(MAX_ROUNDS):
+        if clock.now() >= deadline:
+            break
         assert first.keep(NAME, "run-a", SHORT_TTL_S) is not None
         assert second.take(NAME, "run-b", TTL_S) is None
-        time.sleep(SHORT_TTL_S / 4)
+        clock.passes(SHORT_TTL_S / 4)
+        clock.pace()
+    assert clock.now() >= deadline
 
 
 def test_a_run_whose_lock_expired_takes_it_again_under_a_larger_token(
-    run_locks: tuple[RunLock, RunLock],
+    run_locks: RunLocks,
 ) -> None:
-    first, second = run_locks
-    # Given a run whose every task died, so that nobody kept its lock
+    first, second, clock = run_locks
+    # Given a run whose every task died, so that nobody kept its lock, until its lock expired
     token = first.take(NAME, "run-a", SHORT_TTL_S)
     assert token is not None
-    time.sleep(SHORT_TTL_S + 0.2)
+    clock.passes(SHORT_TTL_S)
+    assert wait_for(lambda: 0 if first.holder(NAME) is None else None, clock) == 0
     # When a redelivered task of that run comes back
     assert second.keep(NAME, "run-a", TTL_S) is None
     assert second.holder(NAME) is None
@@ -236,8 +284,8 @@ def test_a_run_whose_lock_expired_takes_it_again_under_a_larger_token(
     assert first.take(NAME, "run-b", TTL_S) is None
 
 
-def test_the_lock_and_run_views_agree(run_locks: tuple[RunLock, RunLock]) -> None:
-    first, second = run_locks
+def test_the_lock_and_run_views_agree(run_locks: RunLocks) -> None:
+    first, second, _ = run_locks
     # A lock taken by acquire is refused to runs, and released by its token
     token = first.acquire(NAME, TTL_S)
     assert token is not None and first.holder(NAME) == token
@@ -251,8 +299,8 @@ def test_the_lock_and_run_views_agree(run_locks: tuple[RunLock, RunLock]) -> Non
     assert first.holder(NAME) is None
 
 
-def test_holders_are_told_apart_by_id(run_locks: tuple[RunLock, RunLock]) -> None:
-    first, second = run_locks
+def test_holders_are_told_apart_by_id(run_locks: RunLocks) -> None:
+    first, second, _ = run_locks
     runs = [f"run-{uuid.uuid4().hex}" for _ in range(2)]
     assert first.take(NAME, runs[0], TTL_S) is not None
     assert second.take(NAME, runs[1], TTL_S) is None

@@ -19,6 +19,7 @@ from kenning.pipeline.errors import TransientLLMError, TransientStoreError
 from kenning.pipeline.ratelimit import FACTOR_FLOOR, Limits, limits_for, provider_key, retry_after_s
 from kenning.storage.coordination.ratelimit_memory import MemoryRateLimiter
 from kenning.storage.coordination.ratelimit_redis import RedisRateLimiter
+from tests.clock import FakeClock
 from tests.services import free_port
 
 Limiter = MemoryRateLimiter | RedisRateLimiter
@@ -157,8 +158,10 @@ def test_waiters_are_admitted_in_the_order_they_asked(make_limiter: MakeLimiter)
     events: list[tuple[str, float]] = []  # (who, when its call began), in the order of admission
     mutex = threading.Lock()
     stop = threading.Event()
+    admitted_once: set[int] = set()  # the greedy callers admitted so far
+    all_asking_again = threading.Event()
 
-    def greedy() -> None:
+    def greedy(number: int) -> None:
         for _ in range(MAX_TRIES):
             if stop.is_set():
                 return
@@ -166,11 +169,15 @@ def test_waiters_are_admitted_in_the_order_they_asked(make_limiter: MakeLimiter)
             limiter.acquire(KEY, 1, deadline_s=5.0)
             with mutex:
                 events.append(("greedy", asked))
+                admitted_once.add(number)
+                if len(admitted_once) == len(callers):
+                    all_asking_again.set()
 
-    callers = [threading.Thread(target=greedy) for _ in range(6)]
+    callers = [threading.Thread(target=greedy, args=(number,)) for number in range(6)]
     for caller in callers:
         caller.start()
-    time.sleep(0.3)
+    # (every greedy caller admitted once, and asking again: the burst is spent, they queue)
+    assert all_asking_again.wait(timeout=10)
 
     # When another caller asks, three times over
     asked_at = []
@@ -370,3 +377,36 @@ def test_retry_after_prefers_milliseconds_and_ignores_dates() -> None:
     assert retry_after_s({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
     assert retry_after_s({"retry-after": "2"}) == 2.0
     assert retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
+
+
+# The twin on a clock of the test's own: its waits take no real time
+
+
+def test_the_twin_waits_on_its_clock_for_the_bucket_to_refill() -> None:
+    # Given ten requests a second with a burst of five, its burst spent
+    clock = FakeClock()
+    limits = Limits(rpm=600, burst=5)
+    limiter = MemoryRateLimiter({KEY: limits}, clock=clock, sleep=clock.sleep)
+    assert immediate_admissions(limiter, KEY, tokens=1) == limits.burst
+    # When the next request may wait, it is admitted once its clock has moved on a tenth of a second
+    began = clock()
+    limiter.acquire(KEY, 1, deadline_s=5.0)
+    assert clock() - began == pytest.approx(1 / limits.request_rate)
+    # And a request that may wait less than that is refused without the clock moving
+    with pytest.raises(TransientLLMError, match="rate limit wait exceeded"):
+        limiter.acquire(KEY, 1, deadline_s=0.05)
+    assert clock() - began == pytest.approx(1 / limits.request_rate)
+
+
+def test_the_twin_admits_again_once_its_clock_passes_the_penalty() -> None:
+    # Given a key answered 429 with Retry-After 30 s
+    clock = FakeClock()
+    limiter = MemoryRateLimiter({KEY: Limits(rpm=600, burst=5)}, clock=clock, sleep=clock.sleep)
+    limiter.penalize(KEY, 30.0)
+    # When a request may wait less than the penalty, it is refused; then one that may wait it out
+    with pytest.raises(TransientLLMError, match="rate limit wait exceeded"):
+        limiter.acquire(KEY, 1, deadline_s=29.0)
+    began = clock()
+    limiter.acquire(KEY, 1, deadline_s=60.0)
+    # Then it went once the penalty was over, by its clock
+    assert clock() >= began + 30.0
