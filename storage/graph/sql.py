@@ -25,7 +25,8 @@ from kenning.storage.graph.rules import (
     unique_nodes,
 )
 from kenning.storage.graph.shape import MAX_EDGES, Shape
-from kenning.storage.sql.engine import create_tables, translated_sql
+from kenning.storage.sql.engine import create_tables
+from kenning.storage.sql.errors import translated_sql
 from kenning.storage.sql.snapshots import Snapshots, bump, read_at_revision, revision_of, revisions_table
 
 BATCH_SIZE = 500

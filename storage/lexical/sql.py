@@ -27,7 +27,8 @@ from kenning.pipeline.lexical import K1, B, LexicalEntry, bm25_distance, query_t
 from kenning.pipeline.models import Scope, ScoredPoint
 from kenning.pipeline.ports import chunked
 from kenning.storage.lexical.snapshot import MAX_POSTINGS, Snapshot
-from kenning.storage.sql.engine import create_tables, translated_sql
+from kenning.storage.sql.engine import create_tables
+from kenning.storage.sql.errors import translated_sql
 from kenning.storage.sql.snapshots import Snapshots, bump, read_at_revision, revision_of, revisions_table
 
 BATCH_SIZE = 500

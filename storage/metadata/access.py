@@ -11,7 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from kenning.pipeline.ports import chunked
 from kenning.storage.metadata.schema import element_access
-from kenning.storage.sql.engine import translated_sql
+from kenning.storage.sql.errors import translated_sql
 
 BATCH = 500
 

@@ -13,7 +13,7 @@ from kenning.pipeline.errors import Conflict
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.permission import ApiKey, Permission, User
 from kenning.storage.metadata.schema import api_keys, dataset_grants, tenants, users
-from kenning.storage.sql.engine import translated_sql
+from kenning.storage.sql.errors import translated_sql
 
 WHAT = "permission store"
 

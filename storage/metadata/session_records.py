@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.session import ModelUsage, SessionKey, SessionRecord
 from kenning.storage.metadata.schema import sessions
-from kenning.storage.sql.engine import translated_sql
+from kenning.storage.sql.errors import translated_sql
 
 WHAT = "session records"
 

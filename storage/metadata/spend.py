@@ -14,7 +14,7 @@ from kenning.pipeline.models import utcnow
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.spend import Breaker, Charge, Spend
 from kenning.storage.metadata.schema import llm_attempts, llm_breakers
-from kenning.storage.sql.engine import translated_sql
+from kenning.storage.sql.errors import translated_sql
 
 BATCH = 500
 

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from kenning.pipeline.errors import ConfigError, StoreError, TransientStoreError
+from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.models import (
     RUNNING,
     ChunkRecord,
@@ -35,6 +35,7 @@ from kenning.storage.metadata.schema import (
     extractions,
     pipeline_runs,
 )
+from kenning.storage.sql.errors import translated_sql
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # Rows per INSERT and ids per IN list: well under SQLite's bound-parameter limit.
@@ -42,10 +43,7 @@ BATCH = 500
 # One PostgreSQL advisory lock serialises workers that start (and migrate) at the same time.
 MIGRATION_LOCK = zlib.crc32(b"kenning.metadata.migrate")
 SUPPORTED = ("sqlite", "postgresql")
-TRANSIENT = (sa.exc.OperationalError, sa.exc.TimeoutError, sa.exc.DisconnectionError)
-# SQLite reports nearly everything (a missing table included) as OperationalError; of its
-# primary result codes, only these may go away on a retry: BUSY, LOCKED, IOERR, PROTOCOL.
-SQLITE_TRANSIENT_CODES = frozenset({5, 6, 10, 15})
+WHAT = "metadata store"
 
 
 # Alembic's version table for the metadata tables (storage/metadata/migrations/env.py names it).
@@ -67,7 +65,7 @@ def migrate(engine: sa.Engine) -> None:
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
-    with translated_errors(), engine.begin() as connection:
+    with translated_sql(WHAT), engine.begin() as connection:
         if engine.dialect.name == "postgresql":
             connection.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK)))
         config.attributes["connection"] = connection
@@ -97,30 +95,6 @@ def stored_revision(engine: sa.Engine) -> str | None:
     except sa.exc.SQLAlchemyError:
         return None
     return str(versions[0]) if len(versions) == 1 else None
-
-
-@contextmanager
-def translated_errors() -> Iterator[None]:
-    """Turn SQLAlchemy errors into store errors: transient when a retry may help."""
-    try:
-        yield
-    except sa.exc.SQLAlchemyError as exc:
-        raise translate(exc) from exc
-
-
-def translate(exc: sa.exc.SQLAlchemyError) -> StoreError:
-    detail = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
-    message = f"metadata store: {type(exc).__name__}: {detail}"
-    return TransientStoreError(message) if is_transient(exc) else StoreError(message)
-
-
-def is_transient(exc: sa.exc.SQLAlchemyError) -> bool:
-    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
-        return True
-    if not isinstance(exc, TRANSIENT):
-        return False
-    code = getattr(getattr(exc, "orig", None), "sqlite_errorcode", None)
-    return code is None or (code & 0xFF) in SQLITE_TRANSIENT_CODES
 
 
 class SqlMetadataStore:
@@ -345,7 +319,7 @@ class SqlMetadataStore:
 
     @contextmanager
     def _begin(self) -> Iterator[sa.Connection]:
-        with translated_errors(), self._engine.begin() as conn:
+        with translated_sql(WHAT), self._engine.begin() as conn:
             yield conn
 
     def _execute_batches(self, statement: sa.Insert, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-
-from kenning.pipeline.errors import StoreError, TransientStoreError
 
 
 def open_engine(url: str) -> sa.Engine:
@@ -35,21 +31,6 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
 
 def is_sqlite(engine: sa.Engine) -> bool:
     return engine.dialect.name == "sqlite"
-
-
-@contextmanager
-def translated_sql(what: str) -> Iterator[None]:
-    """SQLAlchemy errors become store errors naming `what`; lost connections and locks are worth a retry."""
-    try:
-        yield
-    except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
-        raise TransientStoreError(f"{what} unavailable: {exc}") from exc
-    except sa.exc.DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise TransientStoreError(f"{what} connection lost: {exc}") from exc
-        raise StoreError(f"{what} error: {exc}") from exc
-    except sa.exc.SQLAlchemyError as exc:
-        raise StoreError(f"{what} error: {exc}") from exc
 
 
 def create_tables(engine: sa.Engine, metadata: sa.MetaData) -> None:

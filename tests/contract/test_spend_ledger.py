@@ -3,6 +3,7 @@ transactions than writes."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -72,12 +73,22 @@ def _call(ledger: SqlSpendLedger, attempt: str, charge: Charge) -> None:
 
 
 def test_every_write_of_a_failed_transaction_raises_its_own_transient_error(tmp_path: Path) -> None:
-    # Given a ledger on a database without its tables (as one whose tables are not there yet)
-    engine = open_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    # Given a ledger on a database another connection holds locked, and that does not wait for it
+    path = tmp_path / "locked.db"
+    setup = open_engine(f"sqlite:///{path}")
+    migrate(setup)
+    setup.dispose()
+    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
     ledger = SqlSpendLedger(engine)
     charge = Charge(run_id="r", dataset_id="d")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
     # When calls are recorded from many threads at once
-    errors = at_once([partial(ledger.sent, f"a{n}", charge, "sim") for n in range(THREADS)])
+    try:
+        errors = at_once([partial(ledger.sent, f"a{n}", charge, "sim") for n in range(THREADS)])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
     # Then each of them raised an error of its own, still one a retry may wait out
     assert len(errors) == THREADS and all(type(error) is TransientStoreError for error in errors)
     assert len({id(error) for error in errors}) == THREADS
