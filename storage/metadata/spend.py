@@ -170,6 +170,8 @@ class MemorySpendLedger:
         self, attempt_id: str, charge: Charge, model: str, prompt_tokens: int = 0, completion_tokens: int = 0
     ) -> None:
         with self._lock:
+            if attempt_id in self._attempts:
+                raise StoreError(f"spend ledger: attempt {attempt_id} is already recorded")
             self._attempts[attempt_id] = (charge.run_id, Spend(1, prompt_tokens, completion_tokens))
 
     def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:

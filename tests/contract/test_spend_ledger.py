@@ -1,5 +1,6 @@
 """The SQL spend ledger under many threads: every write committed before its call returns, fewer
-transactions than writes."""
+transactions than writes. Then one contract for every SpendLedger: the SQL ledger (SQLite,
+PostgreSQL) and its in-memory twin."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
-from kenning.pipeline.spend import Charge, Spend
-from kenning.storage.metadata.spend import SqlSpendLedger
+from kenning.pipeline.models import utcnow
+from kenning.pipeline.spend import Charge, Spend, SpendLedger
+from kenning.storage.metadata.spend import BATCH, MemorySpendLedger, SqlSpendLedger
 from kenning.storage.metadata.sql import migrate
 from kenning.storage.sql.engine import open_engine
 from tests.threads import at_once
@@ -26,9 +28,22 @@ THREADS = 16
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
+    yield from _migrated(request, tmp_path, request.param)
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SpendLedger]:
+    if request.param == "memory":
+        yield MemorySpendLedger()
+        return
+    for engine in _migrated(request, tmp_path, request.param):
+        yield SqlSpendLedger(engine)
+
+
+def _migrated(request: pytest.FixtureRequest, tmp_path: Path, database: str) -> Iterator[sa.Engine]:
     url = (
         request.getfixturevalue("postgres_url")
-        if request.param == "postgres"
+        if database == "postgres"
         else f"sqlite:///{tmp_path / 'm.db'}"
     )
     made = open_engine(url)
@@ -67,7 +82,7 @@ def test_calls_sent_at_once_are_all_recorded_in_fewer_transactions(engine: sa.En
     assert len(commits) < 2 * THREADS
 
 
-def _call(ledger: SqlSpendLedger, attempt: str, charge: Charge) -> None:
+def _call(ledger: SpendLedger, attempt: str, charge: Charge) -> None:
     ledger.sent(attempt, charge, "sim", prompt_tokens=5)
     ledger.answered(attempt, prompt_tokens=10, completion_tokens=1)
 
@@ -135,3 +150,104 @@ def test_a_write_whose_transaction_was_interrupted_never_passes_for_committed(en
     # Then both calls of the interrupted transaction raised: none returned as if its row were there
     assert sorted(type(error).__name__ for error in errors) == ["KeyboardInterrupt", "StoreError"]
     assert ledger.totals([run_id])[run_id].calls == 1
+
+
+# The SpendLedger contract: the SQL ledger (SQLite, PostgreSQL) and its in-memory twin
+
+
+def new_run() -> Charge:
+    """A run of its own (attempt ids start with its id: the PostgreSQL database is the session's)."""
+    return Charge(run_id=f"run-{uuid.uuid4().hex[:12]}", dataset_id="d1")
+
+
+def test_an_answer_replaces_the_tokens_expected_with_those_billed(ledger: SpendLedger) -> None:
+    charge = new_run()
+    # Given one request sent, expected to cost 100 and 20 tokens, and another not answered yet
+    ledger.sent(f"{charge.run_id}-a1", charge, "m", prompt_tokens=100, completion_tokens=20)
+    ledger.sent(f"{charge.run_id}-a2", charge, "m", prompt_tokens=50, completion_tokens=5)
+    assert ledger.totals([charge.run_id]) == {charge.run_id: Spend(2, 150, 25)}
+    # When the first is answered, billed 90 and 30
+    ledger.answered(f"{charge.run_id}-a1", prompt_tokens=90, completion_tokens=30)
+    # Then the run's spend holds what was billed for it, and what the other is expected to cost
+    assert ledger.totals([charge.run_id]) == {charge.run_id: Spend(2, 140, 35)}
+
+
+def test_a_request_answered_with_nothing_billed_is_one_failed(ledger: SpendLedger) -> None:
+    # Given a request that failed (nothing billed), and its retry, answered
+    charge = new_run()
+    ledger.sent(f"{charge.run_id}-try-1", charge, "m", prompt_tokens=100)
+    ledger.answered(f"{charge.run_id}-try-1", 0, 0)
+    ledger.sent(f"{charge.run_id}-try-2", charge, "m", prompt_tokens=100)
+    ledger.answered(f"{charge.run_id}-try-2", 100, 10)
+    # Then the run sent two requests, one of them failed
+    spend = ledger.totals([charge.run_id])[charge.run_id]
+    assert spend == Spend(calls=2, prompt_tokens=100, completion_tokens=10, failed=1)
+    assert spend.answered == 1
+
+
+def test_each_run_is_summed_apart_and_runs_without_attempts_are_left_out(ledger: SpendLedger) -> None:
+    first, second = new_run(), new_run()
+    ledger.sent(f"{first.run_id}-1", first, "m", prompt_tokens=10, completion_tokens=1)
+    ledger.sent(f"{first.run_id}-2", first, "m", prompt_tokens=10, completion_tokens=1)
+    ledger.sent(f"{second.run_id}-1", second, "m", prompt_tokens=7, completion_tokens=2)
+    runs = [first.run_id, second.run_id, first.run_id, "never-ran"]
+    assert ledger.totals(runs) == {first.run_id: Spend(2, 20, 2), second.run_id: Spend(1, 7, 2)}
+    assert ledger.totals([second.run_id]) == {second.run_id: Spend(1, 7, 2)}
+    assert ledger.totals([]) == {}
+
+
+def test_the_runs_of_more_than_a_batch_are_summed(ledger: SpendLedger) -> None:
+    charges = [new_run() for _ in range(2 * BATCH + 3)]
+    for n, charge in enumerate(charges):
+        ledger.sent(f"{charge.run_id}-a", charge, "m", prompt_tokens=n + 1)
+    found = ledger.totals([charge.run_id for charge in charges])
+    assert found == {charge.run_id: Spend(1, n + 1, 0) for n, charge in enumerate(charges)}
+
+
+def test_an_answer_for_an_attempt_never_sent_records_nothing(ledger: SpendLedger) -> None:
+    charge = new_run()
+    ledger.answered(f"{charge.run_id}-ghost", 100, 10)
+    assert ledger.totals([charge.run_id]) == {}
+
+
+def test_an_attempt_id_is_recorded_once(ledger: SpendLedger) -> None:
+    # Given a request recorded as sent
+    charge = new_run()
+    ledger.sent(f"{charge.run_id}-a1", charge, "m", prompt_tokens=100)
+    # When another is recorded under its id, it is refused, as a lasting error
+    with pytest.raises(StoreError) as refused:
+        ledger.sent(f"{charge.run_id}-a1", new_run(), "m", prompt_tokens=5)
+    assert type(refused.value) is StoreError
+    # And the first is recorded as it was
+    assert ledger.totals([charge.run_id]) == {charge.run_id: Spend(1, 100, 0)}
+
+
+def test_calls_recorded_at_once_all_count(ledger: SpendLedger) -> None:
+    charge = new_run()
+    errors = at_once(
+        [partial(_call, ledger, f"{charge.run_id}-{n}", charge) for n in range(THREADS)], timeout_s=60
+    )
+    assert errors == []
+    assert ledger.totals([charge.run_id]) == {charge.run_id: Spend(THREADS, 10 * THREADS, THREADS)}
+
+
+def test_a_breaker_is_kept_as_its_last_change_left_it(ledger: SpendLedger) -> None:
+    endpoint = f"http://127.0.0.1:9/v1 model-{uuid.uuid4().hex[:8]}"
+    assert ledger.breaker(endpoint) is None
+    # When the endpoint's breaker opens, then closes
+    before = utcnow()
+    ledger.breaker_changed(endpoint, "open", "connection refused", 30.0)
+    opened = ledger.breaker(endpoint)
+    ledger.breaker_changed(endpoint, "closed", "", 0.0)
+    after = utcnow()
+    # Then each change is kept, with when it happened, and other endpoints are untouched
+    assert opened is not None and (opened.state, opened.reason, opened.cooldown_s) == (
+        "open",
+        "connection refused",
+        30.0,
+    )
+    assert before <= opened.changed_at <= after
+    closed = ledger.breaker(endpoint)
+    assert closed is not None and (closed.state, closed.reason, closed.cooldown_s) == ("closed", "", 0.0)
+    assert opened.changed_at <= closed.changed_at <= after
+    assert ledger.breaker(endpoint + "-other") is None
