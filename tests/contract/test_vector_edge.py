@@ -23,7 +23,7 @@ import qdrant_edge as qe
 
 from kenning.pipeline.errors import DimensionMismatch, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint, stable_id
-from kenning.storage.vectors import edge as vector_edge
+from kenning.storage.vectors import holder as vector_holder
 from kenning.storage.vectors.edge import EdgeVectorStore
 from kenning.storage.vectors.local_import import import_local_qdrant
 from kenning.storage.vectors.qdrant import QdrantVectorStore
@@ -196,10 +196,11 @@ def test_an_idle_holder_lets_go_when_another_process_asks(tmp_path: Path) -> Non
 SLEEPY_HOLDER = """
     import sys, time
     from kenning.pipeline.models import Scope, VectorPoint, stable_id
-    from kenning.storage.vectors import edge as vector_edge
+    from kenning.storage.vectors import holder as vector_holder
+    from kenning.storage.vectors.edge import EdgeVectorStore
 
-    vector_edge.IDLE_WAIT_S = 600.0  # a releaser asleep would not look again during the test
-    store = vector_edge.EdgeVectorStore(sys.argv[1])
+    vector_holder.IDLE_WAIT_S = 600.0  # a releaser asleep would not look again during the test
+    store = EdgeVectorStore(sys.argv[1])
     store._shard("Entity_name")  # the releaser starts, finds nothing open, and sleeps
     time.sleep(0.3)
     store.ensure_collection("Entity_name", 4)
@@ -246,7 +247,7 @@ def test_the_releaser_outlives_an_os_error(tmp_path: Path, monkeypatch: pytest.M
     # Given a store holding a collection, whose releaser's first look for waiting processes fails
     store = EdgeVectorStore(tmp_path / "vectors", linger_s=0.5)
     failures = iter([OSError("too many open files")])
-    looks = vector_edge._others_waiting
+    looks = vector_holder._others_waiting
 
     def others_waiting(folder: Path) -> bool:
         error = next(failures, None) if threading.current_thread().name == "kenning-vector-releaser" else None
@@ -254,8 +255,8 @@ def test_the_releaser_outlives_an_os_error(tmp_path: Path, monkeypatch: pytest.M
             raise error
         return looks(folder)
 
-    monkeypatch.setattr(vector_edge, "_others_waiting", others_waiting)
-    monkeypatch.setattr(vector_edge, "POLL_S", 0.01)
+    monkeypatch.setattr(vector_holder, "_others_waiting", others_waiting)
+    monkeypatch.setattr(vector_holder, "POLL_S", 0.01)
     store.ensure_collection("Entity_name", 2)
     store.upsert(SCOPE, "Entity_name", [point("a", [1.0, 0.0])])
     # When it idles past its linger time, it still lets go (the releaser lived on)
@@ -421,11 +422,9 @@ def test_an_unfiltered_search_that_finds_another_scopes_point_is_run_again_filte
     # Given two scopes in one collection (another tenant's, or another dataset of the same
     # tenant), the closest point the other's, with a payload field, and an estimate that
     # wrongly says every point is this dataset's (as a write racing the estimate would make it)
-    from kenning.storage.vectors import edge as vector_edge
-
     store = names_of_one_dataset(tmp_path, 5)
     store.upsert(theirs, "Entity_name", [point("x", [1.0, 0.0, 0.5, 0.0], n=1)])
-    monkeypatch.setattr(vector_edge, "_all_of_scope", lambda engine, scope: True)
+    monkeypatch.setattr(vector_holder, "_all_of_scope", lambda engine, scope: True)
     # When this dataset is searched
     hits = store.search(SCOPE, "Entity_name", [1.0, 0.0, 0.5, 0.0], limit=3, fields=fields)
     # Then only its own points come back, the closest first
