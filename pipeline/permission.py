@@ -81,6 +81,12 @@ class Caller(BaseModel):
     user: str
     admin: bool = False
     grants: Mapping[str, frozenset[Permission]] = Field(default_factory=dict)
+    scopes: tuple[str, ...] | None = Field(
+        default=None,
+        description="`tenant/dataset` globs it may read, when set (the local operator's "
+        "KENNING_READ_SCOPES); None: exactly the datasets its grants let it read",
+    )
+    keyed: bool = Field(default=False, description="Authenticated by an API key (HTTP, MCP over HTTP)")
 
     def permissions(self, dataset: str) -> frozenset[Permission]:
         if self.admin:
@@ -102,8 +108,35 @@ class Caller(BaseModel):
         """Those of `datasets` the caller holds `permission` on, in their order."""
         return [name for name in datasets if self.may(permission, name)]
 
+    def check_share(self, dataset: str, user: str, permissions: Iterable[Permission]) -> None:
+        """Nothing if the caller may grant or revoke `permissions` of `user` on the dataset.
+
+        Sharing changes other users' permissions, never the caller's own; only an admin grants
+        or revokes `share` itself; anyone else grants or revokes only permissions it holds.
+        `NotFound` where it may not read the dataset, `Forbidden` otherwise (see `check`)."""
+        self.check(Permission.SHARE, dataset)
+        wanted = frozenset(permissions)
+        if user == self.user:
+            raise Forbidden("sharing changes other users' permissions, never your own")
+        if Permission.SHARE in wanted and not self.admin:
+            raise Forbidden("only an admin grants or revokes share")
+        lacking = wanted - self.shareable(dataset)
+        if lacking:
+            names = ", ".join(sorted(p.value for p in lacking))
+            raise Forbidden(f"you may share only permissions you hold on {dataset!r}, not {names}")
+
+    def shareable(self, dataset: str) -> frozenset[Permission]:
+        """The permissions it may grant or revoke on the dataset (to others): an admin every one,
+        anyone else those it holds but share; none without share."""
+        if not self.may(Permission.SHARE, dataset):
+            return frozenset()
+        return EVERY_PERMISSION if self.admin else self.permissions(dataset) - {Permission.SHARE}
+
     def read_scopes(self) -> tuple[str, ...]:
-        """`tenant/dataset` patterns of exactly the datasets it may read (`NO_DATASETS` if none)."""
+        """`tenant/dataset` patterns of exactly the datasets it may read (`NO_DATASETS` if none),
+        or its `scopes` when they are set."""
+        if self.scopes is not None:
+            return self.scopes or NO_DATASETS
         tenant = escape_glob(self.tenant)
         if self.admin:
             return (f"{tenant}/*",)
@@ -170,7 +203,7 @@ def authenticate(store: PermissionStore, token: str) -> Caller | None:
     if key is None or not key.matches(token):
         return None
     user = store.user_by_id(key.user_id)
-    return caller_of(store, user) if user else None
+    return caller_of(store, user).model_copy(update={"keyed": True}) if user else None
 
 
 def caller_of(store: PermissionStore, user: User) -> Caller:

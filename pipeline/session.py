@@ -62,13 +62,19 @@ class SessionEntry(BaseModel):
     feedback_score: int | None = Field(default=None, ge=1, le=5)
     element_ids: list[str] = Field(default_factory=list)
     data_ids: list[str] = Field(default_factory=list)
-    dataset: str = ""
+    dataset: str = Field(default="", description="The first of `datasets` (all an older entry names)")
+    datasets: list[str] = Field(default_factory=list, description="Every dataset it was built from")
 
     @field_validator("time")
     @classmethod
     def _in_utc(cls, value: datetime) -> datetime:
         # Naive times are taken as UTC, so entries from any caller sort on one clock.
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    @property
+    def cited(self) -> list[str]:
+        """Every dataset the entry was built from: an older entry's one `dataset`, if any."""
+        return self.datasets or ([self.dataset] if self.dataset else [])
 
     def with_feedback(self, text: str, score: int | None) -> SessionEntry:
         """A copy carrying this feedback; a score outside 1..5 raises ValueError."""

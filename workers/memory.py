@@ -11,7 +11,7 @@ from itertools import islice
 from typing import Any
 
 from kenning.pipeline.context import Job
-from kenning.pipeline.errors import ConfigError, InputError, StoreError
+from kenning.pipeline.errors import ConfigError, InputError, StoreError, TransientStoreError
 from kenning.pipeline.estimate import Estimate, estimate, price
 from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import (
@@ -35,10 +35,13 @@ from kenning.pipeline.models import (
     RunStatus,
     Scope,
 )
+from kenning.pipeline.permission import Caller
+from kenning.pipeline.ports import ObjectSource, StoredObject
 from kenning.pipeline.session import SessionEntry, SessionKey, SessionStore, search_entries
-from kenning.retrieval.contract import Hit, Principal, QueryBudget, SearchRequest, SearchResult, SearchType
+from kenning.retrieval.contract import Hit, Principal, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.conversation import TURNS, Turn, context_text, turn_points
 from kenning.retrieval.registry import search
+from kenning.workers.application import gate
 from kenning.workers.application.decay import AccessBuffer, fade, stale_items
 from kenning.workers.application.lifecycle import (
     Message,
@@ -77,19 +80,28 @@ class Kenning:
     >>> memory.close()
     """
 
+    _caller: Caller | None = None  # set by `as_caller`; None: the local operator
+
     def __init__(self, settings: Settings | None = None, wiring: Wiring | None = None) -> None:
         self.settings = settings or load_settings()
         self.wiring = wiring or Wiring(self.settings)
         self._bridges: list[threading.Thread] = []
         self._accessed = AccessBuffer(lambda: self.wiring.access)
 
+    @property
+    def caller(self) -> Caller:
+        """Who this memory acts for: the caller given to `as_caller`, else the local operator (the
+        settings' tenant and user, an admin reading KENNING_READ_SCOPES)."""
+        return self._caller or gate.operator(self.settings)
+
     def scope(self, dataset: str | None = None) -> Scope:
-        return Scope(tenant=self.settings.tenant, dataset=dataset or self.settings.dataset)
+        return Scope(tenant=self.caller.tenant, dataset=dataset or self.settings.dataset)
 
     def add(
         self, sources: Sequence[Source], dataset: str | None = None, node_sets: Sequence[str] = ()
     ) -> AddResult:
         """Add the sources; `node_sets` name the subsets every one of them joins, besides their own."""
+        gate.require_write(self.caller, self.scope(dataset))
         if node_sets:
             sources = [_with_node_sets(source, node_sets) for source in sources]
         return add(self.wiring.metadata, self.wiring.blobs, self.scope(dataset), sources)
@@ -104,8 +116,11 @@ class Kenning:
     ) -> AddResult:
         """Add files, directories, `-` (stdin) and `s3://bucket/prefix` URIs, into `node_sets` if given.
 
-        Unreadable paths and objects are reported in the result, not raised.
+        Unreadable paths and objects are reported in the result, not raised. A bucket is read only
+        under a prefix KENNING_S3_ALLOW maps to the caller's tenant; with no allow-list, only the
+        local operator reads buckets. A refused bucket and a missing one give the same error.
         """
+        gate.require_write(self.caller, self.scope(dataset))
         errors: dict[str, str] = {}
         local = [path for path in paths if not path.startswith("s3://")]
         result = self.add(list(path_sources(local, errors)), dataset, node_sets)
@@ -121,23 +136,29 @@ class Kenning:
             from kenning.storage.sources.s3 import S3Source, parse_s3_uri
 
         bucket, prefix = parse_s3_uri(uri)
-        source = S3Source(bucket, self.settings.s3_endpoint_url or None)
+        if not gate.may_read_bucket(self.caller, self.settings.s3_allow, bucket, prefix):
+            result.errors[uri] = gate.UNREADABLE_BUCKET
+            return
+        source = Listed(S3Source(bucket, self.settings.s3_endpoint_url or None))
         known = known_versions(self.wiring.metadata, self.scope(dataset))
         found = AddResult()
         sources = bucket_sources(
             source, f"s3://{bucket}", prefix, known, found, self.settings.max_document_bytes
         )
-        for batch in batched(sources, 64):
-            added = self.add(batch, dataset, node_sets)
-            result.added += added.added
-            result.unchanged += added.unchanged
+        try:
+            for batch in batched(sources, 64):
+                added = self.add(batch, dataset, node_sets)
+                result.added += added.added
+                result.unchanged += added.unchanged
+        except Unlisted:  # missing, or not ours: the same answer as a bucket refused
+            result.errors[uri] = gate.UNREADABLE_BUCKET
         result.skipped += found.skipped
         result.errors.update(found.errors)
 
     def dataset(self, name: str | None = None) -> Dataset:
         """The tenant's dataset of that name (default: KENNING_DATASET); an InputError listing the
         datasets there are when it does not exist. Only `add` creates datasets."""
-        return find_dataset(self.wiring.metadata, self.settings.tenant, name or self.settings.dataset)
+        return find_dataset(self.wiring.metadata, self.caller.tenant, name or self.settings.dataset)
 
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
         self.dataset(dataset)
@@ -226,9 +247,15 @@ class Kenning:
     ) -> list[str]:
         store = self._sessions()
         key = self.session_key(session_id)
+        into = dataset or self.settings.dataset
         entries = [
             SessionEntry(
-                kind="message", question=m.text, speaker=m.speaker, said_at=m.time, dataset=dataset or ""
+                kind="message",
+                question=m.text,
+                speaker=m.speaker,
+                said_at=m.time,
+                dataset=into,
+                datasets=[into],
             )
             for m in messages
         ]
@@ -278,13 +305,13 @@ class Kenning:
         notice = "; ".join(text for text in (unavailable, result.notice or "") if text)
         recalled = Recalled(query=query, results=found + graph, notice=notice)
         if session_id is not None:
-            entry = recalled_entry(query, graph, result.context, (datasets or [self.settings.dataset])[0])
+            entry = recalled_entry(query, graph, result.context, self._readable(datasets))
             self._sessions().append(self.session_key(session_id), entry)
             recalled.entry_id = entry.id
         return recalled
 
     def _recall_session(self, session_id: str, query: str, top_k: int) -> list[Recollection]:
-        entries = self._sessions().get_session(self.session_key(session_id))
+        entries = self.get_session(session_id)
         best = search_entries([entry for entry in entries if worth_recalling(entry)], query, top_k)
         return [session_recollection(entry, score) for entry, score in best]
 
@@ -296,10 +323,12 @@ class Kenning:
         return self._sessions().delete_feedback(self.session_key(session_id), entry_id)
 
     def get_session(self, session_id: str, last_n: int | None = None) -> list[SessionEntry]:
-        return self._sessions().get_session(self.session_key(session_id), last_n)
+        """The caller's session, oldest first: only the entries it may read every dataset of, now
+        (`last_n`: of the newest n entries)."""
+        return gate.visible(self.caller, self._sessions().get_session(self.session_key(session_id), last_n))
 
     def session_key(self, session_id: str) -> SessionKey:
-        return SessionKey(tenant=self.settings.tenant, user=self.settings.user, session_id=session_id)
+        return SessionKey(tenant=self.caller.tenant, user=self.caller.user, session_id=session_id)
 
     def _sessions(self) -> SessionStore:
         store = self.wiring.sessions
@@ -316,14 +345,16 @@ class Kenning:
 
     def improve(self, dataset: str | None = None) -> Improvement:
         """Enrich a dataset's memory: remember its sessions' answered questions (rated 4-5 or
-        unrated), move node weights by session feedback, and merge duplicate entities.
-        Running it again with nothing new changes nothing."""
-        target = find_dataset(self.wiring.metadata, self.settings.tenant, dataset or self.settings.dataset)
-        added = self.add(session_items(self.wiring, target), target.name).added
+        unrated), move node weights by session feedback, and merge duplicate entities. Needs write.
+        Only entries built from this dataset alone, by users who may write it now, count (see
+        `session_entries`). Running it again with nothing new changes nothing."""
+        target = self._readable_dataset(dataset)
+        gate.require_write(self.caller, target.scope)
+        added = self.add(session_items(self.wiring, target, self.caller), target.name).added
         if added:
             self.cognify(target.name)
         with held(self.wiring.lock, lock_name(target.scope), self.settings.lock_ttl_s):
-            done = improve_held(self.wiring, target, self.settings.memify)
+            done = improve_held(self.wiring, target, self.settings.memify, self.caller)
         return done.model_copy(update={"session_items": len(added)})
 
     def forget(
@@ -339,9 +370,9 @@ class Kenning:
         (unless `memory_only`) the stored bytes. Facts another item supports stay."""
         metadata = self.wiring.metadata
         if everything:
-            targets = metadata.list_datasets(self.settings.tenant)
+            targets = metadata.list_datasets(self.caller.tenant)
         else:
-            targets = [find_dataset(metadata, self.settings.tenant, dataset or self.settings.dataset)]
+            targets = [find_dataset(metadata, self.caller.tenant, dataset or self.settings.dataset)]
         done = []
         for target in targets:
             ids = None if everything else data_ids
@@ -366,15 +397,15 @@ class Kenning:
         session_id: str | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> SearchResult:
-        wanted = [self.scope(name) for name in (datasets or [self.settings.dataset])]
         # A dataset the caller may not read is left out, silently: no error tells it exists.
-        scopes = [scope for scope in wanted if self.may_read(scope)]
+        scopes = [self.scope(name) for name in self._readable(datasets)]
         readable = [
             find_dataset(self.wiring.metadata, scope.tenant, scope.dataset, lambda d: self.may_read(d.scope))
             for scope in scopes
         ]
         if not scopes:
             return SearchResult(query=query, type=SearchType(type), results=[], context="")
+        history = self._history(session_id) if session_id and not only_context else []
         request = SearchRequest(
             query=query,
             type=SearchType(type),
@@ -383,7 +414,7 @@ class Kenning:
             only_context=only_context,
             session_id=session_id,
             principal=self.principal(),
-            history=self._history(session_id) if session_id and not only_context else [],
+            history=[exchange(entry) for entry in history],
             options=dict(options or {}),
         )
         with (
@@ -392,22 +423,40 @@ class Kenning:
         ):
             result = self._faded(search(self.wiring, request), readable)
         if session_id is not None:
-            self._remember_answer(session_id, result, scopes[0].dataset)
+            # The answer read the datasets searched and those the history it was shown cites.
+            read = [scope.dataset for scope in scopes] + [name for entry in history for name in entry.cited]
+            self._remember_answer(session_id, result, list(dict.fromkeys(read)))
         return result
 
-    def _history(self, session_id: str) -> list[str]:
+    def _readable(self, datasets: Sequence[str] | None) -> list[str]:
+        """Those of the datasets named (default: KENNING_DATASET) the caller may read, in order."""
+        names = dict.fromkeys(datasets or [self.settings.dataset])
+        return [name for name in names if self.may_read(self.scope(name))]
+
+    def _readable_dataset(self, name: str | None) -> Dataset:
+        """The dataset, if the caller may read it; the same InputError for one missing or not its."""
+        return find_dataset(
+            self.wiring.metadata,
+            self.caller.tenant,
+            name or self.settings.dataset,
+            lambda d: self.may_read(d.scope),
+        )
+
+    def _history(self, session_id: str) -> list[SessionEntry]:
+        """The session's last exchanges the caller may read now, for a completion."""
+        if not self.settings.session_history:
+            return []
         try:
-            entries = self._sessions().get_session(self.session_key(session_id))
+            entries = self.get_session(session_id)
         except (ConfigError, StoreError):
             return []  # no history is better than no answer; _remember_answer says why
-        recent = [entry for entry in entries if worth_recalling(entry)][-self.settings.session_history :]
-        return [exchange(entry) for entry in recent] if self.settings.session_history else []
+        return [entry for entry in entries if worth_recalling(entry)][-self.settings.session_history :]
 
-    def _remember_answer(self, session_id: str, result: SearchResult, dataset: str) -> None:
+    def _remember_answer(self, session_id: str, result: SearchResult, datasets: list[str]) -> None:
         try:
             if result.answer:
                 graph = [graph_recollection(hit) for hit in result.results]
-                entry = recalled_entry(result.query, graph, result.context, dataset)
+                entry = recalled_entry(result.query, graph, result.context, datasets)
                 answered = entry.model_copy(update={"answer": result.answer})
                 self._sessions().append(self.session_key(session_id), answered)
             self.wiring.session_records.touch(self.session_key(session_id))
@@ -432,7 +481,7 @@ class Kenning:
         if older_than_days is None and below is None:
             raise ConfigError("prune needs older_than_days or below")
         self._accessed.flush()
-        target = find_dataset(self.wiring.metadata, self.settings.tenant, dataset or self.settings.dataset)
+        target = find_dataset(self.wiring.metadata, self.caller.tenant, dataset or self.settings.dataset)
         older = timedelta(days=older_than_days) if older_than_days is not None else None
         wiring = self.wiring
         decay = self.settings.decay
@@ -441,31 +490,19 @@ class Kenning:
             return Forgotten()
         return forget_in_dataset(wiring, target, stale, False, self.settings.lock_ttl_s)
 
-    def as_caller(self, tenant: str, user: str, read_scopes: Sequence[str]) -> Kenning:
-        """This memory as another caller sees it (its tenant, user and read scopes: `tenant/dataset`
-        globs, `""` for none), sharing these stores and background work: close this one, not it."""
-        update = {"tenant": tenant, "user": user, "read_scopes": list(read_scopes)}
-        view = Kenning(self.settings.model_copy(update=update), self.wiring)
-        view._bridges, view._accessed = self._bridges, self._accessed
+    def as_caller(self, caller: Caller) -> Kenning:
+        """This memory as `caller` (a key's user, say) sees it: every read and write goes through
+        its permissions. It shares these settings, stores and background work: close this one, not it."""
+        view = Kenning(self.settings, self.wiring)
+        view._caller, view._bridges, view._accessed = caller, self._bridges, self._accessed
         return view
 
     def may_read(self, scope: Scope) -> bool:
-        return self.principal().may_read(scope)
+        return gate.may_read(self.caller, scope)
 
     def principal(self) -> Principal:
-        """This caller as searches see it: its tenant, user and read scopes, and whether it may run
-        Cypher (CYPHER, NATURAL_LANGUAGE: enabled, and its tenant listed), within what budget."""
-        settings = self.settings
-        return Principal(
-            tenant=settings.tenant,
-            user=settings.user,
-            read_scopes=tuple(settings.readable),
-            may_run_cypher=settings.cypher_enabled
-            and (not settings.cypher_tenants or settings.tenant in settings.cypher_tenants),
-            cypher_budget=QueryBudget(
-                timeout_ms=settings.cypher_timeout_ms, max_rows=settings.cypher_max_rows
-            ),
-        )
+        """This caller as searches see it (see `gate.principal`)."""
+        return gate.principal(self.caller, self.settings)
 
     def status(self, dataset: str | None = None) -> list[dict[str, Any]]:
         """Datasets with their items by status, recent runs and graph size.
@@ -474,7 +511,7 @@ class Kenning:
         completion}) and their `cost` at the settings' prices; a dataset also its `llm_calls`.
         """
         datasets = (
-            [self.dataset(dataset)] if dataset else self.wiring.metadata.list_datasets(self.settings.tenant)
+            [self.dataset(dataset)] if dataset else self.wiring.metadata.list_datasets(self.caller.tenant)
         )
         return [self._dataset_status(d.scope, d.id) for d in datasets]
 
@@ -547,7 +584,7 @@ class Kenning:
     def started_jobs(self, dataset: str | None = None) -> list[Job]:
         """The runs now started, of the dataset or of every dataset of the tenant."""
         metadata = self.wiring.metadata
-        datasets = metadata.list_datasets(self.settings.tenant)
+        datasets = metadata.list_datasets(self.caller.tenant)
         wanted = [d for d in datasets if not dataset or d.name == dataset]
         for d in wanted:
             close_dead_runs(metadata, d.id)
@@ -625,14 +662,16 @@ def worth_recalling(entry: SessionEntry) -> bool:
     return entry.kind == "message" or bool(entry.answer)
 
 
-def recalled_entry(query: str, graph: list[Recollection], context: str, dataset: str) -> SessionEntry:
+def recalled_entry(query: str, graph: list[Recollection], context: str, datasets: list[str]) -> SessionEntry:
+    """A session entry of what a query read, citing every dataset it read."""
     return SessionEntry(
         kind="qa",
         question=query,
         context=context,
         element_ids=list(dict.fromkeys(r.chunk_id for r in graph if r.chunk_id)),
         data_ids=list(dict.fromkeys(r.data_id for r in graph if r.data_id)),
-        dataset=dataset,
+        dataset=datasets[0] if datasets else "",
+        datasets=datasets,
     )
 
 
@@ -647,6 +686,29 @@ def graph_recollection(hit: Hit) -> Recollection:
         document_id=hit.document_id,
         chunk_id=hit.chunk_id,
     )
+
+
+class Unlisted(Exception):
+    """A bucket could not be listed (it is missing, or the credentials may not list it)."""
+
+
+class Listed:
+    """A bucket whose listing failures, other than transient ones, are `Unlisted`: told apart from
+    a store's failure to take what was read, and never shown (they say whether the bucket exists)."""
+
+    def __init__(self, source: ObjectSource) -> None:
+        self._source = source
+
+    def list_objects(self, prefix: str) -> Iterator[StoredObject]:
+        try:
+            yield from self._source.list_objects(prefix)
+        except TransientStoreError:
+            raise
+        except StoreError as error:
+            raise Unlisted(str(error)) from error
+
+    def read(self, key: str, max_bytes: int) -> bytes:
+        return self._source.read(key, max_bytes)
 
 
 def batched(sources: Iterable[Source], size: int) -> Iterator[list[Source]]:

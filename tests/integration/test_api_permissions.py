@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kenning.pipeline.models import Scope, utcnow
-from kenning.pipeline.permission import Permission, User, issue_key
+from kenning.pipeline.permission import Caller, Permission, User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
@@ -65,7 +65,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with TestClient(create_app(memory)) as client:
             world = World(memory, client)
             for tenant, datasets in CREATED.items():
-                setup = memory.as_caller(tenant, "setup", [f"{tenant}/*"])
+                setup = memory.as_caller(Caller(tenant=tenant, user="setup", admin=True))
                 for dataset in datasets:
                     texts = [f"{world.marker(tenant, dataset)} holds {QUERY} page {n}." for n in range(2)]
                     for text in texts:
@@ -444,6 +444,8 @@ def check_share(
     answer = client.post(f"/v1/datasets/{dataset}/permissions", headers=auth, json=body)
     if not who.may(SHARE, dataset):
         assert answer.status_code == who.denial(dataset), answer.text
+    elif other is who or not who.may(READ, dataset):
+        assert answer.status_code == 403, answer.text  # never one's own, only what one holds
     elif other.tenant != who.tenant:
         assert answer.status_code == 404, answer.text  # a user of another tenant is no one here
     else:

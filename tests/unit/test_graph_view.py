@@ -11,6 +11,7 @@ import pytest
 
 from kenning.pipeline.errors import NotFound
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.permission import Caller
 from kenning.workers.control.graph_view import dataset_view, graph_view, render_html
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
@@ -74,6 +75,6 @@ def test_no_view_of_a_dataset_that_is_missing_or_not_readable(tmp_path: Path) ->
         assert dataset_view(memory, "notes").dataset == "notes"
         with pytest.raises(NotFound):
             dataset_view(memory, "missing")
-        stranger = memory.as_caller(memory.settings.tenant, "stranger", ("",))
+        stranger = memory.as_caller(Caller(tenant=memory.settings.tenant, user="stranger"))
         with pytest.raises(NotFound, match="no dataset 'notes'"):
             dataset_view(stranger, "notes")

@@ -18,6 +18,7 @@ from kenning.pipeline.models import Dataset, Scope
 from kenning.pipeline.permission import Caller, Permission, authenticate
 from kenning.workers.api.errors import ApiError
 from kenning.workers.api.runs import RunTracker
+from kenning.workers.application.gate import readable_datasets
 from kenning.workers.memory import Kenning
 
 bearer = HTTPBearer(auto_error=False, description="An API key from `kenning key create`")
@@ -76,9 +77,7 @@ class Access:
     def readable(self, names: Sequence[str] | None) -> list[str]:
         """Those of `names` (all, when None) that exist and the caller may read; others are left
         out silently."""
-        existing = sorted(d.name for d in self.memory.wiring.metadata.list_datasets(self.tenant))
-        wanted = existing if names is None else [name for name in dict.fromkeys(names) if name in existing]
-        return self.caller.granted(Permission.READ, wanted)
+        return readable_datasets(self.caller, self.memory.wiring.metadata, names)
 
     def dataset_by_id(self, dataset_id: str, *allowed: Permission) -> Dataset:
         """The tenant's dataset of that id on which the caller holds one of `allowed`; else NotFound."""
@@ -101,5 +100,5 @@ def access_of(state: ApiState, token: str) -> Access:
     caller = authenticate(state.memory.wiring.permissions, token)
     if caller is None:
         raise ApiError(401, "unauthorized", "the API key is unknown or revoked", CHALLENGE)
-    memory = state.memory.as_caller(caller.tenant, caller.user, caller.read_scopes())
+    memory = state.memory.as_caller(caller)
     return Access(caller=caller, memory=memory, state=state, token=token)

@@ -314,9 +314,10 @@ def recall(body: RecallIn, access: Caller) -> Recalled:
 def _from_session(access: Access, body: RecallIn) -> list[Recollection]:
     if body.session_id is None:
         return []
+    # The memory shows only the entries the caller may read every dataset of.
     entries = [entry for entry in access.memory.get_session(body.session_id) if worth_recalling(entry)]
     found = search_entries(entries, body.query, body.top_k)
-    return [session_recollection(entry, score) for entry, score in found if _readable(access, entry.dataset)]
+    return [session_recollection(entry, score) for entry, score in found]
 
 
 @router.post("/forget", tags=["memory"], response_model=Forgotten)
@@ -333,9 +334,9 @@ def forget(body: ForgetIn, access: Caller) -> Forgotten:
 def get_session(
     session_id: IdPath, access: Caller, last_n: Annotated[int | None, Query(ge=1, le=10_000)] = None
 ) -> list[SessionEntry]:
-    """The caller's own session: its entries, oldest first (those of datasets it may read)."""
-    entries = access.memory.get_session(session_id, last_n)
-    return [entry for entry in entries if _readable(access, entry.dataset)]
+    """The caller's own session: its entries, oldest first; only those built from datasets that
+    it may all read now (`datasets`), so a grant revoked hides them at once."""
+    return access.memory.get_session(session_id, last_n)
 
 
 @router.post("/sessions/{session_id}/feedback", tags=["sessions"], response_model=Done)
@@ -449,8 +450,10 @@ def get_grants(dataset: DatasetPath, access: Caller) -> Grants:
 
 @router.post("/datasets/{dataset}/permissions", tags=["datasets"], response_model=Grants)
 def grant(dataset: DatasetPath, body: GrantIn, access: Caller) -> Grants:
-    """Grant a user of the caller's tenant permissions on the dataset; needs share."""
+    """Grant another user of the caller's tenant permissions on the dataset; needs share. One's own
+    permissions are never changed; only an admin grants share; others grant only what they hold."""
     name = access.require(SHARE, dataset)
+    access.caller.check_share(name, body.user, body.permissions)
     store = access.memory.wiring.permissions
     store.grant(find_user(store, access.tenant, body.user), name, body.permissions)
     return _grants(access, name)
@@ -463,10 +466,13 @@ def revoke(
     access: Caller,
     permission: Annotated[list[Permission] | None, Query(description="Default: every permission")] = None,
 ) -> Grants:
-    """Revoke a user's permissions on the dataset (all of them by default); needs share."""
+    """Revoke another user's permissions on the dataset (by default, all the caller may revoke:
+    an admin every one, others those they hold but share); needs share."""
     name = access.require(SHARE, dataset)
+    wanted = permission or sorted(access.caller.shareable(name))
+    access.caller.check_share(name, user, wanted)
     store = access.memory.wiring.permissions
-    store.revoke(find_user(store, access.tenant, user), name, permission or list(Permission))
+    store.revoke(find_user(store, access.tenant, user), name, wanted)
     return _grants(access, name)
 
 
@@ -484,7 +490,7 @@ def me(access: Caller) -> Me:
 
 
 def _readable(access: Access, dataset: str) -> bool:
-    """Entries that name no dataset are the caller's own session's; others need read."""
+    """A hit that names no dataset is the caller's own session's; others need read."""
     return not dataset or access.caller.may(READ, dataset)
 
 

@@ -61,7 +61,7 @@ class RunTracker:
                 self._follow(memory.wiring.metadata, run_id, memory.settings.cognify_timeout_s)
             return run_id
         tracked = self._track(
-            Tracked(run_id=uuid.uuid4().hex, tenant=memory.settings.tenant, dataset=dataset)
+            Tracked(run_id=uuid.uuid4().hex, tenant=memory.caller.tenant, dataset=dataset)
         )
         if wait:
             self._cognify(memory, tracked)
@@ -103,7 +103,7 @@ class RunTracker:
         with needs_extra("kenning serve --distributed"):
             from kenning.workers.celery.canvas import enqueue
 
-        job = enqueue(memory.wiring, memory.settings, Scope(tenant=memory.settings.tenant, dataset=dataset))
+        job = enqueue(memory.wiring, memory.settings, Scope(tenant=memory.caller.tenant, dataset=dataset))
         return job.run_id
 
     def _follow(self, metadata: MetadataStore, run_id: str, timeout_s: float) -> None:

@@ -25,10 +25,12 @@ from kenning.pipeline.memify import (
     session_sources,
 )
 from kenning.pipeline.models import RUNNING, Dataset
+from kenning.pipeline.permission import Caller
 from kenning.pipeline.ports import MetadataStore
 from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
 from kenning.retrieval.conversation import mend_turns, turns_of
+from kenning.workers.application import gate
 from kenning.workers.runtime.wiring import Wiring
 
 
@@ -59,18 +61,21 @@ def forget_in_dataset(
         return forget_held(wiring, dataset, data_ids, memory_only)
 
 
-def improve_held(wiring: Wiring, dataset: Dataset, config: MemifyConfig) -> Improvement:
+def improve_held(
+    wiring: Wiring, dataset: Dataset, config: MemifyConfig, improver: Caller | None = None
+) -> Improvement:
     """Feedback weights and entity consolidation of one dataset; the caller holds its lock."""
-    rated = ratings(entry for _, entry in session_entries(wiring, dataset))
+    rated = ratings(entry for _, entry in session_entries(wiring, dataset, improver))
     weighted = apply_weights(wiring, dataset.scope, feedback_weights(rated, config.alpha))
     merged, repointed = consolidate(wiring, dataset.scope, config)
     return Improvement(weighted=weighted, merged_entities=merged, repointed_edges=repointed)
 
 
-def session_items(wiring: Wiring, dataset: Dataset) -> list[Source]:
-    """The answered questions of the tenant's sessions about this dataset, as texts to remember."""
+def session_items(wiring: Wiring, dataset: Dataset, improver: Caller | None = None) -> list[Source]:
+    """The answered questions of the tenant's sessions about this dataset, as texts to remember
+    (those `session_entries` gives)."""
     by_session: dict[str, list[SessionEntry]] = {}
-    for session_id, entry in session_entries(wiring, dataset):
+    for session_id, entry in session_entries(wiring, dataset, improver):
         by_session.setdefault(session_id, []).append(entry)
     sources: list[Source] = []
     for session_id, entries in by_session.items():
@@ -82,17 +87,23 @@ def _active_runs(metadata: MetadataStore, dataset: Dataset) -> bool:
     return any(run.status in RUNNING for run in metadata.list_runs(dataset.id))
 
 
-def session_entries(wiring: Wiring, dataset: Dataset) -> list[tuple[str, SessionEntry]]:
-    """(session id, entry) of every session of the dataset's tenant, for this dataset or none named."""
+def session_entries(
+    wiring: Wiring, dataset: Dataset, improver: Caller | None = None
+) -> list[tuple[str, SessionEntry]]:
+    """(session id, entry) of the dataset's tenant's sessions that `improve` may make data of it:
+    entries built from this dataset alone (an answer that read another dataset too would carry
+    that one's text into it), in sessions of users who may write it now (a reader's question
+    must not become data). A user the permission store does not know counts as a writer only
+    when it is `improver` itself, or when the deployment has no users (`gate.wrote_as_writer`)."""
     sessions = wiring.sessions
     if sessions is None:
         return []
-    return [
-        (key.session_id, entry)
-        for key in sessions.list_sessions(dataset.tenant)
-        for entry in sessions.get_session(key)
-        if entry.dataset in (dataset.name, "")
-    ]
+    found = []
+    for key in sessions.list_sessions(dataset.tenant):
+        entries = [entry for entry in sessions.get_session(key) if entry.cited == [dataset.name]]
+        if entries and gate.wrote_as_writer(wiring.permissions, key, dataset, improver):
+            found += [(key.session_id, entry) for entry in entries]
+    return found
 
 
 def forget_held(

@@ -17,6 +17,8 @@ from kenning.pipeline.errors import InputError
 from kenning.pipeline.forget import REPLACEABLE_SOURCES
 from kenning.pipeline.ingest import AddResult, Source
 from kenning.pipeline.models import DataItem, Dataset, ItemStatus
+from kenning.pipeline.permission import Caller
+from kenning.workers.application.gate import may_read
 from kenning.workers.application.lifecycle import Remembered, find_dataset
 from kenning.workers.runtime.settings import Settings
 from kenning.workers.runtime.wiring import Wiring
@@ -49,6 +51,9 @@ class Memory(Protocol):
 
     settings: Settings
     wiring: Wiring
+
+    @property
+    def caller(self) -> Caller: ...
 
     def add(self, sources: Sequence[Source], dataset: str | None = None) -> AddResult: ...
     def cognify(self, dataset: str | None = None) -> Any: ...
@@ -100,8 +105,12 @@ class Records:
         self._memory.forget(target.name, [self._item(target.id, record_id).id])
 
     def _dataset(self, dataset: str | None) -> Dataset:
-        settings = self._memory.settings
-        return find_dataset(self._memory.wiring.metadata, settings.tenant, dataset or settings.dataset)
+        """The dataset, if the caller may read it: the same InputError for one missing or not its."""
+        memory = self._memory
+        name = dataset or memory.settings.dataset
+        return find_dataset(
+            memory.wiring.metadata, memory.caller.tenant, name, lambda d: may_read(memory.caller, d.scope)
+        )
 
     def _item(self, dataset_id: str, record_id: str) -> DataItem:
         items = self._memory.wiring.metadata.get_items([record_id])

@@ -11,9 +11,11 @@ from rich.console import Console
 from kenning.pipeline.errors import NotFound
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.permission import (
+    Caller,
     Permission,
     PermissionStore,
     User,
+    caller_of,
     find_user,
     issue_key,
     key_id_of,
@@ -201,15 +203,26 @@ def dataset_permissions(dataset: str, tenant: str | None) -> None:
 
 
 def share(dataset: str, name: str, permissions: tuple[str, ...], tenant: str | None, *, revoke: bool) -> None:
+    """Grant or revoke, by the rule of `Caller.check_share` for the command line's caller; a revoke
+    naming no permission takes back all that caller may revoke."""
     with permission_store() as (store, settings):
-        user = find_user(store, tenant or settings.tenant, name)
-        wanted = chosen(permissions)
+        caller = cli_caller(store, settings, tenant or settings.tenant)
+        wanted = sorted(caller.shareable(dataset)) if revoke and not permissions else chosen(permissions)
+        caller.check_share(dataset, name, wanted)
+        user = find_user(store, caller.tenant, name)
         if revoke:
             store.revoke(user, dataset, wanted)
         else:
             store.grant(user, dataset, wanted)
         held = sorted(store.grants_of(user.id).get(dataset, frozenset()))
     click.echo(f"{name} on {dataset}: {', '.join(held) or 'nothing'}")
+
+
+def cli_caller(store: PermissionStore, settings: Settings, tenant: str) -> Caller:
+    """Who the command line acts as in the tenant: the user KENNING_USER names, where the tenant
+    has a user of that name; else the operator, who holds every permission there."""
+    user = store.get_user(tenant, settings.user)
+    return caller_of(store, user) if user else Caller(tenant=tenant, user=settings.user, admin=True)
 
 
 COMMANDS = (serve_command, user_group, key_group, dataset_group)

@@ -186,7 +186,7 @@ def list_runs(
 ) -> list[RunSummary]:
     """The most recent runs, newest first, of the dataset or of every dataset of the tenant."""
     metadata = memory.wiring.metadata
-    datasets = [memory.dataset(dataset)] if dataset else metadata.list_datasets(memory.settings.tenant)
+    datasets = [memory.dataset(dataset)] if dataset else metadata.list_datasets(memory.caller.tenant)
     runs: list[tuple[Dataset, PipelineRun]] = []
     for each in datasets:
         close_dead_runs(metadata, each.id)
@@ -201,14 +201,14 @@ def find_run(memory: Kenning, run_id: str) -> tuple[Dataset, PipelineRun]:
     """The run of that id (or of that unique id prefix) in a dataset of the tenant; else NotFound."""
     metadata = memory.wiring.metadata
     found: list[tuple[Dataset, PipelineRun]] = []
-    for dataset in metadata.list_datasets(memory.settings.tenant):
+    for dataset in metadata.list_datasets(memory.caller.tenant):
         found.extend((dataset, run) for run in metadata.list_runs(dataset.id) if run.id.startswith(run_id))
     exact = [pair for pair in found if pair[1].id == run_id]
     if exact or len(found) == 1:
         return (exact or found)[0]
     if found:
         raise InputError(f"{len(found)} runs start with {run_id!r}: give more of the id")
-    raise NotFound(f"no run {run_id!r} in a dataset of tenant {memory.settings.tenant!r}")
+    raise NotFound(f"no run {run_id!r} in a dataset of tenant {memory.caller.tenant!r}")
 
 
 def cancel_run(memory: Kenning, run_id: str, reason: str = "") -> RunSummary:

@@ -32,6 +32,7 @@ from kenning.pipeline.models import Dataset
 from kenning.pipeline.models import Scope as DataScope
 from kenning.pipeline.permission import Caller, Permission, authenticate
 from kenning.retrieval.contract import SearchResult, SearchType
+from kenning.workers.application.gate import readable_datasets
 from kenning.workers.application.lifecycle import Message, Recalled, Remembered
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.heap import settle
@@ -109,9 +110,7 @@ class Scoped:
 
     def readable(self, names: Sequence[str] | None) -> list[str]:
         """Those of `names` the caller may read (all it may read when None), silently."""
-        if names is None:
-            return [d.name for d in self.datasets() if self.caller.may(READ, d.name)]
-        return self.caller.granted(READ, list(dict.fromkeys(names)))
+        return readable_datasets(self.caller, self.memory.wiring.metadata, names)
 
     def may_read(self, dataset: str) -> bool:
         """Session entries that name no dataset are the caller's own; others need read."""
@@ -138,7 +137,7 @@ class Tools:
 
     def __init__(self, memory: Kenning) -> None:
         self.memory = memory
-        self.owner = Caller(tenant=memory.settings.tenant, user=memory.settings.user, admin=True)
+        self.owner = memory.caller
 
     def scoped(self, ctx: Context) -> Scoped:
         request = ctx.request_context.request
@@ -147,7 +146,8 @@ class Tools:
         caller = request.scope.get("state", {}).get(CALLER_KEY)
         if not isinstance(caller, Caller):  # an HTTP app built without the key check: refuse
             raise ToolError("unauthorized: send an API key (Authorization: Bearer <key>)")
-        return Scoped(caller, self.memory.as_caller(caller.tenant, caller.user, caller.read_scopes()))
+        keyed = caller.model_copy(update={"keyed": True})  # whatever checked the key, it is a key's
+        return Scoped(keyed, self.memory.as_caller(keyed))
 
     def remember(
         self,

@@ -18,6 +18,7 @@ from kenning.workers.runtime.validation import (
     HttpUrl,
     Name,
     RedisUrl,
+    S3Allow,
     ScopePatterns,
     SqlUrl,
     check_graph_url,
@@ -52,6 +53,11 @@ class Settings(BaseSettings):
     qdrant_url: HttpUrl = Field(default="", description="A Qdrant server; empty = an engine under home")
     qdrant_api_key: str = ""
     s3_endpoint_url: HttpUrl = Field(default="", description="Any S3-compatible store; empty = boto3's own")
+    s3_allow: S3Allow = Field(
+        default_factory=list,
+        description="s3://bucket/prefix=tenant entries, comma separated or a JSON list: where each "
+        "tenant's callers may add from; empty: only the local operator reads buckets",
+    )
 
     embedding_provider: Literal["local", "openai", "hash"] = "local"
     embedding_url: HttpUrl = ""

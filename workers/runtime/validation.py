@@ -6,11 +6,12 @@ passwords, and a key pasted into the wrong variable must not end up in a termina
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, get_origin
 
-from pydantic import AfterValidator, BaseModel, ValidationError
-from pydantic_settings import SettingsError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic_settings import NoDecode, SettingsError
 
 from kenning.pipeline.errors import ConfigError
 
@@ -70,6 +71,42 @@ def scope_patterns(values: list[str]) -> list[str]:
     return values
 
 
+class S3Grant(BaseModel):
+    """One entry of KENNING_S3_ALLOW: the tenant whose callers may read under `s3://bucket/prefix`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bucket: str
+    prefix: str = ""
+    tenant: str
+
+
+S3_ALLOW_SHAPE = "s3://bucket/prefix=tenant entries, comma separated (or a JSON list of them)"
+
+
+def s3_allow(value: Any) -> list[S3Grant]:
+    """`s3://bucket/prefix=tenant` entries, from a comma separated string or a JSON list."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            entries = json.loads(text) if text.startswith("[") else [p for p in text.split(",") if p.strip()]
+        except json.JSONDecodeError:
+            raise ValueError(f"not valid JSON; expected {S3_ALLOW_SHAPE}") from None
+    else:
+        entries = value
+    if not isinstance(entries, list):
+        raise ValueError(f"expected {S3_ALLOW_SHAPE}")
+    return [entry if isinstance(entry, S3Grant) else s3_grant(entry, n) for n, entry in enumerate(entries, 1)]
+
+
+def s3_grant(entry: Any, position: int) -> S3Grant:
+    uri, _, tenant = str(entry).strip().rpartition("=")
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or not bucket or not tenant.strip() or "/" in tenant:
+        raise ValueError(f"entry {position} is not s3://bucket/prefix=tenant; expected {S3_ALLOW_SHAPE}")
+    return S3Grant(bucket=bucket, prefix=prefix, tenant=tenant.strip())
+
+
 def check_graph_url(backend: str, url: str) -> None:
     """The graph URL fits the backend: a SQL URL for `sql`, Bolt for Memgraph, Redis for FalkorDB."""
     if backend == "sql":
@@ -94,6 +131,7 @@ SqlUrl = Annotated[str, AfterValidator(sql_url)]
 RedisUrl = Annotated[str, AfterValidator(redis_url)]
 Name = Annotated[str, AfterValidator(name)]
 ScopePatterns = Annotated[list[str], AfterValidator(scope_patterns)]
+S3Allow = Annotated[list[S3Grant], NoDecode, BeforeValidator(s3_allow)]
 
 
 def config_error(error: ValidationError | SettingsError, model: type[BaseModel]) -> ConfigError:
