@@ -3,11 +3,19 @@ grouped into extraction units."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
 from pydantic import BaseModel, Field, model_validator
 
-from kenning.pipeline.text import count_tokens, paragraphs, sentences, split_words
+from kenning.pipeline.text import count_tokens, paragraphs, sentences
+
+# A run of letters or digits longer than this is counted as a model's tokenizer would see it, at
+# about four characters a token: counted as one word, a run of megabytes would make one chunk.
+LONG_RUN_CHARS = 32
+CHARS_PER_TOKEN = 4
+_LONG_RUN = re.compile(rf"\w{{{LONG_RUN_CHARS + 1},}}")
+_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 class ChunkingConfig(BaseModel):
@@ -29,19 +37,73 @@ class TextPiece(BaseModel):
     token_count: int
 
 
+def chunk_tokens(text: str) -> int:
+    """The tokens of a text as chunking counts them: words and punctuation marks, and a run of
+    letters longer than `LONG_RUN_CHARS` one token for every `CHARS_PER_TOKEN` characters."""
+    tokens = count_tokens(text)
+    if len(text) > LONG_RUN_CHARS:
+        tokens += sum(_run_tokens(match.group()) - 1 for match in _LONG_RUN.finditer(text))
+    return tokens
+
+
+def _run_tokens(token: str) -> int:
+    return 1 if len(token) <= LONG_RUN_CHARS else -(-len(token) // CHARS_PER_TOKEN)
+
+
 def units(text: str, max_tokens: int) -> Iterator[tuple[str, int, bool]]:
     """Sentences with their token counts; the flag marks the last one of a paragraph."""
     for paragraph in paragraphs(text):
         parts = sentences(paragraph)
         for position, sentence in enumerate(parts):
             last = position == len(parts) - 1
-            tokens = count_tokens(sentence)
+            tokens = chunk_tokens(sentence)
             if tokens <= max_tokens:
                 yield sentence, tokens, last
                 continue
             pieces = list(split_words(sentence, max_tokens))
             for number, piece in enumerate(pieces):
-                yield piece, count_tokens(piece), last and number == len(pieces) - 1
+                yield piece, chunk_tokens(piece), last and number == len(pieces) - 1
+
+
+def split_words(text: str, max_tokens: int) -> Iterator[str]:
+    """Cut an over-long sentence into pieces of at most `max_tokens` tokens, between words, and
+    inside a word that alone is over the limit."""
+    piece: list[str] = []
+    size = 0
+    for word in text.split():
+        for part in hard_split(word, max_tokens):
+            cost = chunk_tokens(part)
+            if piece and size + cost > max_tokens:
+                yield " ".join(piece)
+                piece, size = [], 0
+            piece.append(part)
+            size += cost
+    if piece:
+        yield " ".join(piece)
+
+
+def hard_split(word: str, max_tokens: int) -> Iterator[str]:
+    """A word without whitespace, whole when it is within `max_tokens`, else cut between its
+    tokens, and a run of letters longer than the limit cut every `max_tokens` tokens' length."""
+    if chunk_tokens(word) <= max_tokens:
+        yield word
+        return
+    start, size = 0, 0
+    for match in _TOKEN.finditer(word):
+        cost = _run_tokens(match.group())
+        if cost > max_tokens:
+            if match.start() > start:
+                yield word[start : match.start()]
+            width = max_tokens * CHARS_PER_TOKEN
+            yield from (match.group()[at : at + width] for at in range(0, len(match.group()), width))
+            start, size = match.end(), 0
+            continue
+        if size + cost > max_tokens:
+            yield word[start : match.start()]
+            start, size = match.start(), 0
+        size += cost
+    if start < len(word):
+        yield word[start:]
 
 
 def chunk_text(text: str, config: ChunkingConfig) -> list[TextPiece]:

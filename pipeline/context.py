@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from kenning.pipeline.chunking import ChunkingConfig
 from kenning.pipeline.lexical import LexicalIndex
+from kenning.pipeline.loaders import InputLimits
 from kenning.pipeline.models import Scope
 from kenning.pipeline.ports import (
     BlobStore,
@@ -28,6 +29,7 @@ class PipelineConfig(BaseModel):
     extract_batch: int = Field(default=8, ge=1, description="Chunks per extraction task")
     load_batch: int = Field(default=32, ge=1, description="Chunks written per load batch")
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
+    inputs: InputLimits = Field(default_factory=InputLimits, description="How far one item may expand")
     temporal: bool = Field(default=False, description="Also extract dated events into Event/Timestamp nodes")
     references: dict[str, str] = Field(
         default_factory=dict,

@@ -7,11 +7,13 @@ import stat
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import BaseModel
 
 from kenning.pipeline.errors import InputError
 from kenning.pipeline.forget import REPLACEABLE_SOURCES, previous_versions
+from kenning.pipeline.loaders import MAX_BYTES
 from kenning.pipeline.models import DataItem, ItemStatus, Scope
 from kenning.pipeline.ports import BlobStore, MetadataStore, ObjectSource
 
@@ -77,16 +79,23 @@ def text_source(text: str, name: str = "text", external_id: str = "") -> Source:
     return Source(name=name, uri=uri, data=data, mime="text/plain")
 
 
-def path_sources(paths: Sequence[str], errors: dict[str, str]) -> Iterator[Source]:
+def path_sources(
+    paths: Sequence[str], errors: dict[str, str], max_bytes: int = MAX_BYTES
+) -> Iterator[Source]:
     """Sources for files, directories (recursively, hidden files skipped) and `-` for stdin.
 
     A path that cannot be read is reported in `errors` and the others proceed; so is each one
     that is neither a regular file nor a directory (a device or a pipe might never end), with
-    what it is.
+    what it is, each file over `max_bytes` (no more than one byte past it is read), and each
+    symbolic link in a directory that points out of it.
     """
     for raw in paths:
         if raw == "-":
-            yield Source(name="stdin", uri="stdin:", data=sys.stdin.buffer.read())
+            try:
+                data = read_capped(sys.stdin.buffer, "stdin", max_bytes)
+                yield Source(name="stdin", uri="stdin:", data=data)
+            except InputError as error:
+                errors[raw] = str(error)
             continue
         path = Path(raw)
         if not path.exists():
@@ -97,28 +106,42 @@ def path_sources(paths: Sequence[str], errors: dict[str, str]) -> Iterator[Sourc
             continue
         for file in _files(path, errors):
             try:
-                yield file_source(file)
+                yield file_source(file, max_bytes)
             except InputError as error:
                 errors[str(file)] = str(error)
 
 
-def file_source(path: Path) -> Source:
+def file_source(path: Path, max_bytes: int = MAX_BYTES) -> Source:
     try:
-        data = path.read_bytes()
+        with path.open("rb") as stream:
+            data = read_capped(stream, str(path), max_bytes)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from exc
     mime = mimetypes.guess_type(path.name)[0] or ""
     return Source(name=path.name, uri=path.resolve().as_uri(), data=data, mime=mime)
 
 
+def read_capped(stream: BinaryIO, name: str, max_bytes: int) -> bytes:
+    """At most `max_bytes` of a stream: one byte more tells that it is longer, and then it is refused."""
+    data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputError(
+            f"{name}: over the limit of {max_bytes} bytes (set by KENNING_MAX_DOCUMENT_BYTES); not added"
+        )
+    return data
+
+
 def _files(path: Path, errors: dict[str, str]) -> Iterator[Path]:
     if path.is_file():
         yield path
         return
+    root = path.resolve()
     for file in sorted(path.rglob("*")):
         if any(part.startswith(".") for part in file.relative_to(path).parts):
             continue
-        if file.is_file():
+        if file.is_symlink() and not file.resolve().is_relative_to(root):
+            errors[str(file)] = "skipped: a symbolic link to a place outside the directory added"
+        elif file.is_file():
             yield file
         elif not file.is_dir():
             errors[str(file)] = skipped_because(file)

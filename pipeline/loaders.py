@@ -8,15 +8,23 @@ import io
 import json
 import re
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TypeGuard
 
+from pydantic import BaseModel, Field
 from selectolax.lexbor import LexborHTMLParser
 
 from kenning.pipeline.errors import InputError
 
 MAX_BYTES = 64 * 1024 * 1024
+# Every item may expand this far whatever its own size: a short file is never refused by the ratio.
+EXPANSION_FLOOR = 1024 * 1024
+MAX_ARCHIVE_MEMBERS = 10_000
+ZIP_MEMBER_SIGNATURE = b"PK\x01\x02"
+UNPACK_BLOCK = 256 * 1024
 KINDS = ("text", "markdown", "rst", "html", "pdf", "docx", "csv", "json")
 
 EXTENSION_KINDS = {
@@ -94,6 +102,63 @@ MAX_HEADER_CELL = 64
 SNIFF_ROWS = 20
 
 
+class InputLimits(BaseModel):
+    """How far one data item may expand while it is read (archive members, text, nesting)."""
+
+    max_unpacked_bytes: int = Field(
+        default=MAX_BYTES, ge=1, description="Most bytes one item expands into: archive members, its text"
+    )
+    max_unpack_ratio: int = Field(
+        default=100, ge=1, description="Most times its own size an item expands into (1 MiB always may)"
+    )
+    max_json_depth: int = Field(default=100, ge=1, description="Deepest nesting of a JSON document")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one item may expand into, and the setting that sets that cap."""
+
+    name: str
+    cap: int
+    setting: str
+    depth: int
+
+    @classmethod
+    def of(cls, data: bytes, limits: InputLimits, name: str = "") -> Budget:
+        by_ratio = max(EXPANSION_FLOOR, len(data) * limits.max_unpack_ratio)
+        if by_ratio < limits.max_unpacked_bytes:
+            setting = f"{limits.max_unpack_ratio} times its size, set by KENNING_MAX_UNPACK_RATIO"
+            return cls(name, by_ratio, setting, limits.max_json_depth)
+        return cls(
+            name, limits.max_unpacked_bytes, "set by KENNING_MAX_UNPACKED_BYTES", limits.max_json_depth
+        )
+
+    def over(self, what: str) -> InputError:
+        return InputError(f"{self._item()}{what} expands past {self.cap} bytes, the cap ({self.setting})")
+
+    def too_deep(self) -> InputError:
+        depth = f"{self.depth} levels, the cap (set by KENNING_MAX_JSON_DEPTH)"
+        return InputError(f"{self._item()}JSON nested deeper than {depth}")
+
+    def _item(self) -> str:
+        return f"{self.name}: " if self.name else ""
+
+
+DEFAULT_LIMITS = InputLimits()
+
+
+def bounded_join(lines: Iterable[str], budget: Budget, what: str) -> str:
+    """The lines joined by newlines; InputError as soon as they grow past the budget's cap."""
+    kept: list[str] = []
+    size = 0
+    for line in lines:
+        size += len(line) + 1
+        if size > budget.cap:
+            raise budget.over(what)
+        kept.append(line)
+    return "\n".join(kept)
+
+
 # Guards and decoding.
 
 
@@ -166,7 +231,9 @@ def normalize_newlines(text: str) -> str:
 # Kind detection.
 
 
-def detect_kind(name: str, data: bytes, max_bytes: int = MAX_BYTES) -> str:
+def detect_kind(
+    name: str, data: bytes, max_bytes: int = MAX_BYTES, limits: InputLimits = DEFAULT_LIMITS
+) -> str:
     """One of KINDS for a data item, from its name's extension and its content.
 
     Binary formats are recognised by content whatever the name says; a name without a
@@ -176,7 +243,8 @@ def detect_kind(name: str, data: bytes, max_bytes: int = MAX_BYTES) -> str:
     check_size(data, max_bytes)
     if not data or data.isspace():
         raise InputError("empty file")
-    binary = detect_binary(name, data)
+    budget = Budget.of(data, limits, name)
+    binary = detect_binary(name, data, budget)
     if binary:
         return binary
     claimed = EXTENSION_KINDS.get(extension(name))
@@ -186,7 +254,7 @@ def detect_kind(name: str, data: bytes, max_bytes: int = MAX_BYTES) -> str:
     if not text.strip():
         raise InputError("empty file")
     if claimed == "json":
-        parse_json(text)
+        parse_json(text, budget)
     return claimed or sniff_text(name, text)
 
 
@@ -194,26 +262,59 @@ def extension(name: str) -> str:
     return PurePosixPath(name.replace("\\", "/")).suffix.lower()
 
 
-def detect_binary(name: str, data: bytes) -> str | None:
+def detect_binary(name: str, data: bytes, budget: Budget) -> str | None:
     if data.startswith(b"%PDF-") or (extension(name) == ".pdf" and b"%PDF-" in data[:1024]):
         return "pdf"
     if data.startswith(b"PK\x03\x04"):
-        return detect_zip(data)
+        return detect_zip(data, budget)
     for magic, label in BINARY_MAGIC.items():
         if data.startswith(magic):
             raise InputError(f"unsupported binary format: {label}")
     return None
 
 
-def detect_zip(data: bytes) -> str:
+def detect_zip(data: bytes, budget: Budget) -> str:
+    count_members(data, budget)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            names = set(archive.namelist())
+            infos = archive.infolist()
     except (zipfile.BadZipFile, EOFError, ValueError) as exc:
         raise InputError(f"corrupt or truncated zip archive: {exc}") from exc
-    if "word/document.xml" not in names:
+    check_declared(infos, budget)
+    if "word/document.xml" not in {info.filename for info in infos}:
         raise InputError("unsupported binary format: zip archive that is not a .docx document")
     return "docx"
+
+
+def count_members(data: bytes, budget: Budget) -> None:
+    # Counted before the archive is opened: zipfile reads its whole directory into memory at once.
+    if data.count(ZIP_MEMBER_SIGNATURE) > MAX_ARCHIVE_MEMBERS:
+        raise InputError(f"{budget._item()}zip archive of more than {MAX_ARCHIVE_MEMBERS} members")
+
+
+def check_declared(infos: list[zipfile.ZipInfo], budget: Budget) -> None:
+    declared = sum(info.file_size for info in infos)
+    if declared > budget.cap:
+        raise budget.over(f"zip archive whose members declare {declared} bytes")
+
+
+def check_members(data: bytes, budget: Budget, kind: str = "zip archive") -> None:
+    """Inflate every member of a zip archive block by block, counting what comes out: the first
+    block past the budget's cap stops it, so no member is ever inflated whole beyond it."""
+    count_members(data, budget)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            infos = archive.infolist()
+            check_declared(infos, budget)
+            total = 0
+            for info in infos:
+                with archive.open(info) as member:
+                    while block := member.read(UNPACK_BLOCK):
+                        total += len(block)
+                        if total > budget.cap:
+                            raise budget.over(f"zip archive member {info.filename}")
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, RuntimeError, NotImplementedError) as exc:
+        raise InputError(f"corrupt or unreadable {kind}: {exc}") from exc
 
 
 def sniff_text(name: str, text: str) -> str:
@@ -281,23 +382,29 @@ SNIFFERS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 # Text extraction.
 
 
-def extract_text(kind: str, data: bytes, max_bytes: int = MAX_BYTES) -> str:
-    """Plain text of a data item of the given kind; InputError when none can be had."""
+def extract_text(
+    kind: str, data: bytes, max_bytes: int = MAX_BYTES, limits: InputLimits = DEFAULT_LIMITS, name: str = ""
+) -> str:
+    """Plain text of a data item of the given kind; InputError when none can be had, or when the
+    item expands past `limits` (its archive members, its nesting or its text)."""
     check_size(data, max_bytes)
     extractor = EXTRACTORS.get(kind)
     if extractor is None:
         raise InputError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
-    text = extractor(data)
+    budget = Budget.of(data, limits, name)
+    text = extractor(data, budget)
+    if len(text) > budget.cap:
+        raise budget.over("its text")
     if not text.strip():
         raise InputError("no text could be extracted")
     return text
 
 
-def plain_text(data: bytes) -> str:
+def plain_text(data: bytes, budget: Budget | None = None) -> str:
     return normalize_newlines(decode_bytes(data))
 
 
-def markdown_text(data: bytes) -> str:
+def markdown_text(data: bytes, budget: Budget) -> str:
     # The parsers of rarer formats are imported on first use: together they take about a second.
     from markdown_it import MarkdownIt
 
@@ -305,7 +412,7 @@ def markdown_text(data: bytes) -> str:
     return html_to_text(html)
 
 
-def rst_text(data: bytes) -> str:
+def rst_text(data: bytes, budget: Budget) -> str:
     lines = (clean_rst_line(line) for line in plain_text(data).split("\n") if not is_rst_markup(line))
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
@@ -320,7 +427,7 @@ def clean_rst_line(line: str) -> str:
     return line.rstrip()
 
 
-def html_text(data: bytes) -> str:
+def html_text(data: bytes, budget: Budget) -> str:
     return html_to_text(plain_text(data))
 
 
@@ -352,24 +459,40 @@ def clean_html_line(line: str) -> str:
     return " | ".join(cell for cell in cells if cell)
 
 
-def pdf_text(data: bytes) -> str:
-    from pypdf import PasswordType, PdfReader
+PDF_OUTPUT_LIMITS = (
+    "zlib_maximum_output_length",
+    "lzw_maximum_output_length",
+    "run_length_maximum_output_length",
+    "brotli_maximum_output_length",
+    "jbig2_maximum_output_length",
+    "array_based_stream_maximum_output_length",
+)
+
+
+def pdf_text(data: bytes, budget: Budget) -> str:
+    from pypdf import PasswordType, PdfReader, apply_configuration
+    from pypdf.errors import LimitReachedError
 
     # pypdf raises many exception types on damaged files; all of them mean the same to a caller.
     try:
-        reader = PdfReader(io.BytesIO(data), strict=False)
-        if reader.is_encrypted and reader.decrypt("") == PasswordType.NOT_DECRYPTED:
-            raise InputError("encrypted PDF: a password is needed to read it")
-        return "\n\n".join(page.extract_text() for page in reader.pages)
+        with apply_configuration(None, **dict.fromkeys(PDF_OUTPUT_LIMITS, budget.cap)):
+            reader = PdfReader(io.BytesIO(data), strict=False)
+            if reader.is_encrypted and reader.decrypt("") == PasswordType.NOT_DECRYPTED:
+                raise InputError("encrypted PDF: a password is needed to read it")
+            pages = (page.extract_text() + "\n" for page in reader.pages)
+            return bounded_join(pages, budget, "its PDF text").rstrip("\n")
     except InputError:
         raise
+    except LimitReachedError as exc:
+        raise budget.over(f"a PDF stream ({exc})") from exc
     except Exception as exc:
         raise InputError(f"corrupt or unreadable PDF: {exc}") from exc
 
 
-def docx_text(data: bytes) -> str:
+def docx_text(data: bytes, budget: Budget) -> str:
     import docx
 
+    check_members(data, budget, "docx")
     # python-docx surfaces zip, XML and package errors of several types on damaged files.
     try:
         document = docx.Document(io.BytesIO(data))
@@ -385,16 +508,16 @@ def docx_block_text(block: object) -> str:
     return "\n".join(" | ".join(cell.text for cell in row.cells) for row in rows)
 
 
-def csv_text(data: bytes) -> str:
-    lines = (format_row(row) for row in csv_rows(plain_text(data)))
-    return "\n".join(line for line in lines if line)
+def csv_text(data: bytes, budget: Budget) -> str:
+    lines = (format_row(row) for row in csv_records(plain_text(data)))
+    return bounded_join((line for line in lines if line), budget, "its CSV text")
 
 
-def json_text(data: bytes) -> str:
-    return "\n".join(flatten_json(parse_json(plain_text(data))))
+def json_text(data: bytes, budget: Budget) -> str:
+    return bounded_join(flatten_json(parse_json(plain_text(data), budget)), budget, "its JSON text")
 
 
-EXTRACTORS: dict[str, Callable[[bytes], str]] = {
+EXTRACTORS: dict[str, Callable[[bytes, Budget], str]] = {
     "text": plain_text,
     "markdown": markdown_text,
     "rst": rst_text,
@@ -418,31 +541,50 @@ def one_line(value: str) -> str:
 # JSON.
 
 
-def parse_json(text: str) -> object:
+def parse_json(text: str, budget: Budget | None = None) -> object:
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise InputError(f"invalid JSON: {exc}") from exc
+    if budget is not None and json_depth(value) > budget.depth:
+        raise budget.too_deep()
+    return value
+
+
+def json_depth(value: object) -> int:
+    """How deep the arrays and objects of a JSON value nest: 0 for a scalar."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def flatten_json(value: object) -> Iterator[str]:
     """One "path: value" line for every scalar in a JSON document, in document order."""
-    stack: list[tuple[str, object]] = [("", value)]
+    # A pending child holds its parent's path and its own step, not its whole path: siblings
+    # waiting on the stack share one copy of the path above them.
+    stack: list[tuple[str, str, object]] = [("", "", value)]
     while stack:
-        path, item = stack.pop()
+        parent, step, item = stack.pop()
+        path = parent + step
         children = json_children(path, item)
         if children is None:
             text = scalar_text(item)
             yield f"{path}: {text}" if path else text
         else:
-            stack.extend(reversed(children))
+            stack.extend((path, child_step, child) for child_step, child in reversed(children))
 
 
 def json_children(path: str, item: object) -> list[tuple[str, object]] | None:
     if isinstance(item, dict):
-        return [(f"{path}.{key}" if path else str(key), child) for key, child in item.items()]
+        return [(f".{key}" if path else str(key), child) for key, child in item.items()]
     if isinstance(item, list):
-        return [(f"{path}[{index}]", child) for index, child in enumerate(item)]
+        return [(f"[{index}]", child) for index, child in enumerate(item)]
     return None
 
 
@@ -453,28 +595,42 @@ def scalar_text(value: object) -> str:
 # Rows.
 
 
-def extract_rows(kind: str, data: bytes, max_bytes: int = MAX_BYTES) -> list[dict[str, str]] | None:
+def extract_rows(
+    kind: str, data: bytes, max_bytes: int = MAX_BYTES, limits: InputLimits = DEFAULT_LIMITS, name: str = ""
+) -> list[dict[str, str]] | None:
     """Rows of a tabular data item (CSV with a header row, JSON list of objects); None otherwise.
 
     A JSON object that holds exactly one non-empty list of objects yields that list.
-    Malformed CSV or JSON raises InputError.
+    Malformed CSV or JSON, or JSON nested deeper than `limits` allows, raises InputError.
     """
     check_size(data, max_bytes)
     reader = ROW_READERS.get(kind)
-    return reader(plain_text(data)) if reader else None
+    return reader(plain_text(data), Budget.of(data, limits, name)) if reader else None
 
 
-def csv_rows(text: str) -> list[dict[str, str]]:
+def csv_rows(text: str, budget: Budget | None = None) -> list[dict[str, str]]:
+    return list(csv_records(text))
+
+
+def csv_records(text: str) -> Iterator[dict[str, str]]:
+    """The rows of a CSV text with a header row, one at a time; blank lines are left out."""
     delimiter = pick_delimiter(text[: text.find("\n") if "\n" in text else len(text)])
     reader = csv.reader(io.StringIO(text), delimiter=delimiter, strict=True)
+    header: list[str] | None = None
+    number = 1
     try:
-        records = [record for record in reader if any(cell.strip() for cell in record)]
+        for record in reader:
+            if not any(cell.strip() for cell in record):
+                continue
+            if header is None:
+                header = header_names(record)
+                continue
+            number += 1
+            yield csv_row(header, record, number)
     except csv.Error as exc:
         raise InputError(f"bad CSV at line {reader.line_num}: {exc}") from exc
-    if not records:
+    if header is None:
         raise InputError("CSV has no header row")
-    header = header_names(records[0])
-    return [csv_row(header, record, number) for number, record in enumerate(records[1:], start=2)]
 
 
 def pick_delimiter(header: str) -> str:
@@ -484,9 +640,11 @@ def pick_delimiter(header: str) -> str:
 
 def header_names(cells: list[str]) -> list[str]:
     names: list[str] = []
+    seen: set[str] = set()
     for index, cell in enumerate(cells, start=1):
         name = cell.strip() or f"column_{index}"
-        names.append(name if name not in names else f"{name}_{index}")
+        names.append(name if name not in seen else f"{name}_{index}")
+        seen.add(names[-1])
     return names
 
 
@@ -496,8 +654,8 @@ def csv_row(header: list[str], record: list[str], number: int) -> dict[str, str]
     return dict(zip(header, record + [""] * (len(header) - len(record)), strict=False))
 
 
-def json_rows(text: str) -> list[dict[str, str]] | None:
-    rows = find_row_list(parse_json(text))
+def json_rows(text: str, budget: Budget) -> list[dict[str, str]] | None:
+    rows = find_row_list(parse_json(text, budget))
     if rows is None:
         return None
     return [{str(key): row_value(value) for key, value in row.items()} for row in rows]
@@ -522,4 +680,7 @@ def row_value(value: object) -> str:
     return scalar_text(value)
 
 
-ROW_READERS: dict[str, Callable[[str], list[dict[str, str]] | None]] = {"csv": csv_rows, "json": json_rows}
+ROW_READERS: dict[str, Callable[[str, Budget], list[dict[str, str]] | None]] = {
+    "csv": csv_rows,
+    "json": json_rows,
+}

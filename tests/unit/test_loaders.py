@@ -16,6 +16,7 @@ from pypdf import PdfReader, PdfWriter
 from kenning.pipeline.errors import InputError
 from kenning.pipeline.loaders import (
     KINDS,
+    InputLimits,
     decode_text,
     detect_kind,
     extract_rows,
@@ -384,7 +385,8 @@ def test_json_text_is_flattened_path_value_lines() -> None:
 def test_deeply_nested_json_flattens_without_recursion() -> None:
     depth = 500
     data = ('{"k": ' * depth + '"bottom"' + "}" * depth).encode()
-    assert extract_text("json", data) == ".".join(["k"] * depth) + ": bottom"
+    limits = InputLimits(max_json_depth=depth)
+    assert extract_text("json", data, limits=limits) == ".".join(["k"] * depth) + ": bottom"
 
 
 def test_json_nested_beyond_the_parser_limit_is_an_input_error() -> None:
