@@ -13,11 +13,11 @@ Usage counts are approximate (a token is four characters). Faults are opt-in:
 latency, requests and tokens per minute (429 with `Retry-After` beyond them, over a
 sliding window), and random 500s, stalls past the client's timeout and malformed
 JSON, drawn from a seeded generator so that a sequential run is reproducible. With
-`fail_on`, every chat request whose messages contain that text is refused with a 400:
-a permanent failure, as a provider's refusal of some content would be. With `black_hole`, the
-endpoint accepts connections and reads requests but never answers them: each request received
-then, and each one in its latency when it is set, is held until the simulator stops; set it
-back and new requests are answered again.
+`fail_on`, every chat request whose messages contain that text is refused with a 400 whose
+message is `refusal`: a permanent failure, as a provider's refusal of some content would be.
+With `black_hole`, the endpoint accepts connections and reads requests but never answers them:
+each request received then, and each one in its latency when it is set, is held until the
+simulator stops; set it back and new requests are answered again.
 
 `/stats` answers `calls` (per endpoint), `prompt_tokens`, `completion_tokens`,
 `rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `held` (never answered:
@@ -91,6 +91,7 @@ class Simulator:
     window_s: float = 60.0
     seed: int | None = None
     fail_on: str | None = None
+    refusal: str = "simulated refusal: the request holds the fail_on text"
     black_hole: bool = False
 
     def __post_init__(self) -> None:
@@ -560,7 +561,7 @@ class _Handler(BaseHTTPRequestHandler):
         with simulator.in_flight("chat"):
             simulator.pause(simulator.latency_ms / 1000)
             simulator.count("refused")
-            self._send_error(400, "simulated refusal: the request holds the fail_on text", "invalid_request")
+            self._send_error(400, simulator.refusal, "invalid_request")
 
     def _serve_model_call(self, endpoint: str, reply: _Reply) -> None:
         simulator = self.server.simulator

@@ -21,6 +21,7 @@ import numpy as np
 from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
 from kenning.pipeline.ports import Embedder
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
+from kenning.pipeline.redact import provider_error, safe_error_text
 from kenning.storage.inference.minilm import MiniLM
 
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
@@ -137,6 +138,7 @@ class OpenAIEmbedder:
 
         self._model = model
         self._dimension = dimension
+        self._secrets = (api_key,) if api_key else ()
         self._batch_size = batch_size
         http_client = None
         if limiter is not None:
@@ -152,6 +154,9 @@ class OpenAIEmbedder:
             max_retries=max_retries,
             http_client=http_client,
         )
+
+    def _safe(self, error: Exception) -> str:
+        return safe_error_text(str(error), self._secrets)
 
     @property
     def dimension(self) -> int:
@@ -186,11 +191,12 @@ class OpenAIEmbedder:
             )
         except openai.APIStatusError as exc:
             kind = TransientLLMError if _is_transient(exc.status_code) else LLMError
-            raise kind(f"embedding with {self._model} failed: HTTP {exc.status_code} {exc.message}") from exc
+            answer = provider_error(exc.status_code, exc.message, self._secrets)
+            raise kind(f"embedding with {self._model} failed: {answer}") from exc
         except openai.APIConnectionError as exc:
-            raise TransientLLMError(f"embedding with {self._model} failed: {exc}") from exc
+            raise TransientLLMError(f"embedding with {self._model} failed: {self._safe(exc)}") from exc
         except openai.OpenAIError as exc:
-            raise LLMError(f"embedding with {self._model} failed: {exc}") from exc
+            raise LLMError(f"embedding with {self._model} failed: {self._safe(exc)}") from exc
         rows = sorted(response.data, key=lambda item: item.index)
         return self._checked(batch, [decoded(row.embedding) for row in rows])
 

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kenning.pipeline.errors import BREAKER_OPEN, LLMError, LLMUnreachable, StoreError, TransientLLMError
 from kenning.pipeline.models import Extraction, TokenUsage
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
+from kenning.pipeline.redact import provider_error, redact_url, safe_error_text
 from kenning.pipeline.spend import FailureTally, SpendLedger, breaker_key, current_charge
 from kenning.storage.coordination.breaker_memory import MemoryFailureTally
 
@@ -237,8 +238,8 @@ class CircuitBreaker:
         now = self._ask(lambda tally: tally.tally(self._key))
         if now.state == "open":
             raise CircuitOpen(
-                f"LLM at {endpoint} unreachable: {BREAKER_OPEN} after {now.in_a_row} "
-                f"failures in a row (last: {now.last})"
+                f"LLM at {redact_url(endpoint)} unreachable: {BREAKER_OPEN} after {now.in_a_row} "
+                f"failures in a row (last: {safe_error_text(now.last)})"
             )
 
     def failed(self, cause: str) -> None:
@@ -366,15 +367,16 @@ class _ChatCaller:
             self.breaker.succeeded()  # it answered: the endpoint is there
             self._count(rate_limited=int(exc.status_code == 429))
             self._note_rate_limit(exc)
-            raise _status_failure(exc) from exc
+            raise _status_failure(exc, self._secrets) from exc
         except openai.APITimeoutError as exc:
             self._record_answered(attempt, 0, 0)  # not answered: nothing billed
             self.breaker.failed(f"no answer within {timeout:g} s")
             raise _Retry(f"request timed out after {timeout:g} s", transient=True) from exc
         except openai.APIConnectionError as exc:
             self._record_answered(attempt, 0, 0)  # not answered: nothing billed
-            self.breaker.failed(f"connection failed: {exc}")
-            raise _Retry(f"connection failed: {exc}", transient=True) from exc
+            cause = f"connection failed: {self._safe(str(exc))}"
+            self.breaker.failed(cause)
+            raise _Retry(cause, transient=True) from exc
         self.breaker.succeeded()
         with self._lock:
             calls, seconds = self._answered
@@ -460,9 +462,16 @@ class _ChatCaller:
     def _final_error(self, failure: _Retry, attempts: int) -> LLMError:
         error = TransientLLMError if failure.transient else LLMError
         return error(
-            f"LLM {self.config.model} at {self.config.base_url}: {failure.cause} "
+            f"LLM {self.config.model} at {redact_url(self.config.base_url)}: {self._safe(failure.cause)} "
             f"(gave up after {attempts} attempts)"
         )
+
+    @property
+    def _secrets(self) -> tuple[str, ...]:
+        return (self.config.api_key,) if self.config.api_key else ()
+
+    def _safe(self, text: str) -> str:
+        return safe_error_text(text, self._secrets)
 
 
 def _add_usage(billed: TokenUsage, response: ChatCompletion) -> TokenUsage:
@@ -480,7 +489,7 @@ def _parse_answer(response: ChatCompletion, parse: Callable[[str], T]) -> T:
         raise _Retry("the answer had no choices", transient=False)
     choice = response.choices[0]
     if choice.message.refusal:
-        raise LLMError(f"the model refused: {choice.message.refusal}")
+        raise LLMError(f"the model refused: {safe_error_text(choice.message.refusal)}")
     if choice.finish_reason == "length":
         # At temperature 0 a retry would be cut at the same place.
         raise LLMError("the answer was cut off at the model's output token limit")
@@ -494,8 +503,8 @@ def _describe(exc: ValueError) -> str:
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        return f"{first['msg']}" + (f" at {where}" if where else "")
-    return str(exc)
+        return safe_error_text(f"{first['msg']}" + (f" at {where}" if where else ""))
+    return safe_error_text(str(exc))
 
 
 def _nonempty(content: str) -> str:
@@ -504,9 +513,22 @@ def _nonempty(content: str) -> str:
     return content
 
 
-def _status_failure(exc: openai.APIStatusError) -> Exception:
+def _status_failure(exc: openai.APIStatusError, secrets: tuple[str, ...]) -> Exception:
     status = exc.status_code
     if status in (408, 429) or status >= 500:
         cause = "rate limited (HTTP 429)" if status == 429 else f"HTTP {status} from the endpoint"
         return _Retry(cause, transient=True, retry_after=retry_after_s(exc.response.headers))
-    return LLMError(f"the endpoint rejected the request with HTTP {status}: {exc.message}")
+    return LLMError(
+        f"the endpoint rejected the request with {provider_error(status, _body_text(exc), secrets)}"
+    )
+
+
+def _body_text(exc: openai.APIStatusError) -> str:
+    """The provider's own message of an error answer: `error.message` of its JSON body, else its text."""
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = inner.get("message") if isinstance(inner, dict) else inner
+        if isinstance(message, str):
+            return message
+    return exc.message
