@@ -1,7 +1,8 @@
 """One contract for the LLM breakers' failure tallies: the Redis tally and its in-process twin.
 
 Two handles on one tally (two Redis clients; the twin's one object, whose users are threads)
-see the same count: the failures of every worker add up.
+see the same count: the failures of every worker add up. The twin runs on a clock the test
+advances past a cooldown; Redis's cooldowns pass on its own clock, which the test polls.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import redis
 from kenning.pipeline.spend import FailureTally, Tally, breaker_key
 from kenning.storage.coordination.breaker_memory import MemoryFailureTally
 from kenning.storage.coordination.breaker_redis import RedisFailureTally
+from tests.clock import FakeClock
 
 KEY = breaker_key("http://127.0.0.1:9/v1", "model-a")
 OTHER = breaker_key("http://127.0.0.1:9/v1", "model-b")
@@ -22,10 +24,17 @@ COOLDOWN_S = 0.2
 WAIT_S = 10.0
 
 
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def tallies(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[tuple[FailureTally, FailureTally]]:
+def tallies(
+    request: pytest.FixtureRequest, key_prefix: str, clock: FakeClock
+) -> Iterator[tuple[FailureTally, FailureTally]]:
     if request.param == "memory":
-        twin = MemoryFailureTally()
+        twin = MemoryFailureTally(clock)
         yield twin, twin
         return
     url = request.getfixturevalue("redis_url")
@@ -68,11 +77,15 @@ def test_an_answer_closes_it_and_resets_the_count(tallies: tuple[FailureTally, F
 
 
 def test_after_its_cooldown_it_is_half_open_and_one_failure_opens_it_again(
-    tallies: tuple[FailureTally, FailureTally],
+    tallies: tuple[FailureTally, FailureTally], clock: FakeClock
 ) -> None:
     one, two = tallies
     for _ in range(3):
         one.failed(KEY, "timeout", 3, COOLDOWN_S)
+    if isinstance(two, MemoryFailureTally):  # the twin's clock: just short of the cooldown, still open
+        clock.advance(COOLDOWN_S * 0.9)
+        assert two.tally(KEY).state == "open"
+    clock.advance(COOLDOWN_S)  # (Redis's clock moves by itself)
     deadline = time.monotonic() + WAIT_S
     while two.tally(KEY).state == "open" and time.monotonic() < deadline:
         time.sleep(0.05)

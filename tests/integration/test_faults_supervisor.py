@@ -69,8 +69,12 @@ def run_of(resources: Resources, job: Job) -> PipelineRun:
     return run
 
 
-def expire() -> None:
-    time.sleep(LEASE_S * 1.5)
+def expire(resources: Resources, job: Job) -> None:
+    """Wait until the lease store says every lease of the run has expired (bounded)."""
+    deadline = time.monotonic() + 10
+    while not resources.leases.state(job.run_id).dead:
+        assert time.monotonic() < deadline, f"the leases of {job.run_id} did not expire"
+        time.sleep(LEASE_S / 10)
 
 
 def test_a_run_whose_leases_expired_is_interrupted_its_lock_freed_and_its_work_resumed(
@@ -85,7 +89,7 @@ def test_a_run_whose_leases_expired_is_interrupted_its_lock_freed_and_its_work_r
     assert run_of(resources, job).status == RunStatus.STARTED
 
     # When its lease expires (its worker is gone)
-    expire()
+    expire(resources, job)
     assert "leases expired" in stall_reason(run_leases(resources, job.run_id))
     done = supervise(resources, sent.append)
 
@@ -113,7 +117,7 @@ def test_a_failure_recorded_while_the_metadata_store_was_away_ends_the_run_error
     resources.leases.note_failure(job.run_id, "TransientStoreError: metadata store: connection refused")
 
     # When its leases expire and the supervisor looks
-    expire()
+    expire(resources, job)
     assert supervise(resources, sent.append) == {job.run_id: "errored"}
 
     # Then it ends errored with that failure, its lock free, and no run is started for it
@@ -130,7 +134,7 @@ def test_a_run_resumed_too_often_is_given_up(resources: Resources) -> None:
     record_step(resources.wiring, job, "", {RESUMES: resources.settings.max_redeliveries})
 
     # When it dies too
-    expire()
+    expire(resources, job)
     supervise(resources, sent.append)
 
     # Then it is errored, saying so, and not resumed again
@@ -143,7 +147,7 @@ def test_an_embedded_run_is_left_to_its_runner(resources: Resources) -> None:
     # Given a run of the embedded runner (it carries its process id) with no live lease
     job, sent = started(resources, holding=False), list[Job]()
     record_step(resources.wiring, job, "begin", {EMBEDDED_PID: 1})
-    expire()
+    expire(resources, job)
 
     # Then the supervisor leaves it alone
     assert supervise(resources, sent.append) == {}
@@ -153,7 +157,7 @@ def test_an_embedded_run_is_left_to_its_runner(resources: Resources) -> None:
 def test_a_run_waiting_for_the_lock_takes_over_from_a_dead_holder(resources: Resources) -> None:
     # Given a dead run holding the lock, and a new run of the same dataset waiting for it
     dead, sent = started(resources), list[Job]()
-    expire()
+    expire(resources, dead)
     waiting = start_run(resources.wiring, Scope(tenant=resources.settings.tenant, dataset="docs"))
 
     # When the waiting run looks at its dataset's other runs
@@ -185,7 +189,7 @@ def test_a_run_failed_while_its_metadata_store_was_away_is_ended_errored_once_it
     assert resources.lock.holder(lock_name(job.scope)) is None
     assert "connection refused" in run_leases(resources, job.run_id).failure
     # And once the run's leases expire, the supervisor (its store back) ends the run errored with it
-    expire()
+    expire(resources, job)
     assert supervise(resources, list[Job]().append) == {job.run_id: "errored"}
     run = run_of(resources, job)
     assert run.status == RunStatus.ERRORED and "connection refused" in run.error
@@ -202,7 +206,7 @@ def test_a_run_whose_tasks_wait_in_the_broker_is_not_dead(resources: Resources) 
     sender = Celery("elsewhere", broker=settings.broker_url, set_as_current=False)
     queue = queue_name(settings, "pipeline")
     sender.send_task("kenning.gather", args=(results, message), kwargs={"step": "extract"}, queue=queue)
-    expire()
+    expire(resources, job)
 
     # Then the message names its run, and the supervisor leaves the run alone
     assert resources.waiting(job.run_id) == 1
