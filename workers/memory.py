@@ -123,7 +123,8 @@ class Kenning:
         gate.require_write(self.caller, self.scope(dataset))
         errors: dict[str, str] = {}
         local = [path for path in paths if not path.startswith("s3://")]
-        result = self.add(list(path_sources(local, errors)), dataset, node_sets)
+        found = path_sources(local, errors, self.settings.max_document_bytes)
+        result = self.add(list(found), dataset, node_sets)
         result.errors.update(errors)
         for uri in (path for path in paths if path.startswith("s3://")):
             self._add_bucket(uri, dataset, result, node_sets)

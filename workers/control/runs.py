@@ -24,6 +24,7 @@ from kenning.pipeline.errors import InputError, NotFound, StoreError
 from kenning.pipeline.lease import LeaseState, stall_reason
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, RunStatus, utcnow
+from kenning.pipeline.redact import redact_url
 from kenning.pipeline.spend import breaker_key
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.local_runner import EMBEDDED_PID, close_dead_runs
@@ -293,7 +294,7 @@ def llm_breaker(memory: Kenning) -> dict[str, Any] | None:
     if not settings.llm_url:
         return None
     found = memory.wiring.spend.breaker(breaker_key(settings.llm_url, settings.llm_model))
-    view: dict[str, Any] = {"endpoint": settings.llm_url, "model": settings.llm_model}
+    view: dict[str, Any] = {"endpoint": redact_url(settings.llm_url), "model": settings.llm_model}
     if found is None:
         return {**view, "breaker": "closed", "reason": "", "since": None}
     state = found.now(utcnow())

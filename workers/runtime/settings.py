@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from kenning.pipeline.chunking import ChunkingConfig
 from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.decay import DecayConfig
+from kenning.pipeline.loaders import InputLimits
 from kenning.pipeline.memify import MemifyConfig
 from kenning.pipeline.ratelimit import Limits
 from kenning.workers.runtime.schedule import DEFAULT_SCHEDULE, ScheduleEntry
@@ -95,6 +96,13 @@ class Settings(BaseSettings):
     extract_batch: int = Field(default=8, ge=1)
     load_batch: int = Field(default=32, ge=1)
     max_document_bytes: int = Field(default=64 * 2**20, ge=1)
+    max_unpacked_bytes: int = Field(
+        default=64 * 2**20, ge=1, description="Most bytes one item expands into: archive members, its text"
+    )
+    max_unpack_ratio: int = Field(
+        default=100, ge=1, description="Most times its own size one item expands into (1 MiB always may)"
+    )
+    max_json_depth: int = Field(default=100, ge=1, description="Deepest nesting of a JSON document")
     api_max_upload_bytes: int = Field(
         default=64 * 2**20, ge=1, description="The HTTP API's limit on one request body (uploads)"
     )
@@ -230,6 +238,11 @@ class Settings(BaseSettings):
             extract_batch=self.extract_batch,
             load_batch=self.load_batch,
             max_document_bytes=self.max_document_bytes,
+            inputs=InputLimits(
+                max_unpacked_bytes=self.max_unpacked_bytes,
+                max_unpack_ratio=self.max_unpack_ratio,
+                max_json_depth=self.max_json_depth,
+            ),
             temporal=self.temporal,
             references=self.fk_references,
         )
