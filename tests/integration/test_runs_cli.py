@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from click.testing import CliRunner, Result
 
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.models import ChunkStatus, RunStatus
+from kenning.workers.celery.app import waiting
 from kenning.workers.cli.main import main
 from tests.integration.cluster import ROOT, Deployment, Workers
 from tests.integration.test_chaos import (
@@ -37,7 +39,7 @@ from tests.simulator import Simulator
 CLI = [sys.executable, "-m", "kenning.workers.cli"]
 LATENCY_MS = 800  # slow enough that a cancel lands while extraction goes on
 WAIT_S = 180.0
-QUIET_S = 4.0  # longer than one LLM call and one write batch: in-flight tasks have had their turn
+INSPECT_S = 2.0  # how long the workers have to answer what they hold
 
 
 def invoke(*args: str) -> Result:
@@ -175,8 +177,9 @@ def test_a_run_with_no_worker_is_stalled_and_a_cancelled_run_stops_on_a_live_wor
 
         # Then its lock is free and its tasks stop: no chunk changes status any more
         assert lock_released(slow, "ops")
+        wait_for(lambda: workers_idle(slow, run_id), "the workers holding no task of the cancelled run")
         with slow.memory() as memory:
-            settled = settle(memory, ds)
+            settled = chunk_counts(memory, ds)
             run = memory.wiring.metadata.get_run(run_id)
         assert run is not None and run.status == RunStatus.CANCELLED, run
         assert "cancelled by the operator: wrong corpus" in run.error
@@ -199,17 +202,24 @@ def test_a_run_with_no_worker_is_stalled_and_a_cancelled_run_stops_on_a_live_wor
     assert [run["status"] for run in runs] == ["completed", "cancelled"], runs
 
 
-def settle(memory: Any, ds: str) -> dict[ChunkStatus, int]:
-    """The chunk counts once they stopped changing for QUIET_S (bounded by WAIT_S)."""
-    deadline = time.monotonic() + WAIT_S
-    last = chunk_counts(memory, ds)
-    while time.monotonic() < deadline:
-        time.sleep(QUIET_S)
-        now = chunk_counts(memory, ds)
-        if now == last:
-            return now
-        last = now
-    pytest.fail(f"chunk statuses still changed {WAIT_S:.0f} s after the cancel: {last}")
+def workers_idle(deployment: Deployment, run_id: str) -> bool:
+    """Whether every worker says it runs, holds and schedules no task, and no task of the run waits
+    in the broker (looked at before and after asking them: a message taken meanwhile is held)."""
+    settings = deployment.settings
+    client = Celery("client", broker=settings.broker_url, backend=settings.broker_url)
+    broker = redis.Redis.from_url(settings.broker_url)
+    try:
+        if waiting(settings, broker, run_id):
+            return False
+        inspect = client.control.inspect(timeout=INSPECT_S)
+        held = [inspect.active(), inspect.reserved(), inspect.scheduled()]
+        if any(answers is None for answers in held):  # no worker answered
+            return False
+        busy = any(tasks for answers in held if answers for tasks in answers.values())
+        return not busy and not waiting(settings, broker, run_id)
+    finally:
+        broker.close()
+        client.close()
 
 
 def test_runs_over_http_list_retry_cancel_and_show_a_stalled_run(home: Path) -> None:
