@@ -64,7 +64,8 @@ def test_background_reads_from_the_second_search_on() -> None:
     snapshots: Snapshots[Held] = Snapshots(10, "background", clock)
     reads = Reads(clock, 1)
     assert snapshots.usable(SCOPE, 1, reads) is None
-    assert reads.count == 0  # a process that searches once never reads
+    # A process that searches once never reads (a read in a thread would be begun by now)
+    assert not snapshots.reading(SCOPE) and reads.count == 0
     assert snapshots.usable(SCOPE, 1, reads) is None  # answered from SQL, read in a thread
     assert wait_for_read(snapshots, reads, 1) == Held(1)
     assert reads.count == 1
