@@ -325,15 +325,30 @@ ENDED = frozenset(set(RunStatus) - RUNNING)
 """A run in these states is over, one way or another."""
 
 
+EMBEDDED = "embedded"
+"""A run of the embedded runner: one process runs every step (`workers.runtime.local_runner`)."""
+DISTRIBUTED = "distributed"
+"""A run of the Celery workers: its tasks hold leases, and the broker holds its messages."""
+
+
 class PipelineRun(BaseModel):
     id: str
     dataset_id: str
     status: RunStatus = RunStatus.INITIATED
+    # Which runner runs it (`EMBEDDED` or `DISTRIBUTED`), from its first write; "" in runs
+    # recorded before runs had a mode.
+    mode: str = ""
     step: str = ""
     error: str = ""
     stats: dict[str, int] = Field(default_factory=dict)
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+
+    @property
+    def embedded(self) -> bool:
+        """Whether one process runs it (the embedded runner), not the Celery workers. A run recorded
+        before runs had a mode tells it by the process id the embedded runner wrote."""
+        return self.mode == EMBEDDED or (not self.mode and "embedded_pid" in self.stats)
 
 
 class ChunkStatus(enum.StrEnum):

@@ -14,6 +14,7 @@ from kenning.pipeline.context import Job, PipelineConfig, Services
 from kenning.pipeline.errors import BREAKER_OPEN
 from kenning.pipeline.fencing import fenced_services
 from kenning.pipeline.models import (
+    DISTRIBUTED,
     RUNNING,
     ChunkStatus,
     Dataset,
@@ -100,14 +101,15 @@ PLAN: tuple[Step, ...] = (
 STEPS = {step.name: step for step in PLAN}
 
 
-def start_run(services: Services, scope: Scope, run_id: str | None = None) -> Job:
+def start_run(services: Services, scope: Scope, run_id: str | None = None, *, mode: str = DISTRIBUTED) -> Job:
     """Create the dataset if needed and a new pipeline run for it (of `run_id`, when the caller
-    had to name the run before it could start)."""
+    had to name the run before it could start), recorded as run by `mode`'s runner."""
     dataset: Dataset = services.metadata.ensure_dataset(scope)
     # Random, not from the clock: two processes starting a run at the same microsecond got one id
     # between them, and the workers ran the one run twice.
     run_id = run_id or str(uuid.uuid4())
-    services.metadata.save_run(PipelineRun(id=run_id, dataset_id=dataset.id, status=RunStatus.STARTED))
+    run = PipelineRun(id=run_id, dataset_id=dataset.id, status=RunStatus.STARTED, mode=mode)
+    services.metadata.save_run(run)
     return Job(run_id=run_id, dataset_id=dataset.id, tenant=scope.tenant, dataset=scope.dataset)
 
 

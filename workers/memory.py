@@ -55,9 +55,8 @@ from kenning.workers.application.lifecycle import (
 )
 from kenning.workers.application.records import Records
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.heap import settle
-from kenning.workers.runtime.local_runner import LocalRunner, ProgressCallback, close_dead_runs, no_progress
-from kenning.workers.runtime.metrics import StepClock, timed_search
+from kenning.workers.runtime.local_runner import ProgressCallback, close_dead_runs, no_progress
+from kenning.workers.runtime.metrics import timed_search
 from kenning.workers.runtime.settings import Settings, load_settings
 from kenning.workers.runtime.tracing import traced
 from kenning.workers.runtime.wiring import Wiring
@@ -83,8 +82,9 @@ class Kenning:
     _caller: Caller | None = None  # set by `as_caller`; None: the local operator
 
     def __init__(self, settings: Settings | None = None, wiring: Wiring | None = None) -> None:
-        self.settings = settings or load_settings()
-        self.wiring = wiring or Wiring(self.settings)
+        self.wiring = wiring or Wiring(settings or load_settings())
+        # The wiring's: it holds the mode, which a flag such as `serve --distributed` may force.
+        self.settings = self.wiring.settings
         self._bridges: list[threading.Thread] = []
         self._accessed = AccessBuffer(lambda: self.wiring.access)
 
@@ -163,18 +163,8 @@ class Kenning:
 
     def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
         self.dataset(dataset)
-        settle()  # a run is long: keep its full collections short (workers.runtime.heap)
-        self.wiring.warm("extractor")  # built while the documents are classified and chunked
-        runner = LocalRunner(
-            self.wiring,
-            self.wiring.lock,
-            concurrency=self.settings.concurrency,
-            rpm=self.settings.llm_rpm if self.settings.llm_url else 0,
-            lock_ttl_s=self.settings.lock_ttl_s,
-            progress=(clock := StepClock(progress, self.settings.otel_endpoint)),
-        )
         try:
-            return clock.ended(runner.run(self.scope(dataset)))
+            return self.wiring.runner(progress).run(self.scope(dataset))
         finally:
             self._flush_spend()
 

@@ -15,6 +15,7 @@ from kenning.pipeline.models import (
     Extraction,
     ItemStatus,
     PipelineRun,
+    RunStatus,
     Scope,
 )
 
@@ -126,6 +127,11 @@ class MemoryMetadataStore:
 
     def save_run(self, run: PipelineRun) -> None:
         with self._lock:
+            stored = self._runs.get(run.id)
+            if stored is not None and stored.status == RunStatus.CANCELLED and run.status in RUNNING:
+                # A cancelled run stays cancelled; the counters of a save as still running are taken.
+                ended = {"status": stored.status, "error": stored.error, "finished_at": stored.finished_at}
+                run = run.model_copy(update=ended)
             self._runs[run.id] = run.model_copy(deep=True)
 
     def get_run(self, run_id: str) -> PipelineRun | None:

@@ -79,6 +79,8 @@ pipeline_runs = sa.Table(
     sa.Column("stats", json_type(), nullable=False),
     sa.Column("started_at", UtcDateTime(), nullable=False),
     sa.Column("finished_at", UtcDateTime(), nullable=True),
+    # Which runner runs it: embedded or distributed ("" for runs recorded before 0007).
+    sa.Column("mode", sa.String(32), nullable=False, server_default=""),
     sa.Index("ix_pipeline_runs_dataset", "dataset_id", "started_at"),
 )
 

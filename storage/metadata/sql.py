@@ -23,6 +23,7 @@ from kenning.pipeline.models import (
     Extraction,
     ItemStatus,
     PipelineRun,
+    RunStatus,
     Scope,
     utcnow,
 )
@@ -38,6 +39,9 @@ from kenning.storage.metadata.schema import (
 from kenning.storage.sql.errors import translated_sql
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# A run's fields that a save of it as still running leaves alone once it was cancelled (while its
+# runner was recording a step, say): the runner's counters are taken, the cancel is kept.
+ENDURES = ("status", "error", "finished_at")
 # Rows per INSERT and ids per IN list: well under SQLite's bound-parameter limit.
 BATCH = 500
 # One PostgreSQL advisory lock serialises workers that start (and migrate) at the same time.
@@ -187,8 +191,17 @@ class SqlMetadataStore:
     # Pipeline runs
 
     def save_run(self, run: PipelineRun) -> None:
+        """Insert or overwrite the run; but a cancelled run stays cancelled (see `ENDURES`)."""
         with self._begin() as conn:
-            conn.execute(self._upserting(pipeline_runs, "id"), run.model_dump())
+            conn.execute(self._run_upsert(), run.model_dump())
+
+    def _run_upsert(self) -> sa.Insert:
+        # One statement: a cancel that lands between a runner's read and its write is kept.
+        if self._engine.dialect.name == "postgresql":
+            pg = postgresql.insert(pipeline_runs)
+            return pg.on_conflict_do_update(index_elements=["id"], set_=_run_values(pg.excluded))
+        lite = sqlite.insert(pipeline_runs)
+        return lite.on_conflict_do_update(index_elements=["id"], set_=_run_values(lite.excluded))
 
     def get_run(self, run_id: str) -> PipelineRun | None:
         with self._begin() as conn:
@@ -355,6 +368,16 @@ class SqlMetadataStore:
             return pg.on_conflict_do_update(index_elements=[key], set_={n: pg.excluded[n] for n in names})
         lite = sqlite.insert(table)
         return lite.on_conflict_do_update(index_elements=[key], set_={n: lite.excluded[n] for n in names})
+
+
+def _run_values(excluded: Any) -> dict[str, Any]:
+    """The columns an upsert of a run sets: its new values, except `ENDURES` of a cancelled run
+    saved again as running."""
+    running = [status.value for status in RUNNING]
+    keep = sa.and_(pipeline_runs.c.status == RunStatus.CANCELLED.value, excluded.status.in_(running))
+    values = {column.name: excluded[column.name] for column in pipeline_runs.columns if column.name != "id"}
+    values.update({name: sa.case((keep, pipeline_runs.c[name]), else_=excluded[name]) for name in ENDURES})
+    return values
 
 
 def chunk_row(chunk: ChunkRecord) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from celery import Celery
 
 from kenning.pipeline.context import Job
 from kenning.pipeline.locking import lock_name
-from kenning.pipeline.models import PipelineRun, RunStatus, Scope
+from kenning.pipeline.models import DISTRIBUTED, EMBEDDED, PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import record_step, start_run
 from kenning.workers.celery.app import Resources, queue_name
 from kenning.workers.celery.supervisor import RESUMES, run_leases, stall_reason, supervise, supervise_dataset
@@ -54,9 +54,9 @@ def resources(tmp_path: Path, redis_url: str) -> Iterator[Resources]:
         forget_keys(redis_url, prefix)
 
 
-def started(resources: Resources, *, holding: bool = True) -> Job:
+def started(resources: Resources, *, holding: bool = True, mode: str = DISTRIBUTED) -> Job:
     """A run that began: it holds the dataset lock and a lease on one batch."""
-    job = start_run(resources.wiring, Scope(tenant=resources.settings.tenant, dataset="docs"))
+    job = start_run(resources.wiring, Scope(tenant=resources.settings.tenant, dataset="docs"), mode=mode)
     if holding:
         assert resources.lock.take(lock_name(job.scope), job.run_id, 600) is not None
     resources.leases.renew(job.run_id, "extract:c1", LEASE_S)
@@ -144,8 +144,8 @@ def test_a_run_resumed_too_often_is_given_up(resources: Resources) -> None:
 
 
 def test_an_embedded_run_is_left_to_its_runner(resources: Resources) -> None:
-    # Given a run of the embedded runner (it carries its process id) with no live lease
-    job, sent = started(resources, holding=False), list[Job]()
+    # Given a run of the embedded runner (its mode says so) with no live lease
+    job, sent = started(resources, holding=False, mode=EMBEDDED), list[Job]()
     record_step(resources.wiring, job, "begin", {EMBEDDED_PID: 1})
     expire(resources, job)
 

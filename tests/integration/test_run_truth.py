@@ -108,6 +108,7 @@ def test_status_marks_a_run_whose_process_is_gone_interrupted(tmp_path: Path) ->
     import os
     import subprocess
 
+    from kenning.pipeline.models import EMBEDDED
     from kenning.pipeline.plan import record_step, start_run
     from kenning.workers.runtime.local_runner import EMBEDDED_PID
 
@@ -117,9 +118,9 @@ def test_status_marks_a_run_whose_process_is_gone_interrupted(tmp_path: Path) ->
         # Given a started run whose process was killed, and one whose process is alive (this one)
         dead_pid = subprocess.Popen(["true"])
         dead_pid.wait()
-        dead = start_run(memory.wiring, memory.scope("d"))
+        dead = start_run(memory.wiring, memory.scope("d"), mode=EMBEDDED)
         record_step(memory.wiring, dead, "extract", {EMBEDDED_PID: dead_pid.pid})
-        live = start_run(memory.wiring, memory.scope("d"))
+        live = start_run(memory.wiring, memory.scope("d"), mode=EMBEDDED)
         record_step(memory.wiring, live, "extract", {EMBEDDED_PID: os.getpid()})
 
         # When status is read

@@ -52,11 +52,16 @@ def create_app(
     memory: Kenning, *, distributed: bool = False, host: str = "127.0.0.1", owned: bool = False
 ) -> FastAPI:
     """The app; `memory` stays the caller's to close, unless `owned`: then the app closes it
-    when its lifespan ends. With `distributed`, cognify is enqueued
-    on the Celery workers instead of running in a thread of this process. With the `mcp` extra,
+    when its lifespan ends. Cognify runs on the runner of the memory's mode (`KENNING_MODE`,
+    which `distributed` must agree with: `serve --distributed` forces it in the memory's wiring):
+    distributed, enqueued on the Celery workers; embedded, in a thread of this process. With the `mcp` extra,
     MCP over streamable HTTP answers at `/mcp` behind the same API keys (`host` is where the
     app listens: on a loopback one, MCP accepts only loopback Host and Origin headers)."""
-    runs = RunTracker(distributed=distributed)
+    if distributed and not memory.wiring.distributed:
+        raise ConfigError(
+            "a distributed app needs a memory in distributed mode: Wiring(..., distributed=True)"
+        )
+    runs = RunTracker()
     mcp = _mcp_endpoint(memory, host)
 
     @asynccontextmanager

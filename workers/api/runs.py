@@ -22,7 +22,6 @@ from kenning.workers.api.schemas import RunList, RunView
 from kenning.workers.control.runs import StallDetector
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.local_runner import LocalRunner
 
 log = logging.getLogger("kenning.api")
 FINISHED = frozenset(status.value for status in ENDED)
@@ -46,16 +45,16 @@ class Tracked:
 class RunTracker:
     """The runs this process started, with their live progress; `close` waits for those in flight."""
 
-    def __init__(self, *, distributed: bool = False) -> None:
-        self._distributed = distributed
+    def __init__(self) -> None:
         self._runs: dict[str, Tracked] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._detector: StallDetector | None = None
 
     def start(self, memory: Kenning, dataset: str, *, wait: bool = False) -> str:
-        """Start a cognify run of the caller's dataset; its id. With `wait`, return when it ended."""
-        if self._distributed:
+        """Start a cognify run of the caller's dataset, on the runner of the memory's mode; its id.
+        With `wait`, return when it ended."""
+        if memory.wiring.distributed:
             run_id = self._enqueue(memory, dataset)
             if wait:
                 self._follow(memory.wiring.metadata, run_id, memory.settings.cognify_timeout_s)
@@ -83,15 +82,8 @@ class RunTracker:
         return tracked
 
     def _cognify(self, memory: Kenning, tracked: Tracked) -> None:
-        settings = memory.settings
-        runner = LocalRunner(
-            memory.wiring,
-            memory.wiring.lock,
-            concurrency=settings.concurrency,
-            lock_ttl_s=settings.lock_ttl_s,
-            progress=tracked.advance,
-        )
         try:
+            runner = memory.wiring.runner(tracked.advance)
             runner.run(Scope(tenant=tracked.tenant, dataset=tracked.dataset), run_id=tracked.run_id)
         except Exception as error:  # the run's record says errored; one that never started, the tracker
             tracked.error = f"{type(error).__name__}: {error}"

@@ -55,13 +55,13 @@ from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.ports import RunLock
 from kenning.storage.coordination.lease_redis import RedisLeases
 from kenning.storage.coordination.queue_depth import queue_depths, waiting_with
-from kenning.storage.coordination.run_lock import Deliveries, RedisRunLock
+from kenning.storage.coordination.run_lock import Deliveries
 from kenning.workers.runtime import keys
 from kenning.workers.runtime.heap import settle
 from kenning.workers.runtime.metrics import metrics, serve_worker_metrics
 from kenning.workers.runtime.schedule import beat_schedule
-from kenning.workers.runtime.settings import Settings, load_settings
-from kenning.workers.runtime.wiring import Wiring
+from kenning.workers.runtime.settings import Settings, in_mode, load_settings
+from kenning.workers.runtime.wiring import Wiring, open_run_lock
 
 MAX_TASKS_PER_CHILD = 500
 # Waits for a Redis that went away: about a minute in all, then the task fails.
@@ -75,8 +75,8 @@ class Resources:
     the delivery counts."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.wiring = Wiring(settings, distributed=True)
+        self.wiring = Wiring(in_mode(settings, "distributed"))  # a worker is distributed, always
+        self.settings = self.wiring.settings
         self._client: redis.Redis | None = None
         self._lock: RunLock | None = None
         self._deliveries: Deliveries | None = None
@@ -129,8 +129,8 @@ class Resources:
 
 
 def open_lock(client: redis.Redis, settings: Settings) -> RunLock:
-    """The dataset lock; its keys carry the queue prefix so that deployments sharing a Redis stay apart."""
-    return RedisRunLock(client, prefix=keys.lock_prefix(settings.queue_prefix))
+    """The dataset lock; the very lock (and keys) `Wiring.lock` holds in distributed mode."""
+    return open_run_lock(client, settings)
 
 
 def open_deliveries(client: redis.Redis, settings: Settings) -> Deliveries:

@@ -42,7 +42,6 @@ from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, RunStatus, utcnow
 from kenning.pipeline.plan import fail_run, record_step, start_run, successor_of
 from kenning.workers.celery.app import Resources, app
-from kenning.workers.runtime.local_runner import EMBEDDED_PID
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ def supervise_dataset(resources: Resources, job: Job, send: Send | None = None) 
 
 
 def _supervise_run(resources: Resources, dataset: Dataset, run: PipelineRun, send: Send) -> str:
-    if EMBEDDED_PID in run.stats:
+    if run.embedded:  # its own process runs it: `close_dead_runs` ends it when that dies
         return ""
     if not run_leases(resources, run.id).dead:
         return ""

@@ -133,18 +133,24 @@ def add_command(paths: tuple[str, ...], dataset: str | None, node_sets: tuple[st
 
 @main.command("cognify")
 @click.option("--dataset", default=None)
-@click.option("--distributed", is_flag=True, help="Enqueue on the Celery workers and follow progress.")
+@click.option(
+    "--distributed",
+    is_flag=True,
+    help="Distributed mode whatever KENNING_MODE says: enqueue on the Celery workers and follow progress.",
+)
 @click.option(
     "--dry-run", is_flag=True, help="Print the LLM calls, tokens and cost it would spend; do nothing."
 )
 @click.option("--temporal", is_flag=True, help="Also extract dated events (for TEMPORAL search); embedded.")
 def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, temporal: bool) -> None:
-    """Build the knowledge graph and vector index of a dataset."""
-    with open_memory(**({"temporal": True} if temporal else {})) as memory:
+    """Build the knowledge graph and vector index of a dataset: in this process (embedded mode),
+    or on the Celery workers (distributed mode, `KENNING_MODE` or `--distributed`)."""
+    overrides: dict[str, Any] = {"temporal": True} if temporal else {}
+    with open_memory(**overrides, **({"mode": "distributed"} if distributed else {})) as memory:
         if dry_run:
             click.echo(json.dumps(memory.estimate(dataset).model_dump(mode="json")))
             return
-        if distributed:
+        if memory.wiring.distributed:
             with needs_extra("cognify --distributed"):
                 from kenning.workers.celery.canvas import cognify_distributed
 

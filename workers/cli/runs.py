@@ -77,7 +77,7 @@ def retry_command(run_id: str, distributed: bool) -> None:
 
 
 def _cognify(memory: Kenning, dataset: Dataset, distributed: bool) -> PipelineRun:
-    if not distributed:
+    if not (distributed or memory.wiring.distributed):
         return memory.cognify(dataset.name)
     with needs_extra("kenning runs retry --distributed"):
         from kenning.workers.celery.canvas import cognify_distributed

@@ -27,7 +27,7 @@ from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, RunSta
 from kenning.pipeline.redact import redact_url
 from kenning.pipeline.spend import breaker_key
 from kenning.workers.memory import Kenning
-from kenning.workers.runtime.local_runner import EMBEDDED_PID, close_dead_runs
+from kenning.workers.runtime.local_runner import close_dead_runs
 from kenning.workers.runtime.settings import Settings
 
 # The queues every task of a distributed run goes to.
@@ -35,6 +35,8 @@ RUN_QUEUES = ("pipeline", "extract", "load")
 # How long one look at the workers and Redis is reused: status pages poll every half second.
 CHECK_REUSE_S = 10.0
 CANCELLED_BY = "cancelled by the operator"
+# How long one look at Redis or the broker waits for an answer: status pages poll.
+LOOK_TIMEOUT_S = 2.0
 
 
 class RunSummary(BaseModel):
@@ -68,18 +70,26 @@ class RunSummary(BaseModel):
 class StallDetector:
     """Asks, for the runs not ended, whether anything can still be working on them.
 
-    The look at the workers is shared by every run checked within `reuse_s`.
+    The look at the workers (`ask_workers`: why none can take a run's tasks, or "") is shared by
+    every run checked within `reuse_s`.
     """
 
-    def __init__(self, settings: Settings, reuse_s: float = CHECK_REUSE_S) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        reuse_s: float = CHECK_REUSE_S,
+        ask_workers: Callable[[Settings], str] | None = None,
+    ) -> None:
         self._settings = settings
         self._reuse_s = reuse_s
+        self._ask_workers = ask_workers or workers_reason
         self._seen: tuple[float, str] | None = None
 
     def reasons(self, runs: Sequence[tuple[Dataset, PipelineRun]]) -> dict[str, str]:
         """Run id -> why it is stalled, for each distributed run not ended that is. An embedded run
-        carries its process id: alive, it works; gone, `close_dead_runs` has ended it."""
-        distributed = [(d, r) for d, r in runs if r.status in RUNNING and EMBEDDED_PID not in r.stats]
+        (its `mode`, written when it starts) is never asked about: its process runs it while it
+        lives, and once gone `close_dead_runs` ends it."""
+        distributed = [(d, r) for d, r in runs if r.status in RUNNING and not r.embedded]
         if not distributed:
             return {}
         cluster = self._cluster_reason()
@@ -96,7 +106,7 @@ class StallDetector:
         """Why no distributed run can progress now (no workers, the broker away), or ""."""
         now = time.monotonic()
         if self._seen is None or now - self._seen[0] >= self._reuse_s:
-            self._seen = (now, workers_reason(self._settings))
+            self._seen = (now, self._ask_workers(self._settings))
         return self._seen[1]
 
 
@@ -150,20 +160,22 @@ class _Coordination:
 def broker_client(settings: Settings, client: Any) -> Any:
     """A client of the broker's Redis: `client` when it is the same server, None when the broker
     is not Redis."""
-    import redis
+    from kenning.storage.coordination.redis_client import open_redis
 
     if not settings.broker_url.startswith("redis"):
         return None
     if settings.broker_url == settings.redis_url:
         return client
-    return redis.Redis.from_url(settings.broker_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    return open_redis(settings.broker_url, timeout_s=LOOK_TIMEOUT_S)
 
 
 @contextmanager
 def _coordination(settings: Settings) -> Iterator[_Coordination]:
     import redis
 
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    from kenning.storage.coordination.redis_client import open_redis
+
+    client = open_redis(settings.redis_url, timeout_s=LOOK_TIMEOUT_S)
     coordination = None
     try:
         coordination = _Coordination(settings, client)
@@ -213,27 +225,24 @@ def find_run(memory: Kenning, run_id: str) -> tuple[Dataset, PipelineRun]:
 
 
 def cancel_run(memory: Kenning, run_id: str, reason: str = "") -> RunSummary:
-    """End a run not ended: marked `cancelled` with the reason, its dataset lock released.
+    """End a run not ended: marked `cancelled` with the reason.
 
-    Its tasks still in flight stop at their next write, which the lock fences, and a message
-    of it delivered later stops before it starts (the run has ended). What it finished stays
+    A distributed run's dataset lock is released: its tasks still in flight stop at their next
+    write, which the lock fences, and a message of it delivered later stops before it starts
+    (the run has ended). An embedded run's process reads the mark between batches: it sends
+    no more, records those in flight, and lets go of the lock itself. What a run finished stays
     done: `retry_run` (or any cognify of the dataset) does the rest.
     """
     dataset, run = find_run(memory, run_id)
     if run.status in ENDED:
         raise InputError(f"run {run.id} has already ended ({run.status.value}): nothing to cancel")
-    pid = run.stats.get(EMBEDDED_PID)
-    if pid:
-        raise InputError(
-            f"run {run.id} runs embedded in process {pid} on this machine: stop that process "
-            "(its run is then marked interrupted) instead"
-        )
     run.status, run.finished_at = RunStatus.CANCELLED, utcnow()
     run.error = f"{CANCELLED_BY}{': ' + reason if reason else ''} (at step {run.step or 'begin'})"
     # Saved before the lock is released: a task that finds the lock free reads the run, sees it
     # ended, and stops instead of taking the lock again.
     memory.wiring.metadata.save_run(run)
-    release_run_lock(memory.settings, dataset, run.id)
+    if not run.embedded:
+        release_run_lock(memory.settings, dataset, run.id)
     return RunSummary.of(run, dataset.name)
 
 
@@ -242,9 +251,10 @@ def release_run_lock(settings: Settings, dataset: Dataset, run_id: str) -> None:
     the run just before it ended may have taken it again)."""
     import redis
 
+    from kenning.storage.coordination.redis_client import open_redis
     from kenning.workers.celery.app import open_lock
 
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    client = open_redis(settings.redis_url)
     try:
         lock = open_lock(client, settings)
         for pause in (0.0, 0.5):

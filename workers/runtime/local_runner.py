@@ -11,7 +11,7 @@ from contextlib import nullcontext
 
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.locking import held, lock_name
-from kenning.pipeline.models import PipelineRun, RunStatus, Scope, utcnow
+from kenning.pipeline.models import EMBEDDED, PipelineRun, RunStatus, Scope, utcnow
 from kenning.pipeline.pacing import Metered, Pacer
 from kenning.pipeline.plan import (
     PLAN,
@@ -26,6 +26,8 @@ from kenning.pipeline.plan import (
 from kenning.pipeline.ports import Lock, MetadataStore, chunked
 from kenning.pipeline.progress import reporting
 
+# The process that runs an embedded run, a counter of its record: `close_dead_runs` tells a run
+# whose process died by it. Whether a run is embedded is its `mode`, written before this.
 EMBEDDED_PID = "embedded_pid"
 # A fan-out step's batches are cut small enough that each thread of the pool gets this many:
 # the calls in flight then stay even to the end instead of trailing off with a few long batches.
@@ -47,6 +49,14 @@ def no_progress(_step: str, _done: int, _total: int) -> None:
     return None
 
 
+def as_is(run: PipelineRun) -> PipelineRun:
+    return run
+
+
+class _Cancelled(Exception):
+    """The run's record says it was cancelled: the runner stops between batches."""
+
+
 def close_dead_runs(metadata: MetadataStore, dataset_id: str) -> list[str]:
     """Mark interrupted the dataset's started embedded runs whose process is gone; their ids.
 
@@ -55,7 +65,7 @@ def close_dead_runs(metadata: MetadataStore, dataset_id: str) -> list[str]:
     dead = []
     for run in metadata.list_runs(dataset_id):
         pid = run.stats.get(EMBEDDED_PID)
-        if run.status == RunStatus.STARTED and pid and not _alive(pid):
+        if run.status == RunStatus.STARTED and run.embedded and pid and not _alive(pid):
             run.status, run.finished_at = RunStatus.INTERRUPTED, utcnow()
             run.error = f"its process ({pid}) ended before it finished; the next cognify resumes its work"
             metadata.save_run(run)
@@ -82,6 +92,12 @@ class LocalRunner:
     runs pass after pass, on one writer thread, over what the fan-out before it has
     finished (whenever the writer is free and a quarter of `load_batch` more items are
     ready), and once more after it: the writes overlap the LLM calls.
+
+    A run whose record is marked cancelled (`workers.control.runs.cancel_run`) stops: the
+    runner reads its record before each step and as fan-out batches finish, sends no more
+    batches, records those in flight, and returns the run, `cancelled`. What it finished stays
+    done (chunk by chunk): the next run of the dataset does the rest. `ended` gets the run
+    the runner returns (the run metrics of a `StepClock`).
     """
 
     def __init__(
@@ -94,6 +110,7 @@ class LocalRunner:
         lock_ttl_s: float = 600.0,
         plan: Sequence[Step] = PLAN,
         progress: ProgressCallback = no_progress,
+        ended: Callable[[PipelineRun], PipelineRun] = as_is,
     ) -> None:
         self._services = services
         self._lock = lock
@@ -102,6 +119,7 @@ class LocalRunner:
         self._lock_ttl_s = lock_ttl_s
         self._plan = plan
         self._progress = progress
+        self._ended = ended
         # A streamed step's passes and its last run report as one count (see `_Passes`).
         self._passes: dict[str, _Passes] = {}
 
@@ -109,21 +127,37 @@ class LocalRunner:
         """Cognify the dataset; the returned run holds the counters of every step. `run_id`
         names the run (default: a new id), for a caller that gave it out before the run began."""
         with held(self._lock, lock_name(scope), self._lock_ttl_s):
-            job = start_run(self._services, scope, run_id)
+            job = start_run(self._services, scope, run_id, mode=EMBEDDED)
             # The process that runs it: `close_dead_runs` tells a run killed with it by this pid.
             record_step(self._services, job, "begin", {EMBEDDED_PID: os.getpid()})
             why = f"its process ended before it finished; run {job.run_id} resumed its work"
             interrupt_others(self._services, job, why)
             try:
                 self._run_steps(job)
+            except _Cancelled:
+                return self._ended(self._stopped(job))
             except BaseException as error:
                 fail_run(self._services, job, f"{type(error).__name__}: {error}")
                 raise
-            return finish_run(self._services, job)
+            return self._ended(finish_run(self._services, job))
+
+    def _cancelled(self, job: Job) -> bool:
+        run = self._services.metadata.get_run(job.run_id)
+        return run is not None and run.status == RunStatus.CANCELLED
+
+    def _stopped(self, job: Job) -> PipelineRun:
+        """The cancelled run, its end set to now: when its last batch was recorded."""
+        run = self._services.metadata.get_run(job.run_id)
+        assert run is not None
+        run.finished_at = utcnow()
+        self._services.metadata.save_run(run)
+        return run
 
     def _run_steps(self, job: Job) -> None:
         items: list[str] = []
         for index, step in enumerate(self._plan):
+            if self._cancelled(job):
+                raise _Cancelled
             if step.fan_out:
                 following = self._plan[index + 1] if index + 1 < len(self._plan) else None
                 streamed = following if following is not None and following.streams else None
@@ -180,6 +214,8 @@ class LocalRunner:
                     if client is not None:
                         pacer.follow(client)
                 done += count
+                if count and batches and self._cancelled(job):
+                    batches.clear()  # those in flight are answered and recorded; no more are sent
                 # Under a rate limit a pass mostly waits: its embeddings queue behind the
                 # extractions at the limiter, then take a round trip. Without one it mostly
                 # writes, and holding it back would only leave the writer idle.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -19,11 +19,13 @@ from kenning.workers.runtime.validation import (
     HttpUrl,
     Name,
     RedisUrl,
+    RunMode,
     S3Allow,
     ScopePatterns,
     SqlUrl,
     check_graph_url,
     config_error,
+    derived_mode,
 )
 
 
@@ -32,6 +34,12 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="KENNING_", extra="ignore", frozen=True)
 
+    mode: RunMode = Field(
+        default="embedded",
+        description="embedded (one process runs cognify, a file lock) or distributed (Celery workers, "
+        "the Redis lock); not given: distributed when vectors and metadata are on servers "
+        "(KENNING_QDRANT_URL and a PostgreSQL KENNING_METADATA_URL), else embedded",
+    )
     home: Path = Field(default=Path(".kenning"), description="Where embedded data lives")
     tenant: Name = "default"
     dataset: Name = "main"
@@ -174,6 +182,13 @@ class Settings(BaseSettings):
         description="Celery beat jobs (JSON): {name: {task, every_s | cron, arguments}}",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_mode(cls, values: Any) -> Any:
+        if isinstance(values, dict) and not values.get("mode"):
+            values = {**values, "mode": derived_mode(values.get("qdrant_url"), values.get("metadata_url"))}
+        return values
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         ChunkingConfig(size=self.chunk_size, overlap=self.chunk_overlap)
@@ -246,6 +261,12 @@ class Settings(BaseSettings):
             temporal=self.temporal,
             references=self.fk_references,
         )
+
+
+def in_mode(settings: Settings, mode: RunMode) -> Settings:
+    """The settings with `mode` forced (`serve --distributed`, a Celery worker): the one place the
+    mode is decided, whatever was given or derived."""
+    return settings if settings.mode == mode else settings.model_copy(update={"mode": mode})
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, get_origin
+from typing import Annotated, Any, Literal, get_origin
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_settings import NoDecode, SettingsError
@@ -21,6 +21,7 @@ GRAPH_SCHEMES = {
     "falkordb": ("redis", "rediss", "unix"),
 }
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+MODES = ("embedded", "distributed")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -55,6 +56,23 @@ def redis_url(value: str) -> str:
     if scheme_of(value) not in REDIS_SCHEMES:
         raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {shape_of(value)}")
     return value
+
+
+def run_mode(value: object) -> object:
+    """`embedded` or `distributed`; empty (not given) is left for the settings to derive."""
+    if value not in ("", None, *MODES):
+        shown = repr(value) if isinstance(value, str) and value.isidentifier() else "another value"
+        raise ValueError(
+            f"expected embedded or distributed (or nothing: derived from the stores), got {shown}"
+        )
+    return value
+
+
+def derived_mode(qdrant_url: object, metadata_url: object) -> str:
+    """`distributed` when nothing lives on the local disk: vectors on a Qdrant server and metadata
+    in a server database; else `embedded`."""
+    server_metadata = scheme_of(str(metadata_url or "")).split("+")[0] == "postgresql"
+    return MODES[1] if qdrant_url and server_metadata else MODES[0]
 
 
 def name(value: str) -> str:
@@ -130,6 +148,7 @@ HttpUrl = Annotated[str, AfterValidator(http_url)]
 SqlUrl = Annotated[str, AfterValidator(sql_url)]
 RedisUrl = Annotated[str, AfterValidator(redis_url)]
 Name = Annotated[str, AfterValidator(name)]
+RunMode = Annotated[Literal["embedded", "distributed"], BeforeValidator(run_mode)]
 ScopePatterns = Annotated[list[str], AfterValidator(scope_patterns)]
 S3Allow = Annotated[list[S3Grant], NoDecode, BeforeValidator(s3_allow)]
 

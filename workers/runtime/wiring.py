@@ -28,12 +28,14 @@ from kenning.pipeline.ports import (
     GraphStore,
     Lock,
     MetadataStore,
+    RunLock,
     VectorStore,
 )
 from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
 from kenning.pipeline.session import SessionRecords, SessionStore
 from kenning.pipeline.spend import FailureTally, HeldLedger, SpendLedger
 from kenning.storage.coordination.breaker_memory import MemoryFailureTally
+from kenning.storage.coordination.kept_lock import KeptRunLock
 from kenning.storage.coordination.lock import FileLock
 from kenning.storage.coordination.ratelimit_memory import MemoryRateLimiter
 from kenning.storage.inference.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
@@ -47,8 +49,11 @@ from kenning.storage.sessions.file import FileSessionStore
 from kenning.storage.sources.blob import FileBlobStore
 from kenning.storage.sql.engine import open_engine
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.keys import breaker_prefix, ratelimit_prefix, session_prefix
-from kenning.workers.runtime.settings import Settings
+from kenning.workers.runtime.heap import settle
+from kenning.workers.runtime.keys import breaker_prefix, lock_prefix, ratelimit_prefix, session_prefix
+from kenning.workers.runtime.local_runner import LocalRunner, ProgressCallback, no_progress
+from kenning.workers.runtime.metrics import StepClock
+from kenning.workers.runtime.settings import Settings, in_mode
 
 T = TypeVar("T")
 _UNMADE = object()
@@ -67,9 +72,9 @@ class Wiring:
         self, settings: Settings, overrides: dict[str, Any] | None = None, *, distributed: bool = False
     ) -> None:
         """`overrides` replaces ports by name (e.g. {"embedder": ...}): the injection point for
-        tests and benchmarks. `distributed`: this process is one of many workers (shared Redis limiter)."""
-        self.settings = settings
-        self._distributed = distributed
+        tests and benchmarks. `distributed` forces `settings.mode` to distributed (`serve
+        --distributed`, a Celery worker); `self.settings` holds the mode every surface follows."""
+        self.settings = in_mode(settings, "distributed") if distributed else settings
         self._made: dict[str, Any] = dict(overrides or {})
         self._mutex = threading.Lock()
         self._making: dict[str, threading.RLock] = {}
@@ -99,6 +104,12 @@ class Wiring:
                     getattr(self, name)
 
         threading.Thread(target=make, name="kenning-warm", daemon=True).start()
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the mode is distributed: runs go to the Celery workers, and every process of
+        the deployment shares the Redis run lock, limiter and LLM breaker."""
+        return self.settings.mode == "distributed"
 
     @property
     def config(self) -> PipelineConfig:
@@ -202,7 +213,7 @@ class Wiring:
         return self._once("breakers", self._open_breakers)
 
     def _open_breakers(self) -> FailureTally:
-        if not self._distributed:
+        if not self.distributed:
             return MemoryFailureTally()
         with needs_extra("the shared LLM breaker"):
             import redis
@@ -226,7 +237,7 @@ class Wiring:
             return None
         key = provider_key(settings.llm_url, settings.llm_model)
         limits = {key: Limits(rpm=settings.llm_rpm, tpm=settings.llm_tpm)}
-        if not self._distributed:
+        if not self.distributed:
             return MemoryRateLimiter(limits)
         with needs_extra("the shared rate limiter"):
             import redis
@@ -279,10 +290,36 @@ class Wiring:
 
     @property
     def lock(self) -> Lock:
+        """The dataset lock every run, forget and improve of this process holds: distributed, the
+        Redis run lock the Celery tasks hold (kept alive while held); embedded, a file lock."""
         return self._once("lock", self._open_lock)
 
     def _open_lock(self) -> Lock:
-        return FileLock(self.home() / "locks")
+        if not self.distributed:
+            return FileLock(self.home() / "locks")
+        with needs_extra("the Redis run lock"):
+            from kenning.storage.coordination.redis_client import open_redis
+
+        client = open_redis(self.settings.redis_url)
+        self._closers.append(client.close)
+        return KeptRunLock(open_run_lock(client, self.settings))
+
+    def runner(self, progress: ProgressCallback = no_progress) -> LocalRunner:
+        """The embedded runner, as every surface that runs cognify in this process builds it: the
+        LLM's pace (rpm) when one is configured, `progress` timed by a `StepClock` whose spans
+        `LocalRunner.run` reports to the run metrics, and the extractor warmed meanwhile."""
+        settings = self.settings
+        settle()  # a run is long: keep its full collections short (workers.runtime.heap)
+        self.warm("extractor")  # built while the documents are classified and chunked
+        return LocalRunner(
+            self,
+            self.lock,
+            concurrency=settings.concurrency,
+            rpm=settings.llm_rpm if settings.llm_url else 0,
+            lock_ttl_s=settings.lock_ttl_s,
+            progress=(clock := StepClock(progress, settings.otel_endpoint)),
+            ended=clock.ended,
+        )
 
     def home(self) -> Path:
         """The embedded data directory, created on first use: a ConfigError naming KENNING_HOME when it
@@ -309,6 +346,14 @@ class Wiring:
                 close()
             self._closers.clear()
             self._made.clear()
+
+
+def open_run_lock(client: Any, settings: Settings) -> RunLock:
+    """The dataset run lock in Redis; its keys carry the queue prefix so that deployments sharing
+    a Redis stay apart. Celery tasks and every other surface of a distributed deployment hold it."""
+    from kenning.storage.coordination.run_lock import RedisRunLock
+
+    return RedisRunLock(client, prefix=lock_prefix(settings.queue_prefix))
 
 
 def usable_home(home: Path) -> Path:
