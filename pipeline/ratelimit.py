@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kenning.pipeline.errors import TransientLLMError
+from kenning.pipeline.redact import redact_url
 
 WINDOW_S = 60.0
 # Between its acquisition and its arrival at the provider a request may be delayed
@@ -138,7 +139,8 @@ def limits_for(limits_by_key: Mapping[str, Limits], key: str) -> Limits:
 
 def provider_key(base_url: str, model: str, tenant: str = "") -> str:
     """The limiter key of a model at an endpoint: `host[:port]/model`, plus `/tenant` if given."""
-    host = urlsplit(base_url).netloc or base_url
+    address = redact_url(base_url)
+    host = urlsplit(address).netloc or address
     return f"{host}/{model}" + (f"/{tenant}" if tenant else "")
 
 

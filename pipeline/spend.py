@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Protocol
 
 from kenning.pipeline.errors import StoreError
+from kenning.pipeline.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +254,9 @@ def charged_to(run_id: str, dataset_id: str) -> Iterator[None]:
 
 
 def breaker_key(base_url: str, model: str) -> str:
-    """The name an endpoint's breaker is recorded under: `base_url model`."""
-    return f"{base_url} {model}"
+    """The name an endpoint's breaker is recorded under: `base_url model`, without the URL's
+    user and password."""
+    return f"{redact_url(base_url)} {model}"
 
 
 def current_charge() -> Charge | None:

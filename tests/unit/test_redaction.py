@@ -8,7 +8,9 @@ import socket
 import pytest
 
 from kenning.pipeline.errors import LLMError
+from kenning.pipeline.ratelimit import provider_key
 from kenning.pipeline.redact import MAX_ERROR_CHARS, provider_error, redact_url, safe_error_text
+from kenning.pipeline.spend import breaker_key
 from kenning.storage.inference.embedder import OpenAIEmbedder
 from kenning.storage.inference.llm_openai import LLMConfig, OpenAICompleter, OpenAIExtractor
 from tests.simulator import Simulator
@@ -90,3 +92,11 @@ def test_an_embedding_endpoint_error_carries_no_credentials() -> None:
             embedder.embed(["hello"])
     # Then its error is short and holds no secret
     assert SECRET not in str(raised.value) and len(str(raised.value)) <= 2 * MAX_ERROR_CHARS
+
+
+def test_the_keys_an_endpoint_is_recorded_under_hold_no_credentials() -> None:
+    # A limiter key names the endpoint in Redis and in the error of a wait that runs out; a
+    # breaker key names it in the metadata store
+    url = f"http://user:{SECRET}@127.0.0.1:8000/v1"
+    assert provider_key(url, "m") == "127.0.0.1:8000/m"
+    assert breaker_key(url, "m") == "http://127.0.0.1:8000/v1 m"
