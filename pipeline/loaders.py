@@ -134,13 +134,13 @@ class Budget:
         )
 
     def over(self, what: str) -> InputError:
-        return InputError(f"{self._item()}{what} expands past {self.cap} bytes, the cap ({self.setting})")
+        return InputError(f"{self.prefix()}{what} expands past {self.cap} bytes, the cap ({self.setting})")
 
     def too_deep(self) -> InputError:
         depth = f"{self.depth} levels, the cap (set by KENNING_MAX_JSON_DEPTH)"
-        return InputError(f"{self._item()}JSON nested deeper than {depth}")
+        return InputError(f"{self.prefix()}JSON nested deeper than {depth}")
 
-    def _item(self) -> str:
+    def prefix(self) -> str:
         return f"{self.name}: " if self.name else ""
 
 
@@ -289,13 +289,13 @@ def detect_zip(data: bytes, budget: Budget) -> str:
 def count_members(data: bytes, budget: Budget) -> None:
     # Counted before the archive is opened: zipfile reads its whole directory into memory at once.
     if data.count(ZIP_MEMBER_SIGNATURE) > MAX_ARCHIVE_MEMBERS:
-        raise InputError(f"{budget._item()}zip archive of more than {MAX_ARCHIVE_MEMBERS} members")
+        raise InputError(f"{budget.prefix()}zip archive of more than {MAX_ARCHIVE_MEMBERS} members")
 
 
 def check_declared(infos: list[zipfile.ZipInfo], budget: Budget) -> None:
     declared = sum(info.file_size for info in infos)
     if declared > budget.cap:
-        raise budget.over(f"zip archive whose members declare {declared} bytes")
+        raise budget.over(f"zip archive (its members declare {declared} bytes)")
 
 
 def check_members(data: bytes, budget: Budget, kind: str = "zip archive") -> None:
