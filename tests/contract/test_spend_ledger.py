@@ -52,26 +52,41 @@ def _migrated(request: pytest.FixtureRequest, tmp_path: Path, database: str) -> 
     made.dispose()
 
 
-def slow_first_commit(engine: sa.Engine) -> list[int]:
-    """Counts the engine's commits; the first takes 0.3 s, so that writes queue behind it."""
+def commits_of(engine: sa.Engine) -> list[int]:
+    """Counts the engine's commits from now on."""
     commits: list[int] = []
-
-    def on_commit(_conn: Any) -> None:
-        commits.append(1)
-        if len(commits) == 1:
-            time.sleep(0.3)
-
-    sa.event.listen(engine, "commit", on_commit)
+    sa.event.listen(engine, "commit", lambda _conn: commits.append(1))
     return commits
 
 
-def test_calls_sent_at_once_are_all_recorded_in_fewer_transactions(engine: sa.Engine) -> None:
-    # Given a ledger whose first commit is slow, and one run's calls sent from many threads at once
+def first_waits_for(ledger: SqlSpendLedger, writes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Holds the ledger's next transaction until the rest of `writes` wait behind it (bounded)."""
+    group = ledger._writes
+    transaction = group._transaction
+    first = [True]
+
+    def held(batch: list[Any]) -> None:
+        if first[0]:
+            first[0] = False
+            deadline = time.monotonic() + 30
+            while len(group._queued) < writes - len(batch) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        transaction(batch)
+
+    monkeypatch.setattr(group, "_transaction", held)
+
+
+def test_calls_sent_at_once_are_all_recorded_in_fewer_transactions(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a ledger whose first transaction waits until the other writes queue behind it, and one
+    # run's calls sent from many threads at once
     ledger = SqlSpendLedger(engine)
     run_id = f"run-{uuid.uuid4().hex[:12]}"
     charge = Charge(run_id=run_id, dataset_id="d1")
     ids = [f"{run_id}-{n}" for n in range(THREADS)]
-    commits = slow_first_commit(engine)
+    commits = commits_of(engine)
+    first_waits_for(ledger, THREADS, monkeypatch)
     # When each thread records its call sent, then answered
     errors = at_once([partial(_call, ledger, attempt, charge) for attempt in ids])
     # Then every call and its tokens are recorded, in fewer transactions than writes
@@ -110,13 +125,13 @@ def test_every_write_of_a_failed_transaction_raises_its_own_transient_error(tmp_
     engine.dispose()
 
 
-def test_a_write_that_fails_fails_alone(engine: sa.Engine) -> None:
+def test_a_write_that_fails_fails_alone(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given calls recorded at once from many threads, one of them under an attempt id already taken
     ledger = SqlSpendLedger(engine)
     run_id = f"run-{uuid.uuid4().hex[:12]}"
     charge = Charge(run_id=run_id, dataset_id="d1")
     ledger.sent(f"{run_id}-taken", charge, "sim")
-    slow_first_commit(engine)
+    first_waits_for(ledger, THREADS, monkeypatch)
     calls = [partial(_call, ledger, f"{run_id}-{n}", charge) for n in range(THREADS - 1)]
     taken = partial(ledger.sent, f"{run_id}-taken", charge, "sim")
     # When they are recorded
@@ -126,9 +141,11 @@ def test_a_write_that_fails_fails_alone(engine: sa.Engine) -> None:
     assert ledger.totals([run_id])[run_id].calls == THREADS
 
 
-def test_a_write_whose_transaction_was_interrupted_never_passes_for_committed(engine: sa.Engine) -> None:
-    # Given a ledger whose first commit is slow, and a database call that is interrupted (an
-    # exception that is not an error) when it writes one attempt
+def test_a_write_whose_transaction_was_interrupted_never_passes_for_committed(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a ledger whose first transaction waits until the other writes queue behind it, and a
+    # database call that is interrupted (an exception that is not an error) when it writes one attempt
     ledger = SqlSpendLedger(engine)
     run_id = f"run-{uuid.uuid4().hex[:12]}"
     charge = Charge(run_id=run_id, dataset_id="d1")
@@ -139,7 +156,7 @@ def test_a_write_whose_transaction_was_interrupted_never_passes_for_committed(en
             raise KeyboardInterrupt
 
     sa.event.listen(engine, "before_cursor_execute", interrupt)
-    slow_first_commit(engine)
+    first_waits_for(ledger, 3, monkeypatch)
     # When it is recorded at once with another call, behind a third that commits first
     sent = [
         partial(ledger.sent, attempt, charge, "sim")
