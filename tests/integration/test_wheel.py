@@ -56,12 +56,14 @@ def test_the_wheel_holds_kenning_alone(wheel: Path) -> None:
         "kenning/py.typed",
         "kenning/workers/samples/the-lamp.md",
         "kenning/workers/assets/graph_view.html",
-        "kenning/storage/minilm_graph.onnx",
-        "kenning/storage/migrations/env.py",
-        "kenning/storage/migrations/script.py.mako",
-        "kenning/storage/migrations/versions/0001_initial.py",
+        "kenning/storage/inference/minilm_graph.onnx",
+        "kenning/storage/metadata/migrations/env.py",
+        "kenning/storage/metadata/migrations/script.py.mako",
+        "kenning/storage/metadata/migrations/versions/0001_initial.py",
     ):
         assert data_file in names
+    # The LLM simulator serves tests and benchmarks: it is not part of the product
+    assert not [name for name in names if "simulator" in name]
 
 
 def test_demo_runs_from_the_installed_wheel(venv: Path, tmp_path: Path) -> None:
