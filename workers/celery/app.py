@@ -55,6 +55,7 @@ from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.ports import RunLock
 from kenning.storage.coordination.lease_redis import RedisLeases
 from kenning.storage.coordination.queue_depth import queue_depths, waiting_with
+from kenning.storage.coordination.redis_client import open_redis
 from kenning.storage.coordination.run_lock import Deliveries
 from kenning.workers.runtime import keys
 from kenning.workers.runtime.heap import settle
@@ -110,12 +111,12 @@ class Resources:
         """How many of the run's tasks wait in the broker's queues (0 if the broker is not Redis)."""
         with self._mutex:
             if self._broker is None and self.settings.broker_url.startswith("redis"):
-                self._broker = redis.Redis.from_url(self.settings.broker_url)
+                self._broker = open_redis(self.settings.broker_url)
         return waiting(self.settings, self._broker, run_id)
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self.settings.redis_url)
+            self._client = open_redis(self.settings.redis_url)
         return self._client
 
     def close(self) -> None:
@@ -335,7 +336,7 @@ def _on_process_start(**_: object) -> None:
 def _serve_metrics(settings: Settings) -> None:
     if serve_worker_metrics(settings.metrics_port) is None or not settings.broker_url.startswith("redis"):
         return
-    client = redis.Redis.from_url(settings.broker_url)
+    client = open_redis(settings.broker_url)
     queues = [queue_name(settings, kind) for kind in keys.QUEUE_KINDS]
     metrics().watch_queues(lambda: queue_depths(client, queues))
 

@@ -35,8 +35,6 @@ RUN_QUEUES = ("pipeline", "extract", "load")
 # How long one look at the workers and Redis is reused: status pages poll every half second.
 CHECK_REUSE_S = 10.0
 CANCELLED_BY = "cancelled by the operator"
-# How long one look at Redis or the broker waits for an answer: status pages poll.
-LOOK_TIMEOUT_S = 2.0
 
 
 class RunSummary(BaseModel):
@@ -160,22 +158,22 @@ class _Coordination:
 def broker_client(settings: Settings, client: Any) -> Any:
     """A client of the broker's Redis: `client` when it is the same server, None when the broker
     is not Redis."""
-    from kenning.storage.coordination.redis_client import open_redis
+    from kenning.storage.coordination.redis_client import QUICK_TIMEOUT_S, open_redis
 
     if not settings.broker_url.startswith("redis"):
         return None
     if settings.broker_url == settings.redis_url:
         return client
-    return open_redis(settings.broker_url, timeout_s=LOOK_TIMEOUT_S)
+    return open_redis(settings.broker_url, timeout_s=QUICK_TIMEOUT_S)  # status pages poll
 
 
 @contextmanager
 def _coordination(settings: Settings) -> Iterator[_Coordination]:
     import redis
 
-    from kenning.storage.coordination.redis_client import open_redis
+    from kenning.storage.coordination.redis_client import QUICK_TIMEOUT_S, open_redis
 
-    client = open_redis(settings.redis_url, timeout_s=LOOK_TIMEOUT_S)
+    client = open_redis(settings.redis_url, timeout_s=QUICK_TIMEOUT_S)  # status pages poll
     coordination = None
     try:
         coordination = _Coordination(settings, client)

@@ -57,8 +57,6 @@ from kenning.workers.runtime.settings import Settings, in_mode
 
 T = TypeVar("T")
 _UNMADE = object()
-# A Redis that does not answer costs an LLM call this much before its breaker counts alone.
-BREAKER_REDIS_TIMEOUT_S = 2.0
 
 
 class Wiring:
@@ -216,14 +214,11 @@ class Wiring:
         if not self.distributed:
             return MemoryFailureTally()
         with needs_extra("the shared LLM breaker"):
-            import redis
-
             from kenning.storage.coordination.breaker_redis import RedisFailureTally
+            from kenning.storage.coordination.redis_client import QUICK_TIMEOUT_S, open_redis
 
-        timeout = BREAKER_REDIS_TIMEOUT_S
-        client = redis.Redis.from_url(
-            self.settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
-        )
+        # A Redis that does not answer costs an LLM call this much before its breaker counts alone.
+        client = open_redis(self.settings.redis_url, timeout_s=QUICK_TIMEOUT_S)
         self._closers.append(client.close)
         return RedisFailureTally(client, prefix=breaker_prefix(self.settings.queue_prefix))
 
@@ -240,11 +235,10 @@ class Wiring:
         if not self.distributed:
             return MemoryRateLimiter(limits)
         with needs_extra("the shared rate limiter"):
-            import redis
-
             from kenning.storage.coordination.ratelimit_redis import RedisRateLimiter
+            from kenning.storage.coordination.redis_client import open_redis
 
-        client = redis.Redis.from_url(settings.redis_url)
+        client = open_redis(settings.redis_url)
         self._closers.append(client.close)
         return RedisRateLimiter(client, limits, prefix=ratelimit_prefix(settings.queue_prefix))
 
@@ -260,10 +254,9 @@ class Wiring:
         if settings.session_backend == "file":
             return FileSessionStore(self.home() / "sessions", ttl_s=settings.session_ttl_s)
         with needs_extra("the Redis session store"):
-            import redis
-
+            from kenning.storage.coordination.redis_client import open_redis
             from kenning.storage.sessions.redis import RedisSessionStore
-        client = redis.Redis.from_url(settings.redis_url)
+        client = open_redis(settings.redis_url)
         self._closers.append(client.close)
         return RedisSessionStore(client, session_prefix(settings.queue_prefix), ttl_s=settings.session_ttl_s)
 
