@@ -114,12 +114,14 @@ def start_run(services: Services, scope: Scope, run_id: str | None = None, *, mo
 
 
 def interrupt_others(services: Services, job: Job, why: str) -> list[str]:
-    """Mark the dataset's other started runs interrupted: the caller holds the dataset's lock, so
-    none of them can still be running. Their ids."""
+    """Mark the dataset's other started embedded runs interrupted: the caller holds the dataset's
+    lock, which an embedded run holds from before its record is made, so none of them can still be
+    running. Their ids. A distributed run is left to the supervisor: its tasks may be waiting for
+    the lock."""
     dead = [
         run
         for run in services.metadata.list_runs(job.dataset_id)
-        if run.id != job.run_id and run.status in RUNNING
+        if run.id != job.run_id and run.status in RUNNING and run.embedded
     ]
     for run in dead:
         run.status, run.error, run.finished_at = RunStatus.INTERRUPTED, why, utcnow()

@@ -57,7 +57,7 @@ from kenning.workers.application.records import Records
 from kenning.workers.runtime.extras import needs_extra
 from kenning.workers.runtime.local_runner import ProgressCallback, close_dead_runs, no_progress
 from kenning.workers.runtime.metrics import timed_search
-from kenning.workers.runtime.settings import Settings, load_settings
+from kenning.workers.runtime.settings import Settings, in_mode, load_settings
 from kenning.workers.runtime.tracing import traced
 from kenning.workers.runtime.wiring import Wiring
 
@@ -83,8 +83,8 @@ class Kenning:
 
     def __init__(self, settings: Settings | None = None, wiring: Wiring | None = None) -> None:
         self.wiring = wiring or Wiring(settings or load_settings())
-        # The wiring's: it holds the mode, which a flag such as `serve --distributed` may force.
-        self.settings = self.wiring.settings
+        # In the wiring's mode, which a flag such as `serve --distributed` may have forced.
+        self.settings = in_mode(settings or self.wiring.settings, self.wiring.settings.mode)
         self._bridges: list[threading.Thread] = []
         self._accessed = AccessBuffer(lambda: self.wiring.access)
 

@@ -15,6 +15,7 @@ from kenning.storage.coordination.lock import FileLock, MemoryLock
 from kenning.storage.metadata.memory import MemoryMetadataStore
 from kenning.workers.control.runs import StallDetector
 from kenning.workers.memory import Kenning
+from kenning.workers.runtime.local_runner import LocalRunner
 from kenning.workers.runtime.settings import Settings, in_mode, load_settings
 from kenning.workers.runtime.wiring import Wiring
 
@@ -158,3 +159,20 @@ def test_the_kept_lock_excludes_and_frees_like_the_run_lock_under_it() -> None:
     assert token is not None and runs.take("dataset:t:d", "celery-run", 60) is None
     kept.release("dataset:t:d", token)
     assert runs.holder("dataset:t:d") is None
+
+
+def test_an_embedded_run_interrupts_stale_embedded_runs_and_leaves_distributed_ones_to_the_supervisor(
+    tmp_path: Path,
+) -> None:
+    # Given a Celery run of the dataset waiting for its lock, and an embedded run whose process died
+    settings = load_settings(home=tmp_path, embedding_provider="hash")
+    wiring = Wiring(settings, {"metadata": MemoryMetadataStore()})
+    scope = Scope(tenant="default", dataset="docs")
+    waiting = start_run(wiring, scope, mode=DISTRIBUTED)
+    stale = start_run(wiring, scope, mode=EMBEDDED)
+    # When an embedded run of the dataset runs (under the lock)
+    run = LocalRunner(wiring, MemoryLock(), plan=()).run(scope)
+    # Then it interrupted the stale embedded run only
+    assert run.status == RunStatus.COMPLETED
+    assert wiring.metadata.get_run(stale.run_id).status == RunStatus.INTERRUPTED  # type: ignore[union-attr]
+    assert wiring.metadata.get_run(waiting.run_id).status == RunStatus.STARTED  # type: ignore[union-attr]

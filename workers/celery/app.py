@@ -159,10 +159,13 @@ class KenningCelery(Celery):  # type: ignore[misc]  # celery ships no type hints
     def on_configure(self) -> None:
         """Called by Celery the first time the configuration is read."""
         if self._settings is None:
-            self._settings = load_settings()
+            self._settings = in_mode(load_settings(), "distributed")
             self.config_from_object(celery_config(self._settings))
 
     def use_settings(self, settings: Settings) -> None:
+        """Serve `settings`, in distributed mode whatever they say: the Celery app is the
+        distributed runner."""
+        settings = in_mode(settings, "distributed")
         if self._settings is not None and self._settings != settings:
             raise ConfigError(
                 "the Celery app is already configured with other settings; "
