@@ -75,7 +75,7 @@ def _classify_item(services: Services, job: Job, item: DataItem) -> DocumentReco
     if item.size > limit:
         raise InputError(f"{item.name}: {item.size} bytes is over the limit of {limit} bytes")
     data = services.blobs.get(item.content_hash)
-    kind = detect_kind(item.name, data)
+    kind = detect_kind(item.name, data, limits=services.config.inputs)
     document = Document(
         name=item.name, kind=kind, data_id=item.id, mime=item.mime, tenant=job.tenant, dataset=job.dataset
     )
@@ -135,7 +135,10 @@ def _chunk_document(
     services: Services, job: Job, item: DataItem, document: DocumentRecord
 ) -> list[ChunkRecord]:
     # NUL characters survive some formats (JSON escapes, PDFs) and PostgreSQL text cannot hold them.
-    text = extract_text(document.kind, services.blobs.get(item.content_hash)).replace("\x00", "")
+    blob = services.blobs.get(item.content_hash)
+    text = extract_text(document.kind, blob, limits=services.config.inputs, name=item.name).replace(
+        "\x00", ""
+    )
     pieces = chunk_text(text, services.config.chunking)
     records = []
     for index, piece in enumerate(pieces):
@@ -408,7 +411,8 @@ def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
         if item.status == ItemStatus.FAILED:
             continue
         try:
-            rows = extract_rows(document.kind, services.blobs.get(item.content_hash)) or []
+            blob = services.blobs.get(item.content_hash)
+            rows = extract_rows(document.kind, blob, limits=services.config.inputs, name=item.name) or []
         except InputError as error:
             log.warning("no rows from %s: %s", item.name, error)
             continue

@@ -149,6 +149,22 @@ def test_the_pipeline_records_a_hostile_item_as_failed_and_the_rest_proceeds() -
     assert items["ada.txt"].status == ItemStatus.DONE
 
 
+def test_the_caps_set_in_the_settings_are_the_ones_the_pipeline_applies(tmp_path: Path) -> None:
+    # Given a home whose JSON depth cap is 3, and a JSON document nested 5 deep
+    from kenning.workers.memory import Kenning
+    from kenning.workers.runtime.settings import load_settings
+
+    settings = load_settings(home=tmp_path / "home", embedding_provider="hash", max_json_depth=3)
+    with Kenning(settings) as memory:
+        memory.add([Source(name="deep.json", uri="test:deep.json", data=nested_json(5, "k", 1))])
+        # When it is cognified
+        memory.cognify()
+        # Then the item failed at that cap, named with the item and the setting
+        (item,) = memory.wiring.metadata.list_items(memory.dataset().id)
+    assert item.status == ItemStatus.FAILED
+    assert item.error.startswith("deep.json") and "KENNING_MAX_JSON_DEPTH" in item.error
+
+
 def test_a_link_out_of_the_added_folder_is_skipped_with_its_reason(tmp_path: Path) -> None:
     # Given a folder holding a text, a link to a file outside it, and a link to a file inside it
     outside = tmp_path / "secret.txt"
