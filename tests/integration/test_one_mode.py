@@ -26,6 +26,8 @@ from kenning.workers.memory import Kenning
 from kenning.workers.runtime.metrics import metrics
 from kenning.workers.runtime.settings import load_settings
 from kenning.workers.runtime.wiring import Wiring
+from tests.integration.cluster import Deployment, Workers
+from tests.integration.test_memory_distributed import Client, corpus, lock_taken
 from tests.services import REDIS_URL
 from tests.simulator import JSON, Simulator, _Reply
 
@@ -220,3 +222,41 @@ def test_forget_waits_for_the_redis_run_lock_a_celery_run_holds(
         client.close()
     assert not forgetting.is_alive()
     assert memory.wiring.metadata.list_datasets(scope.tenant) == []
+
+
+@pytest.fixture
+def cluster(deployment: Deployment, tmp_path: Path) -> Iterator[tuple[Workers, Client]]:
+    """One Celery worker on every queue, and a service that sends it tasks by name."""
+    running, service = Workers(deployment, tmp_path, {"all": "pipeline,extract,load"}), Client(deployment)
+    try:
+        running.start()
+        yield running, service
+    finally:
+        service.close()
+        running.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.timeout(360)
+def test_a_forget_in_distributed_mode_waits_for_a_celery_cognify_of_its_dataset(
+    deployment: Deployment, cluster: tuple[Workers, Client]
+) -> None:
+    sessions, (worker, client) = deployment, cluster
+    # Given a dataset of a few hundred texts, and a cognify of it on the workers holding its lock
+    texts = corpus()
+    with Kenning(sessions.settings) as memory:
+        added = memory.add([text_source(text, name) for name, text in texts.items()], "race").added
+    gone = [item.id for item in added if int(item.name.split()[1]) % 3 == 0]
+    run_id = dict(client.send("kenning.cognify", {"dataset": "race"}, "pipeline").get(timeout=60))["run_id"]
+    assert lock_taken(sessions, "race"), worker.logs()
+    # When a third of its items is forgotten from Python, as `serve --distributed` wires it
+    settings = sessions.settings
+    with Kenning(settings, Wiring(settings, distributed=True)) as memory:
+        [forgotten] = memory.forget("race", gone)
+        run = memory.wiring.metadata.get_run(run_id)
+    # Then the forget waited for the run to end, and took the forgotten items' part out after it
+    assert run is not None and run.status == RunStatus.COMPLETED, worker.logs()
+    assert run.stats["documents"] == len(texts)
+    assert forgotten.chunks == len(gone) and forgotten.nodes > 0
