@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from kenning.pipeline.errors import InputError, NoLLMConfigured
 from kenning.pipeline.models import Scope
+from kenning.pipeline.permission import Caller
 from kenning.retrieval.contract import Principal, SearchType
 from kenning.retrieval.registry import REGISTRY
 from kenning.workers.memory import Kenning
@@ -86,20 +87,17 @@ def test_no_search_type_returns_data_outside_the_caller_s_scope(
             markers: dict[tuple[str, str], str] = {}
             for index, (tenant, dataset) in enumerate(world["pairs"]):
                 markers[(tenant, dataset)] = marker(index)
-                owner = Kenning(base_settings(Path(home), falkordb_url, graph_name, tenant=tenant), wiring)
+                owner = Kenning(wiring.settings, wiring).as_caller(
+                    Caller(tenant=tenant, user="owner", admin=True)
+                )
                 owner.add_text(f"{marker(index)} is kept in the archive.", dataset=dataset)
                 assert owner.cognify(dataset).status.value == "completed"
 
             # And a caller with its own tenant, read scopes and datasets it asks for
-            caller = Kenning(
-                base_settings(
-                    Path(home),
-                    falkordb_url,
-                    graph_name,
-                    tenant=world["caller"],
-                    read_scopes=world["read_scopes"],
-                ),
-                wiring,
+            # (no read scopes: the datasets of its own tenant)
+            scopes = tuple(world["read_scopes"]) or None
+            caller = Kenning(wiring.settings, wiring).as_caller(
+                Caller(tenant=world["caller"], user="caller", admin=True, scopes=scopes)
             )
             principal = caller.principal()
             allowed = {
