@@ -59,9 +59,7 @@ class RunTracker:
             if wait:
                 self._follow(memory.wiring.metadata, run_id, memory.settings.cognify_timeout_s)
             return run_id
-        tracked = self._track(
-            Tracked(run_id=uuid.uuid4().hex, tenant=memory.caller.tenant, dataset=dataset)
-        )
+        tracked = self._track(Tracked(run_id=uuid.uuid4().hex, tenant=memory.caller.tenant, dataset=dataset))
         if wait:
             self._cognify(memory, tracked)
             return tracked.run_id
