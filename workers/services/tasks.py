@@ -52,6 +52,7 @@ from pydantic import BaseModel, Field, ValidationError
 from kenning.pipeline.ingest import text_source
 from kenning.pipeline.locking import LockBusy, lock_name
 from kenning.pipeline.models import RUNNING, ChunkStatus, Dataset, ItemStatus
+from kenning.pipeline.permission import Caller
 from kenning.retrieval.contract import SearchType
 from kenning.workers.application.lifecycle import (
     Message,
@@ -135,18 +136,17 @@ def _parse(model: type[M], request: Any) -> M:
 
 
 def _memory(tenant: str | None = None, user: str | None = None) -> Kenning:
-    """The worker's stores, seen as the request's tenant and user (or the settings' ones)."""
+    """The worker's stores, acting for the request's tenant and user (or the settings' ones): an
+    operator of the deployment, who reads only what this worker's KENNING_READ_SCOPES allow."""
     resources = app.resources()
     settings = resources.settings
-    update: dict[str, Any] = {}
-    if tenant and tenant != settings.tenant:
-        # The caller acts as that tenant, but reads only what this worker's settings allow.
-        update.update(tenant=tenant, read_scopes=settings.readable)
-    if user and user != settings.user:
-        update["user"] = user
-    if update:
-        settings = settings.model_copy(update=update)
-    return Kenning(settings, resources.wiring)
+    caller = Caller(
+        tenant=tenant or settings.tenant,
+        user=user or settings.user,
+        admin=True,
+        scopes=tuple(settings.readable),
+    )
+    return Kenning(settings, resources.wiring).as_caller(caller)
 
 
 def add_task(request: dict[str, Any]) -> dict[str, Any]:
@@ -238,7 +238,7 @@ def search_task(request: dict[str, Any]) -> dict[str, Any]:
 def forget_task(request: dict[str, Any]) -> dict[str, Any]:
     parsed = _parse(ForgetRequest, request)
     memory = _memory(parsed.tenant)
-    dataset = find_dataset(memory.wiring.metadata, memory.settings.tenant, parsed.dataset)
+    dataset = find_dataset(memory.wiring.metadata, memory.caller.tenant, parsed.dataset)
     with run_lock(memory, dataset, "forget"):
         forgotten = forget_held(memory.wiring, dataset, parsed.data_ids, parsed.memory_only)
     return forgotten.model_dump()
@@ -252,14 +252,14 @@ def improve_task(datasets: list[str] | None = None) -> dict[str, Any]:
 
     memory = _memory()
     done: dict[str, Any] = {}
-    for dataset in memory.wiring.metadata.list_datasets(memory.settings.tenant):
+    for dataset in memory.wiring.metadata.list_datasets(memory.caller.tenant):
         if datasets and dataset.name not in datasets:
             continue
-        added = memory.add(session_items(memory.wiring, dataset), dataset.name).added
+        added = memory.add(session_items(memory.wiring, dataset, memory.caller), dataset.name).added
         if added:
             enqueue(memory.wiring, memory.settings, dataset.scope)
         with run_lock(memory, dataset, "improve"):
-            improved = improve_held(memory.wiring, dataset, memory.settings.memify)
+            improved = improve_held(memory.wiring, dataset, memory.settings.memify, memory.caller)
         done[dataset.name] = improved.model_copy(update={"session_items": len(added)}).model_dump()
     return done
 
@@ -291,7 +291,7 @@ def maintenance_task(datasets: list[str] | None = None) -> dict[str, Any]:
     supervised = supervise(app.resources())
     metadata, chunks = memory.wiring.metadata, memory.wiring.chunks
     started: dict[str, str] = {}
-    for dataset in metadata.list_datasets(memory.settings.tenant):
+    for dataset in metadata.list_datasets(memory.caller.tenant):
         if datasets and dataset.name not in datasets:
             continue
         busy = any(run.status in RUNNING for run in metadata.list_runs(dataset.id))
