@@ -33,7 +33,8 @@ SERVICE = textwrap.dedent(
     tenants = sorted(d.tenant for t in ("acme", "globex") for d in metadata.list_datasets(t))
     forgotten = tasks.forget_task({"dataset": "books", "tenant": "globex"})
     left = [d.name for d in metadata.list_datasets("globex")]
-    print(json.dumps({"added": added["added"], "tenants": tenants, "forgot": forgotten["items"], "left": left}))
+    found = {"added": added["added"], "tenants": tenants, "forgot": forgotten["items"], "left": left}
+    print(json.dumps(found))
     app.close_resources()
     """
 )
