@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import qdrant_edge as qe
 
@@ -34,9 +34,6 @@ from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.models import Scope, ScoredPoint
 from kenning.storage.vectors.rules import distance_of, in_scope
 from kenning.storage.vectors.shard_server import SearchServer
-
-if TYPE_CHECKING:
-    from kenning.storage.vectors.edge import EdgeVectorStore
 
 POLL_S = 0.02
 # How long the releaser of a process that holds no shard sleeps, unless one is opened meanwhile
@@ -216,13 +213,19 @@ class Shard:
             os.close(fd)  # closing the only descriptor releases the flock
 
 
+class ShardKeeper(Protocol):
+    """What the releaser watches: the shards a store has open (the Qdrant Edge store)."""
+
+    def _open_shards(self) -> list[Shard]: ...
+
+
 class Releaser:
     """A daemon thread that closes this process's idle shards when others wait or time passes.
     It looks every POLL_S while this process holds a shard, and sleeps while it holds none (until
     one is opened): every wake-up costs CPU, 16 ms a second at 50 a second, and of 8 query
     processes sharing a home only one holds each collection."""
 
-    def __init__(self, store: EdgeVectorStore, linger_s: float) -> None:
+    def __init__(self, store: ShardKeeper, linger_s: float) -> None:
         self._store = weakref.ref(store)
         self._linger_s = linger_s
         self._stopped = threading.Event()

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from kenning.retrieval.conversation import TURN_FIELDS, TURNS, context_text
+from kenning.workers.application.conversation import spoken
 from kenning.workers.application.lifecycle import Message
-from kenning.workers.memory import Kenning, spoken
+from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 
 SAID = datetime(2023, 5, 8, 13, 56)

@@ -138,12 +138,13 @@ def test_fifty_megabyte_file_over_the_limit_fails_alone(env: Path) -> None:
     small.write_text("Lise Meitner explained nuclear fission.")
     settings = load_settings(home=env / "home", embedding_provider="hash", max_document_bytes=8 * 2**20)
     with Kenning(settings) as memory:
-        memory.add_paths([str(big), str(small)])
+        added = memory.add_paths([str(big), str(small)])
         run = memory.cognify()
         status = memory.status()[0]
-    assert run.status.value == "completed_with_errors" and "1 failed items" in run.error
-    assert status["items"] == {"done": 1, "failed": 1}
-    assert "over the limit" in status["errors"]["big.txt"]
+    # The file over the cap is refused at add, read no further than the cap, and named with why
+    assert [item.name for item in added.added] == ["small.txt"]
+    assert "KENNING_MAX_DOCUMENT_BYTES" in added.errors[str(big)]
+    assert run.status.value == "completed" and status["items"] == {"done": 1}
 
 
 def test_an_llm_endpoint_extracts_and_answers(tmp_path: Path) -> None:

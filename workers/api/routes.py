@@ -53,9 +53,9 @@ from kenning.workers.api.schemas import (
 )
 from kenning.workers.application.lifecycle import Recalled, Recollection, Remembered
 from kenning.workers.application.records import PAGE_LIMIT, MemoryRecord, Page
+from kenning.workers.application.sessions import session_recollection, worth_recalling
 from kenning.workers.control.graph_view import MAX_NODES, graph_html
 from kenning.workers.control.runs import cancel_run, retry_target
-from kenning.workers.memory import session_recollection, worth_recalling
 
 READ, WRITE, DELETE, SHARE = Permission
 KEEPALIVE_S = 15.0

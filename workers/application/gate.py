@@ -52,10 +52,16 @@ def may_write(caller: Caller, scope: Scope) -> bool:
 
 def require_write(caller: Caller, scope: Scope) -> None:
     """Nothing if the caller may write the dataset; `Forbidden` where it may read it, else `NotFound`."""
-    if may_write(caller, scope):
+    require(caller, Permission.WRITE, scope)
+
+
+def require(caller: Caller, permission: Permission, scope: Scope) -> None:
+    """Nothing if the caller holds `permission` on the dataset; `Forbidden` where it may read it,
+    else `NotFound` (a caller learns nothing of a dataset it may not read)."""
+    if scope.tenant == caller.tenant and caller.may(permission, scope.dataset):
         return
     if may_read(caller, scope):
-        raise Forbidden(f"write on dataset {scope.dataset!r} is not granted to you")
+        raise Forbidden(f"{permission.value} on dataset {scope.dataset!r} is not granted to you")
     raise NotFound(f"no dataset {scope.dataset!r}")
 
 

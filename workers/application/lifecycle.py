@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from kenning.pipeline.context import Job
-from kenning.pipeline.errors import InputError
+from kenning.pipeline.errors import ConfigError, InputError
 from kenning.pipeline.forget import Forgotten, forget_items
 from kenning.pipeline.ingest import Source
 from kenning.pipeline.locking import held, lock_name
@@ -25,12 +25,15 @@ from kenning.pipeline.memify import (
     session_sources,
 )
 from kenning.pipeline.models import RUNNING, Dataset
-from kenning.pipeline.permission import Caller
+from kenning.pipeline.permission import Caller, Permission
 from kenning.pipeline.ports import MetadataStore
 from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
 from kenning.retrieval.conversation import mend_turns, turns_of
 from kenning.workers.application import gate
+from kenning.workers.application.context import Context
+from kenning.workers.application.decay import AccessBuffer, stale_items
+from kenning.workers.application.ingest import add_sources
 from kenning.workers.runtime.wiring import Wiring
 
 
@@ -50,6 +53,66 @@ def find_dataset(
             return dataset
     known = ", ".join(d.name for d in datasets) or "none"
     raise InputError(f"no dataset {name!r} (datasets: {known})")
+
+
+def readable_dataset(context: Context, name: str | None) -> Dataset:
+    """The dataset, if the caller may read it; the same InputError for one missing or not its."""
+    return find_dataset(
+        context.wiring.metadata,
+        context.caller.tenant,
+        name or context.settings.dataset,
+        lambda d: gate.may_read(context.caller, d.scope),
+    )
+
+
+def forget(
+    context: Context, dataset: str | None, data_ids: Sequence[str] | None, everything: bool, memory_only: bool
+) -> list[Forgotten]:
+    """See `Kenning.forget`; needs delete on each dataset forgotten from."""
+    metadata = context.wiring.metadata
+    if everything:
+        targets = metadata.list_datasets(context.caller.tenant)
+    else:
+        targets = [readable_dataset(context, dataset)]
+    for target in targets:
+        gate.require(context.caller, Permission.DELETE, target.scope)
+    ttl = context.settings.lock_ttl_s
+    ids = None if everything else data_ids
+    return [forget_in_dataset(context.wiring, target, ids, memory_only, ttl) for target in targets]
+
+
+def improve(context: Context, dataset: str | None, cognify: Callable[[str], object]) -> Improvement:
+    """See `Kenning.improve`; `cognify(name)` makes the remembered answers memory."""
+    target = readable_dataset(context, dataset)
+    gate.require_write(context.caller, target.scope)
+    wiring, caller = context.wiring, context.caller
+    added = add_sources(context, session_items(wiring, target, caller), target.name).added
+    if added:
+        cognify(target.name)
+    with held(wiring.lock, lock_name(target.scope), context.settings.lock_ttl_s):
+        done = improve_held(wiring, target, context.settings.memify, caller)
+    return done.model_copy(update={"session_items": len(added)})
+
+
+def prune(
+    context: Context,
+    accessed: AccessBuffer,
+    dataset: str | None,
+    older_than_days: float | None,
+    below: float | None,
+) -> Forgotten:
+    """See `Kenning.prune`; needs delete."""
+    if older_than_days is None and below is None:
+        raise ConfigError("prune needs older_than_days or below")
+    accessed.flush()
+    target = readable_dataset(context, dataset)
+    gate.require(context.caller, Permission.DELETE, target.scope)
+    older = timedelta(days=older_than_days) if older_than_days is not None else None
+    wiring, decay = context.wiring, context.settings.decay
+    stale = stale_items(target, wiring.metadata, wiring.chunks, wiring.access, older, below, decay)
+    if not stale:
+        return Forgotten()
+    return forget_in_dataset(wiring, target, stale, False, context.settings.lock_ttl_s)
 
 
 def forget_in_dataset(

@@ -1,0 +1,121 @@
+"""What a caller is shown of its datasets: items by status, failures, graph size, recent runs, and
+the LLM calls, tokens and cost of each run (from the spend ledger)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from kenning.pipeline.context import Job
+from kenning.pipeline.estimate import Estimate, estimate, price
+from kenning.pipeline.models import ChunkStatus, Dataset, ItemStatus, PipelineRun, RunStatus
+from kenning.workers.application import gate
+from kenning.workers.application.context import Context
+from kenning.workers.application.lifecycle import find_dataset
+from kenning.workers.runtime.local_runner import close_dead_runs
+
+SPEND_COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens")
+
+
+def status(context: Context, dataset: str | None = None) -> list[dict[str, Any]]:
+    """See `Kenning.status`: the datasets named (or every one) the caller may read."""
+    return [dataset_status(context, d) for d in visible_datasets(context, dataset)]
+
+
+def visible_datasets(context: Context, dataset: str | None) -> list[Dataset]:
+    metadata, caller = context.wiring.metadata, context.caller
+    if dataset:
+        return [find_dataset(metadata, caller.tenant, dataset, lambda d: gate.may_read(caller, d.scope))]
+    return [d for d in metadata.list_datasets(caller.tenant) if gate.may_read(caller, d.scope)]
+
+
+def dataset_status(context: Context, dataset: Dataset) -> dict[str, Any]:
+    metadata = context.wiring.metadata
+    close_dead_runs(metadata, dataset.id)
+    items = metadata.list_items(dataset.id)
+    runs = sorted(metadata.list_runs(dataset.id), key=lambda r: r.started_at, reverse=True)
+    nodes, edges = context.wiring.graph.counts(dataset.scope)
+    spent = spent_by_run(context, runs)
+    total: Counter[str] = Counter()
+    for run in runs:
+        total.update(spent[run.id])
+    return {
+        "dataset": dataset.name,
+        "tenant": dataset.tenant,
+        "items": dict(Counter(item.status.value for item in items)),
+        "errors": {item.name: item.error for item in items if item.status == ItemStatus.FAILED},
+        "failed_chunks": failed_chunks(context, dataset.id, {item.id: item.name for item in items}),
+        "graph": {"nodes": nodes, "edges": edges},
+        "llm_calls": total["llm_calls"],
+        **priced(context, total),
+        "runs": [
+            {
+                **run.model_dump(mode="json"),
+                **priced(context, spent[run.id]),
+                "llm_calls": spent[run.id]["llm_calls"],
+            }
+            for run in runs[:5]
+        ],
+    }
+
+
+def spent_by_run(context: Context, runs: Sequence[PipelineRun]) -> dict[str, dict[str, int]]:
+    """Each run's LLM calls and tokens: every attempt recorded in the spend ledger (retries, and
+    calls of tasks that were killed, included); the run's own counters for runs made before it."""
+    ledger = context.wiring.spend.totals([run.id for run in runs])
+    spent: dict[str, dict[str, int]] = {}
+    for run in runs:
+        counted = ledger.get(run.id)
+        spent[run.id] = (
+            {
+                "llm_calls": counted.calls,
+                "prompt_tokens": counted.prompt_tokens,
+                "completion_tokens": counted.completion_tokens,
+            }
+            if counted
+            else {name: run.stats.get(name, 0) for name in SPEND_COUNTERS}
+        )
+    return spent
+
+
+def failed_chunks(context: Context, dataset_id: str, names: dict[str, str]) -> list[dict[str, Any]]:
+    """Each chunk whose extraction failed: its item, position and the reason."""
+    chunks = context.wiring.chunks
+    failed = chunks.get_chunks(chunks.list_chunk_ids(dataset_id, ChunkStatus.FAILED))
+    return [
+        {"item": names.get(c.data_id, c.data_id), "chunk_id": c.id, "index": c.index, "error": c.error}
+        for c in failed
+    ]
+
+
+def priced(context: Context, stats: dict[str, int]) -> dict[str, Any]:
+    prompt, completion = stats.get("prompt_tokens", 0), stats.get("completion_tokens", 0)
+    settings = context.settings
+    return {
+        "tokens": {"prompt": prompt, "completion": completion},
+        "cost": price(
+            prompt, completion, settings.llm_price_prompt_per_1k, settings.llm_price_completion_per_1k
+        ),
+    }
+
+
+def cost_estimate(context: Context, dataset: str | None = None) -> Estimate:
+    """LLM calls, tokens and cost the next cognify of the dataset would spend; writes nothing."""
+    settings = context.settings
+    found = estimate(context.wiring, context.scope(dataset))
+    return found.price(settings.llm_price_prompt_per_1k, settings.llm_price_completion_per_1k)
+
+
+def started_jobs(context: Context, dataset: str | None = None) -> list[Job]:
+    """The runs now started, of the dataset or of every dataset of the tenant."""
+    metadata = context.wiring.metadata
+    wanted = [d for d in metadata.list_datasets(context.caller.tenant) if not dataset or d.name == dataset]
+    for d in wanted:
+        close_dead_runs(metadata, d.id)
+    return [
+        Job(run_id=run.id, dataset_id=d.id, tenant=d.tenant, dataset=d.name)
+        for d in wanted
+        for run in metadata.list_runs(d.id)
+        if run.status == RunStatus.STARTED
+    ]
