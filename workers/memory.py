@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kenning.pipeline.context import Job
 from kenning.pipeline.errors import ConfigError, InputError, StoreError
@@ -24,9 +24,13 @@ from kenning.workers.application.context import Context
 from kenning.workers.application.decay import AccessBuffer
 from kenning.workers.application.lifecycle import Message, Recalled, Recollection, Remembered, find_dataset
 from kenning.workers.application.records import Records
+from kenning.workers.runtime.extras import needs_extra
 from kenning.workers.runtime.local_runner import ProgressCallback, no_progress
 from kenning.workers.runtime.settings import Settings, in_mode, load_settings
 from kenning.workers.runtime.wiring import Wiring
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +114,28 @@ class Kenning:
         datasets there are when it does not exist. Only `add` creates datasets."""
         return find_dataset(self.wiring.metadata, self.caller.tenant, name or self.settings.dataset)
 
-    def cognify(self, dataset: str | None = None, progress: ProgressCallback = no_progress) -> PipelineRun:
-        """Run the pipeline over the dataset's new and unfinished data, under its lock; needs write."""
-        gate.require_write(self.caller, self.dataset(dataset).scope)
+    def cognify(
+        self,
+        dataset: str | None = None,
+        progress: ProgressCallback = no_progress,
+        console: Console | None = None,
+    ) -> PipelineRun:
+        """Run the pipeline over the dataset's new and unfinished data, under its lock; needs write.
+
+        The mode decides where: in this process (embedded; `progress` is called as work advances),
+        or on the Celery workers (distributed; the run is followed until it ends, its progress drawn
+        on `console` when one is given)."""
+        scope = self.dataset(dataset).scope
+        gate.require_write(self.caller, scope)
         try:
-            return self.wiring.runner(progress).run(self.scope(dataset))
+            if self.wiring.distributed:
+                from rich.console import Console
+
+                with needs_extra("cognify in distributed mode"):
+                    from kenning.workers.celery.canvas import cognify_distributed
+
+                return cognify_distributed(self.wiring, scope, console or Console(quiet=True))
+            return self.wiring.runner(progress).run(scope)
         finally:
             self._flush_spend()
 

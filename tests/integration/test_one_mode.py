@@ -24,7 +24,7 @@ from kenning.workers.api import create_app
 from kenning.workers.celery.app import open_lock
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.metrics import metrics
-from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.settings import in_mode, load_settings
 from kenning.workers.runtime.wiring import Wiring
 from tests.integration.cluster import Deployment, Workers
 from tests.integration.test_memory_distributed import Client, corpus, lock_taken
@@ -260,3 +260,22 @@ def test_a_forget_in_distributed_mode_waits_for_a_celery_cognify_of_its_dataset(
     assert run is not None and run.status == RunStatus.COMPLETED, worker.logs()
     assert run.stats["documents"] == len(texts)
     assert forgotten.chunks == len(gone) and forgotten.nodes > 0
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.timeout(360)
+def test_a_python_cognify_in_distributed_mode_runs_on_the_workers(
+    deployment: Deployment, cluster: tuple[Workers, Client]
+) -> None:
+    worker, _client = cluster
+    # Given a dataset added from Python, with the memory in distributed mode
+    settings = in_mode(deployment.settings, "distributed")
+    with Kenning(settings) as memory:
+        memory.add([text_source("Ada Lovelace wrote the first program.", "ada")], "py")
+        # When Python cognifies it
+        run = memory.cognify("py")
+    # Then the run was the workers': recorded as distributed, completed, with the item done
+    assert run.status == RunStatus.COMPLETED, worker.logs()
+    assert run.mode == "distributed" and run.stats["documents"] == 1

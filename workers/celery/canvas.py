@@ -21,7 +21,6 @@ from kenning.pipeline.plan import PLAN, fail_run, start_run, successor_of
 from kenning.pipeline.spend import Spend
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.celery.app import app, configure_app
-from kenning.workers.memory import Kenning
 from kenning.workers.runtime import keys
 from kenning.workers.runtime.settings import Settings
 from kenning.workers.runtime.wiring import Wiring
@@ -113,21 +112,21 @@ def enqueue_cognify(settings: Settings, scope: Scope) -> str:
 
 
 def cognify_distributed(
-    memory: Kenning, dataset: str | None, console: Console, *, timeout_s: float | None = None
+    wiring: Wiring, scope: Scope, console: Console, *, timeout_s: float | None = None
 ) -> PipelineRun:
-    """Cognify the dataset on the workers, drawing its progress, until the run completes or errors.
+    """Cognify the dataset (which must exist) on the workers, drawing its progress on `console`,
+    until the run completes or errors.
 
     A run that fails ends errored with the error's text. After `timeout_s` the run as it
     stands (still started) is returned; the workers go on with it. With no worker consuming a
     queue the run needs, `NoWorker` is raised and no run is made.
     """
-    memory.dataset(dataset)  # an unknown name is an error, not a new dataset
-    require_workers(memory.settings, ("pipeline", "extract", "load"))
-    job = enqueue(memory.wiring, memory.settings, memory.scope(dataset))
+    settings = wiring.settings
+    require_workers(settings, ("pipeline", "extract", "load"))
+    job = enqueue(wiring, settings, scope)
     console.print(f"run {job.run_id[:8]} of dataset {job.dataset!r} sent to the workers")
-    settings = memory.settings
     timeout_s = timeout_s or settings.cognify_timeout_s
-    return follow(memory.wiring, job, console, timeout_s, ride_out_s=settings.store_retry_s)
+    return follow(wiring, job, console, timeout_s, ride_out_s=settings.store_retry_s)
 
 
 def follow(

@@ -150,11 +150,8 @@ def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, tempo
         if dry_run:
             click.echo(json.dumps(memory.estimate(dataset).model_dump(mode="json")))
             return
-        if memory.wiring.distributed:
-            with needs_extra("cognify --distributed"):
-                from kenning.workers.celery.canvas import cognify_distributed
-
-            run = cognify_distributed(memory, dataset, console)
+        if memory.wiring.distributed:  # the workers' progress is drawn as the run is followed
+            run = memory.cognify(dataset, console=console)
         else:
             with progress_bars(memory.wiring.spend) as advance:
                 run = memory.cognify(dataset, progress=advance)

@@ -9,11 +9,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kenning.pipeline.models import Dataset, PipelineRun
+from kenning.pipeline.models import Dataset
 from kenning.workers.control.runs import cancel_run, list_runs, retry_run
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.settings import in_mode, load_settings
 
 console = Console(stderr=True)
 
@@ -58,11 +58,12 @@ def cancel_command(run_id: str, reason: str) -> None:
 @click.option("--distributed", is_flag=True, help="Send the new run to the Celery workers and follow it.")
 def retry_command(run_id: str, distributed: bool) -> None:
     """Start a new run of an ended run's dataset, which redoes only what is not done."""
-    with Kenning(load_settings()) as memory:
+    settings = load_settings()
+    with Kenning(in_mode(settings, "distributed") if distributed else settings) as memory:
 
         def start(dataset: Dataset) -> str:
             console.print(f"retrying run {run_id} of dataset {dataset.name!r}")
-            return _cognify(memory, dataset, distributed).id
+            return memory.cognify(dataset.name, console=console).id
 
         new_id = retry_run(memory, run_id, start)
         run = memory.wiring.metadata.get_run(new_id)
@@ -74,15 +75,6 @@ def retry_command(run_id: str, distributed: bool) -> None:
         console.print(f"[red]{run.error}[/red]", soft_wrap=True)
     if run.status.value != "completed":
         sys.exit(1)
-
-
-def _cognify(memory: Kenning, dataset: Dataset, distributed: bool) -> PipelineRun:
-    if not (distributed or memory.wiring.distributed):
-        return memory.cognify(dataset.name)
-    with needs_extra("kenning runs retry --distributed"):
-        from kenning.workers.celery.canvas import cognify_distributed
-
-    return cognify_distributed(memory, dataset.name, console)
 
 
 COMMANDS = (runs_group,)
