@@ -119,12 +119,15 @@ class Kenning:
         dataset: str | None = None,
         progress: ProgressCallback = no_progress,
         console: Console | None = None,
+        *,
+        run_id: str | None = None,
     ) -> PipelineRun:
         """Run the pipeline over the dataset's new and unfinished data, under its lock; needs write.
 
-        The mode decides where: in this process (embedded; `progress` is called as work advances),
-        or on the Celery workers (distributed; the run is followed until it ends, its progress drawn
-        on `console` when one is given)."""
+        The mode decides where: in this process (embedded; `progress` is called as work advances,
+        and `run_id` names the run, for a caller that gave it out before the run began), or on the
+        Celery workers (distributed; the run is followed until it ends, its progress drawn on
+        `console` when one is given)."""
         scope = self.dataset(dataset).scope
         gate.require_write(self.caller, scope)
         try:
@@ -135,7 +138,7 @@ class Kenning:
                     from kenning.workers.celery.canvas import cognify_distributed
 
                 return cognify_distributed(self.wiring, scope, console or Console(quiet=True))
-            return self.wiring.runner(progress).run(scope)
+            return self.wiring.runner(progress).run(scope, run_id=run_id)
         finally:
             self._flush_spend()
 

@@ -81,8 +81,7 @@ class RunTracker:
 
     def _cognify(self, memory: Kenning, tracked: Tracked) -> None:
         try:
-            runner = memory.wiring.runner(tracked.advance)
-            runner.run(Scope(tenant=tracked.tenant, dataset=tracked.dataset), run_id=tracked.run_id)
+            memory.cognify(tracked.dataset, progress=tracked.advance, run_id=tracked.run_id)
         except Exception as error:  # the run's record says errored; one that never started, the tracker
             tracked.error = f"{type(error).__name__}: {error}"
             log.warning("cognify run %s of %s failed: %s", tracked.run_id, tracked.dataset, tracked.error)
