@@ -326,7 +326,7 @@ ENDED = frozenset(set(RunStatus) - RUNNING)
 
 
 EMBEDDED = "embedded"
-"""A run of the embedded runner: one process runs every step (`workers.runtime.local_runner`)."""
+"""A run of the embedded runner: one process runs every step (`kenning.workers.runtime.local_runner`)."""
 DISTRIBUTED = "distributed"
 """A run of the Celery workers: its tasks hold leases, and the broker holds its messages."""
 

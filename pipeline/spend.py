@@ -126,8 +126,9 @@ class Tally:
 
 class FailureTally(Protocol):
     """Connection failures in a row of each LLM endpoint, and its breaker: held by one process
-    (`storage.coordination.breaker_memory`), or shared through Redis by every worker of a deployment
-    (`storage.coordination.breaker_redis`), so that their failures add up and one opening stops them all."""
+    (`kenning.storage.coordination.breaker_memory`), or shared through Redis by every worker of a deployment
+    (`kenning.storage.coordination.breaker_redis`), so that their failures add up and one opening
+    stops them all."""
 
     def tally(self, key: str) -> Tally:
         """The breaker of the endpoint `key` (`breaker_key`) now."""

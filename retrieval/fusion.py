@@ -16,7 +16,7 @@ class FusionConfig(BaseModel):
     """How HYBRID_COMPLETION fuses its lanes; any field can be set through `SearchRequest.options`.
 
     A lane of weight 0 is not searched at all. The `graph` lane is GRAPH_PPR's walk (its
-    settings, `retrieval.graph_ppr.WalkConfig`, can be set through the same options). The
+    settings, `kenning.retrieval.graph_ppr.WalkConfig`, can be set through the same options). The
     weights are not tuned on any benchmark's reported questions: `bench/retrieval.py --tune`
     chooses the lexical and graph weights on the development halves of HotpotQA-100 and
     2Wiki and reports them on the test halves. The summaries and facts lanes are off by

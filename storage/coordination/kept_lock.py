@@ -19,7 +19,7 @@ KEEPS_PER_TTL = 3
 
 
 class KeptRunLock:
-    """Implements `pipeline.ports.Lock` over a `RunLock`: an acquired lock is extended every
+    """Implements `kenning.pipeline.ports.Lock` over a `RunLock`: an acquired lock is extended every
     `ttl_s / KEEPS_PER_TTL` until released. The holder's process dying stops the extensions, so
     the lock then expires after its ttl."""
 

@@ -1,4 +1,4 @@
-"""The in-process twin of the Redis run leases (implements `pipeline.lease.Leases`): the same
+"""The in-process twin of the Redis run leases (implements `kenning.pipeline.lease.Leases`): the same
 leases, grace, failures and claims, on a monotonic clock behind a lock. Tests give it a clock of
 their own, and expire a lease by advancing it."""
 

@@ -1,4 +1,4 @@
-"""The leases of distributed runs in Redis (implements `pipeline.lease.Leases`).
+"""The leases of distributed runs in Redis (implements `kenning.pipeline.lease.Leases`).
 
 Why Redis, with the chunk statuses in the metadata store: a lease is a clock that must keep
 ticking while the metadata store is away. The faults a lease must tell apart are a run whose
@@ -10,7 +10,7 @@ when Redis loses its data, the queued messages are lost with the leases, so a ru
 lease left is indeed a run nobody will finish (`grant_grace` gives its tasks still in flight
 one lease to show up). Times come from the Redis server's clock, so the hosts' clocks may differ.
 
-Keys (under `workers.runtime.keys.lease_prefix`): `<run>` a sorted set of units scored by expiry (ms),
+Keys (under `kenning.workers.runtime.keys.lease_prefix`): `<run>` a sorted set of units scored by expiry (ms),
 `<run>:failure` the error that ended the run when the metadata store could not record it,
 `<run>:claim` a supervisor's short claim on the run.
 """

@@ -60,8 +60,8 @@ return 0
 class RedisRunLock:
     """The dataset lock in Redis, held by a pipeline run: by all of its tasks, under a fencing token.
 
-    Implements `pipeline.ports.RunLock`. The rule the tasks follow, and how their writes are
-    fenced by the token (`holder`), is in `workers.celery.tasks.holding`.
+    Implements `kenning.pipeline.ports.RunLock`. The rule the tasks follow, and how their writes are
+    fenced by the token (`holder`), is in `kenning.workers.celery.tasks.holding`.
     """
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:

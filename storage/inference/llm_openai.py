@@ -132,7 +132,7 @@ class OpenAIExtractor:
         tally: FailureTally | None = None,
     ) -> None:
         """`limit_key` defaults to `host/model` of the config; with a `ledger`, every request sent
-        within a run (`pipeline.spend.charged_to`) is recorded there as it happens. `tally` counts
+        within a run (`kenning.pipeline.spend.charged_to`) is recorded there as it happens. `tally` counts
         the endpoint's failures for its breaker (default: this caller's own)."""
         self._chat = _ChatCaller(config, limiter, limit_key, ledger, tally)
         self._response_format: ResponseFormat = {

@@ -3,7 +3,7 @@
 sentence-transformers needs torch and transformers, whose imports cost seconds of CPU before
 a process embeds its first text: every `kenning search`, MCP server or API process paid them
 for one short query. That model is a 6-layer BERT encoder 384 wide. Its forward pass is the
-graph in `minilm_graph.onnx` (see `storage.inference.minilm_graph`), run by ONNX Runtime with the
+graph in `minilm_graph.onnx` (see `kenning.storage.inference.minilm_graph`), run by ONNX Runtime with the
 weights of the bundled safetensors file; `tokenizers` cuts the words. Its vectors agree with
 sentence-transformers' to about 1e-7 (tests/unit/test_embedder.py compares them).
 

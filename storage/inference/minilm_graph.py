@@ -1,9 +1,9 @@
 """The ONNX graph of the bundled all-MiniLM-L6-v2 encoder, weights left out.
 
-`storage.inference.minilm` runs `minilm_graph.onnx`, written by this module, with ONNX Runtime, and hands
-it the weights of the bundled safetensors file by their names: the graph declares each weight
-as external data, so the file holds the computation alone (a few kilobytes) and the `onnx`
-package is needed only to write it again:
+`kenning.storage.inference.minilm` runs `minilm_graph.onnx`, written by this module, with ONNX
+Runtime, and hands it the weights of the bundled safetensors file by their names: the graph declares
+each weight as external data, so the file holds the computation alone (a few kilobytes) and the
+`onnx` package is needed only to write it again:
 
     python -m kenning.storage.inference.minilm_graph
 

@@ -4,10 +4,10 @@
 of the query's terms (about 130 ms on 6,119 paragraphs on SQLite). A `Snapshot` is the same
 postings read once, in compressed sparse rows: grouped by term, `starts[i]:starts[i + 1]`
 the postings of term i (text index and term frequency). A search adds each query term's BM25
-weights into one score array and keeps the best. Scores are the formula of `pipeline.lexical`,
+weights into one score array and keeps the best. Scores are the formula of `kenning.pipeline.lexical`,
 term by term as the SQL query computes them.
 
-A snapshot is only ever used at the revision of the scope it was read at (`storage.sql.snapshots`).
+A snapshot is only ever used at the revision of the scope it was read at (`kenning.storage.sql.snapshots`).
 """
 
 from __future__ import annotations

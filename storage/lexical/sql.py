@@ -80,7 +80,7 @@ class SqlLexicalIndex:
 
     Writes to one scope are serialised on its stats row, so concurrent indexing keeps
     the text count and total length exact, and bump its revision. `snapshots` is one of
-    `storage.sql.snapshots.MODES`; `max_postings` bounds the postings held in memory.
+    `kenning.storage.sql.snapshots.MODES`; `max_postings` bounds the postings held in memory.
     """
 
     def __init__(

@@ -17,7 +17,7 @@ BATCH = 500
 
 
 class SqlAccessLog:
-    """AccessLog in the `element_access` table (run `metadata_sql.migrate` first)."""
+    """AccessLog in the `element_access` table (run `kenning.storage.metadata.sql.migrate` first)."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine

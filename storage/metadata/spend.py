@@ -75,7 +75,8 @@ class _Write:
 
 
 class SqlSpendLedger:
-    """`pipeline.spend.SpendLedger` in the `llm_attempts` table (run `metadata_sql.migrate` first)."""
+    """`kenning.pipeline.spend.SpendLedger` in the `llm_attempts` table (run
+    `kenning.storage.metadata.sql.migrate` first)."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine

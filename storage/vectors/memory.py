@@ -1,5 +1,5 @@
 """In-memory vector store: the twin of the Qdrant adapters, brute force over numpy arrays, under the
-same rules (`storage.vectors.rules`)."""
+same rules (`kenning.storage.vectors.rules`)."""
 
 from __future__ import annotations
 

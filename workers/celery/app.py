@@ -18,7 +18,7 @@ lock, and a `KENNING_HOME` whose `blobs/` folder is shared with the process that
 The tasks of a worker that dies come back after `KENNING_BROKER_VISIBILITY_TIMEOUT_S`
 (default 2 hours), which must outlast the longest task, the load of a whole dataset. A run
 does not wait for them: once no task of it has renewed a lease for `KENNING_LEASE_S`
-(default 60 s), the supervisor every worker runs (`workers.celery.supervisor`, every
+(default 60 s), the supervisor every worker runs (`kenning.workers.celery.supervisor`, every
 `KENNING_SUPERVISE_EVERY_S`) interrupts it, frees its lock and resumes its work in a new run.
 Start each worker type with `kenning worker` (or the equivalent `celery` command):
 

@@ -1,12 +1,12 @@
 """The supervisor of distributed runs: a run nobody works on any more is interrupted and resumed.
 
-Progress is owned by the data: chunk and item statuses in the metadata store say what is left
-to do, and the leases of the run's tasks (`pipeline.lease`, in Redis: `storage.coordination.lease_redis`)
-say whether anyone still does it. A run that has not ended and whose leases have all expired
-is dead, whatever became of its messages (a Redis that lost its data, killed workers, batches
-left unacknowledged until the broker's visibility timeout), unless some of its task messages
-still wait in the broker's queues (each names its run in a header): those are behind other
-runs' work, not lost. The supervisor then
+Progress is owned by the data: chunk and item statuses in the metadata store say what is left to do,
+and the leases of the run's tasks (`kenning.pipeline.lease`, in Redis:
+`kenning.storage.coordination.lease_redis`) say whether anyone still does it. A run that has not
+ended and whose leases have all expired is dead, whatever became of its messages (a Redis that lost
+its data, killed workers, batches left unacknowledged until the broker's visibility timeout), unless
+some of its task messages still wait in the broker's queues (each names its run in a header): those
+are behind other runs' work, not lost. The supervisor then
 
 1. releases the dataset lock the run holds, so nothing waits out the lock's ttl behind it;
 2. marks the run `interrupted`, saying why and which run resumes it;

@@ -1,6 +1,6 @@
 """Celery task shells of the pipeline plan: decode the ids, run one plan step, pass small counters on.
 
-A run is one chain, built from `pipeline.plan.PLAN` by `workers.celery.canvas`:
+A run is one chain, built from `kenning.pipeline.plan.PLAN` by `kenning.workers.celery.canvas`:
 
     kenning.begin -> kenning.<step> ... -> kenning.fan_out -> ... -> kenning.finish
 
@@ -14,9 +14,9 @@ ids, then `kenning.gather`, which records the merged counters and lets the chain
 releases the lock; with the metadata store away, it records the failure beside the run's
 leases instead, and the supervisor ends the run once the store is back.
 
-Each task holds a lease on its unit of work while it runs (`pipeline.lease`), renewed with
+Each task holds a lease on its unit of work while it runs (`kenning.pipeline.lease`), renewed with
 the lock by its heartbeat; a run whose leases have all expired is dead, and the supervisor
-(`workers.celery.supervisor`) interrupts it and resumes its work, whatever became of its messages.
+(`kenning.workers.celery.supervisor`) interrupts it and resumes its work, whatever became of its messages.
 A store that is away (the metadata store, the graph or vector store, Redis) is ridden out:
 the task's work is tried again with backoff for `store_retry_s` before the task gives up.
 

@@ -187,7 +187,7 @@ def _coordination(settings: Settings) -> Iterator[_Coordination]:
 
 
 def lease_reason(state: LeaseState) -> str:
-    """Why the run's leases say nobody works on it: all expired (`pipeline.lease.stall_reason`);
+    """Why the run's leases say nobody works on it: all expired (`kenning.pipeline.lease.stall_reason`);
     "" while one is live, or while none is known yet (the supervisor gives those a grace lease)."""
     return stall_reason(state) if state.dead else ""
 

@@ -93,7 +93,7 @@ class LocalRunner:
     finished (whenever the writer is free and a quarter of `load_batch` more items are
     ready), and once more after it: the writes overlap the LLM calls.
 
-    A run whose record is marked cancelled (`workers.control.runs.cancel_run`) stops: the
+    A run whose record is marked cancelled (`kenning.workers.control.runs.cancel_run`) stops: the
     runner reads its record before each step and as fan-out batches finish, sends no more
     batches, records those in flight, and returns the run, `cancelled`. What it finished stays
     done (chunk by chunk): the next run of the dataset does the rest. `ended` gets the run

@@ -31,7 +31,7 @@ STEP_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 
 
 class LLMCounters(Protocol):
-    """What an LLM client counts (`storage.inference.llm_openai.LLMUsage`)."""
+    """What an LLM client counts (`kenning.storage.inference.llm_openai.LLMUsage`)."""
 
     @property
     def calls(self) -> int: ...

@@ -60,7 +60,7 @@ _UNMADE = object()
 
 
 class Wiring:
-    """Implements `pipeline.context.Services`: each port is opened on first use, once.
+    """Implements `kenning.pipeline.context.Services`: each port is opened on first use, once.
 
     Opening lazily matters: Qdrant local mode allows one client per path, so a worker
     that never loads or queries must never open it.
@@ -267,7 +267,7 @@ class Wiring:
 
     @property
     def spend(self) -> HeldLedger:
-        """Every LLM request of a run, recorded as it is sent (`pipeline.spend`); held while the
+        """Every LLM request of a run, recorded as it is sent (`kenning.pipeline.spend`); held while the
         metadata database is away, and written once it is back."""
         return self._once("spend", lambda: HeldLedger(SqlSpendLedger(self.engine)))
 

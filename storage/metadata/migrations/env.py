@@ -1,4 +1,4 @@
-"""Alembic environment of the metadata tables; run it through `storage.metadata.sql.migrate`."""
+"""Alembic environment of the metadata tables; run it through `kenning.storage.metadata.sql.migrate`."""
 
 from __future__ import annotations
 
