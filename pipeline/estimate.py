@@ -64,7 +64,10 @@ def estimate(services: Services, scope: Scope) -> Estimate:
     units = _pending_units(services, dataset.id, result)
     extractor = services.extractor
     keys = [
-        [extraction_key(extractor.model, extractor.prompt_version, content_hash(t.encode())) for t in unit]
+        [
+            extraction_key(scope.tenant, extractor.model, extractor.prompt_version, content_hash(t.encode()))
+            for t in unit
+        ]
         for unit in units
     ]
     cached = services.cache.get_extractions(sorted({key for unit in keys for key in unit}))

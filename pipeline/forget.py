@@ -58,7 +58,7 @@ def forget_items(
         nodes=len(removal.deleted_nodes),
         edges=len(removal.deleted_edges),
         chunks=len(chunks),
-        cache_entries=_drop_cache(services, [chunk.text_hash for chunk in chunks]),
+        cache_entries=_drop_cache(services, job, [chunk.text_hash for chunk in chunks]),
         blobs=0 if memory_only else _drop_blobs(services, items),
         reload_chunks=_mark_survivors(services, job, removal.kept),
     )
@@ -105,10 +105,10 @@ def _mark_survivors(services: Services, job: Job, kept: dict[str, list[str]]) ->
     return len(loaded)
 
 
-def _drop_cache(services: Services, text_hashes: list[str]) -> int:
+def _drop_cache(services: Services, job: Job, text_hashes: list[str]) -> int:
     unused = sorted(set(text_hashes) - services.chunks.text_hashes_in_use(text_hashes))
-    extractor = services.extractor
-    keys = [extraction_key(extractor.model, extractor.prompt_version, text_hash) for text_hash in unused]
+    model, version, tenant = services.extractor.model, services.extractor.prompt_version, job.scope.tenant
+    keys = [extraction_key(tenant, model, version, text_hash) for text_hash in unused]
     services.cache.delete_extractions(keys)
     return len(keys)
 

@@ -243,9 +243,12 @@ class Extraction(BaseModel):
 # Records kept in the metadata store.
 
 
-def extraction_key(model: str, prompt_version: str, text_hash: str) -> str:
-    """The extraction cache key of a chunk text for one model and prompt version."""
-    return f"{model}|{prompt_version}|{text_hash}"
+def extraction_key(tenant: str, model: str, prompt_version: str, text_hash: str) -> str:
+    """The extraction cache key of a chunk text for one tenant, model and prompt version: kept per
+    tenant, so that a hit tells no tenant which texts another holds. The tenant is hashed, so the
+    key cannot be read two ways whatever the tenant's name holds."""
+    tenant_hash = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    return f"{tenant_hash}|{model}|{prompt_version}|{text_hash}"
 
 
 class Dataset(BaseModel):

@@ -105,7 +105,7 @@ def chunk(services: Services, job: Job) -> list[str]:
     pending = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.PENDING)
     failed = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.FAILED)
     extracted = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
-    return pending + failed + _uncached(services, extracted)
+    return pending + failed + _uncached(services, job, extracted)
 
 
 def _save_chunks(services: Services, records: list[ChunkRecord], item_ids: list[str]) -> None:
@@ -116,19 +116,19 @@ def _save_chunks(services: Services, records: list[ChunkRecord], item_ids: list[
     services.metadata.set_items_status(item_ids, ItemStatus.CHUNKED)
 
 
-def _uncached(services: Services, chunk_ids: list[str]) -> list[str]:
+def _uncached(services: Services, job: Job, chunk_ids: list[str]) -> list[str]:
     """The chunks, extracted but not loaded, whose extraction the cache no longer holds for
     this extractor (its prompt changed since, or the cache was cleared): extracted again."""
     if not chunk_ids:
         return []
-    keys = _extraction_keys(services, services.chunks.get_chunks(chunk_ids))
+    keys = _extraction_keys(services, job, services.chunks.get_chunks(chunk_ids))
     cached = set(services.cache.get_extractions(list(set(keys.values()))))
     return [chunk_id for chunk_id, key in keys.items() if key not in cached]
 
 
-def _extraction_keys(services: Services, records: Sequence[ChunkRecord]) -> dict[str, str]:
-    extractor = services.extractor
-    return {r.id: extraction_key(extractor.model, extractor.prompt_version, r.text_hash) for r in records}
+def _extraction_keys(services: Services, job: Job, records: Sequence[ChunkRecord]) -> dict[str, str]:
+    model, version, tenant = services.extractor.model, services.extractor.prompt_version, job.scope.tenant
+    return {r.id: extraction_key(tenant, model, version, r.text_hash) for r in records}
 
 
 def _chunk_document(
@@ -192,7 +192,7 @@ def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int
     """
     records = {record.id: record for record in services.chunks.get_chunks(chunk_ids_of(items))}
     extractor = services.extractor
-    keys = _extraction_keys(services, list(records.values()))
+    keys = _extraction_keys(services, job, list(records.values()))
     cached = set(services.cache.get_extractions(list(set(keys.values()))))
     units = [[records[i] for i in chunk_ids_of([item]) if i in records] for item in items]
     waiting = [[r for r in unit if r.status in _EXTRACTABLE or keys[r.id] not in cached] for unit in units]
@@ -299,7 +299,7 @@ def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assem
     documents = {
         d.id: d for d in services.chunks.list_documents(job.dataset_id, list({r.data_id for r in records}))
     }
-    keys = _extraction_keys(services, records)
+    keys = _extraction_keys(services, job, records)
     extractions = services.cache.get_extractions(list(set(keys.values())))
     data_ids = [document.data_id for document in documents.values()]
     items = services.metadata.get_items(data_ids)

@@ -114,7 +114,9 @@ def test_a_long_document_costs_a_call_per_unit_and_a_short_one_a_single_call() -
     assert short in llm.texts
     # And every chunk was loaded, with its own share of its unit's extraction cached
     assert {record.status for record in records} == {ChunkStatus.LOADED}
-    keys = [extraction_key(llm.model, llm.prompt_version, record.text_hash) for record in records]
+    keys = [
+        extraction_key(SCOPE.tenant, llm.model, llm.prompt_version, record.text_hash) for record in records
+    ]
     assert set(keys) <= set(services.cache.get_extractions(keys))
 
 

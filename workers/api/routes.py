@@ -394,10 +394,14 @@ def delete_record(record_id: IdPath, access: Caller) -> Done:
 
 
 def _record_dataset(access: Access, record_id: str, permission: Permission) -> str:
+    """The record's dataset name; one NotFound for a record missing and one the caller may not read."""
     items = access.memory.wiring.metadata.get_items([record_id])
-    if not items:
-        raise NotFound(f"no memory record {record_id!r}")
-    dataset = access.dataset_by_id(items[0].dataset_id, *Permission)
+    try:
+        if not items:
+            raise NotFound("no such record")
+        dataset = access.dataset_by_id(items[0].dataset_id, *Permission)
+    except NotFound:
+        raise NotFound(f"no memory record {record_id!r}") from None
     access.caller.check(permission, dataset.name)
     return dataset.name
 

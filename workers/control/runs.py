@@ -24,6 +24,7 @@ from kenning.pipeline.errors import InputError, NotFound, StoreError
 from kenning.pipeline.lease import LeaseState, stall_reason
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, RunStatus, utcnow
+from kenning.pipeline.permission import Permission
 from kenning.pipeline.redact import redact_url
 from kenning.pipeline.spend import breaker_key
 from kenning.workers.memory import Kenning
@@ -209,17 +210,20 @@ def list_runs(
 
 
 def find_run(memory: Kenning, run_id: str) -> tuple[Dataset, PipelineRun]:
-    """The run of that id (or of that unique id prefix) in a dataset of the tenant; else NotFound."""
-    metadata = memory.wiring.metadata
+    """The run of that id (or of that unique id prefix) in a dataset of the tenant the caller may
+    read or write; else NotFound, the same for a run missing and one the caller may not see."""
+    metadata, caller = memory.wiring.metadata, memory.caller
     found: list[tuple[Dataset, PipelineRun]] = []
-    for dataset in metadata.list_datasets(memory.caller.tenant):
+    for dataset in metadata.list_datasets(caller.tenant):
+        if not (caller.may(Permission.READ, dataset.name) or caller.may(Permission.WRITE, dataset.name)):
+            continue
         found.extend((dataset, run) for run in metadata.list_runs(dataset.id) if run.id.startswith(run_id))
     exact = [pair for pair in found if pair[1].id == run_id]
     if exact or len(found) == 1:
         return (exact or found)[0]
     if found:
         raise InputError(f"{len(found)} runs start with {run_id!r}: give more of the id")
-    raise NotFound(f"no run {run_id!r} in a dataset of tenant {memory.caller.tenant!r}")
+    raise NotFound(f"no run {run_id!r}")
 
 
 def cancel_run(memory: Kenning, run_id: str, reason: str = "") -> RunSummary:
