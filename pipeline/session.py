@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
 
@@ -104,8 +104,9 @@ class SessionStore(Protocol):
         """Clear the entry's feedback; False when there is no such entry."""
         ...
 
-    def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
-        """Remove every entry of the tenant's sessions that cites any of the data items; how many.
+    def forget_data(self, tenant: str, data_ids: Sequence[str], datasets: Sequence[str] = ()) -> int:
+        """Remove every entry of the tenant's sessions that cites any of the data items, or any
+        of the `datasets` (forgotten whole); how many (see `cites_any`).
 
         It does not extend the life of the sessions it changes."""
         ...
@@ -117,6 +118,13 @@ class SessionStore(Protocol):
     def list_sessions(self, tenant: str, user: str | None = None) -> list[SessionKey]:
         """The tenant's live sessions (of one user, when given), sorted by user then session id."""
         ...
+
+
+def cites_any(entry: SessionEntry, data_ids: Set[str], datasets: Set[str]) -> bool:
+    """Whether the entry was built from any of the data items or datasets: a message cites the
+    item it became, an answer every item and dataset it read. Any one forgotten takes it away,
+    since its text may quote that one."""
+    return not (data_ids.isdisjoint(entry.data_ids) and datasets.isdisjoint(entry.cited))
 
 
 class FeedbackEditing:

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 from pydantic import ValidationError
 
 from kenning.pipeline.errors import InputError, StoreError
-from kenning.pipeline.session import DEFAULT_TTL_S, FeedbackEditing, SessionEntry, SessionKey
+from kenning.pipeline.session import DEFAULT_TTL_S, FeedbackEditing, SessionEntry, SessionKey, cites_any
 
 # Layout: <root>/<tenant>/<user>/<session id>.jsonl, each part encoded by `_part`, and one
 # <root>/<tenant>/.lock that every access to the tenant's sessions locks with flock: shared to
@@ -66,15 +66,15 @@ class FileSessionStore(FeedbackEditing):
             return entries[-last_n:] if last_n > 0 else []
         return entries
 
-    def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
+    def forget_data(self, tenant: str, data_ids: Sequence[str], datasets: Sequence[str] = ()) -> int:
         if not (self._root / _part(tenant)).exists():
             return 0
-        wanted = set(data_ids)
+        wanted, whole = set(data_ids), set(datasets)
         removed = 0
         with self._locked(tenant, exclusive=True):
             for path in self._live_paths(tenant, None):
                 entries = _read(path)
-                kept = [entry for entry in entries if wanted.isdisjoint(entry.data_ids)]
+                kept = [entry for entry in entries if not cites_any(entry, wanted, whole)]
                 if len(kept) < len(entries):
                     # The old mtime stays: forgetting data does not extend a session's life.
                     written_at = path.stat().st_mtime

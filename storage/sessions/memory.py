@@ -16,6 +16,7 @@ from kenning.pipeline.session import (
     SessionEntry,
     SessionKey,
     SessionRecord,
+    cites_any,
 )
 
 
@@ -48,15 +49,15 @@ class MemorySessionStore(FeedbackEditing):
                 entries = entries[-last_n:] if last_n > 0 else []
             return [entry.model_copy(deep=True) for entry in entries]
 
-    def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
-        wanted = set(data_ids)
+    def forget_data(self, tenant: str, data_ids: Sequence[str], datasets: Sequence[str] = ()) -> int:
+        wanted, whole = set(data_ids), set(datasets)
         removed = 0
         with self._lock:
             for key in [key for key in self._sessions if key.tenant == tenant]:
                 session = self._live(key)
                 if session is None:
                     continue
-                kept = [entry for entry in session.entries if wanted.isdisjoint(entry.data_ids)]
+                kept = [entry for entry in session.entries if not cites_any(entry, wanted, whole)]
                 removed += len(session.entries) - len(kept)
                 session.entries = kept
         return removed

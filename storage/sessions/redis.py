@@ -11,7 +11,7 @@ import redis
 from redis.client import Pipeline
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
-from kenning.pipeline.session import DEFAULT_TTL_S, FeedbackEditing, SessionEntry, SessionKey
+from kenning.pipeline.session import DEFAULT_TTL_S, FeedbackEditing, SessionEntry, SessionKey, cites_any
 
 T = TypeVar("T")
 
@@ -54,9 +54,9 @@ class RedisSessionStore(FeedbackEditing):
             raws = self._client.lrange(self._session(key), -last_n if last_n else 0, -1)
         return [SessionEntry.model_validate_json(raw) for raw in raws]
 
-    def forget_data(self, tenant: str, data_ids: Sequence[str]) -> int:
-        wanted = set(data_ids)
-        return sum(self._forget(key, wanted) for key in self._keys(tenant))
+    def forget_data(self, tenant: str, data_ids: Sequence[str], datasets: Sequence[str] = ()) -> int:
+        wanted, whole = set(data_ids), set(datasets)
+        return sum(self._forget(key, wanted, whole) for key in self._keys(tenant))
 
     def delete_session(self, key: SessionKey) -> None:
         with _translated():
@@ -84,14 +84,14 @@ class RedisSessionStore(FeedbackEditing):
 
         return self._watched(name, attempt)
 
-    def _forget(self, key: SessionKey, wanted: set[str]) -> int:
+    def _forget(self, key: SessionKey, wanted: set[str], whole: set[str]) -> int:
         name = self._session(key)
 
         def attempt(pipe: Pipeline) -> int:
             raws = [_text(raw) for raw in pipe.lrange(name, 0, -1)]
             entries = [SessionEntry.model_validate_json(raw) for raw in raws]
             doomed = [
-                raw for raw, entry in zip(raws, entries, strict=True) if not wanted.isdisjoint(entry.data_ids)
+                raw for raw, entry in zip(raws, entries, strict=True) if cites_any(entry, wanted, whole)
             ]
             pipe.multi()
             # LREM leaves the TTL alone: forgetting data does not extend a session's life.

@@ -222,6 +222,23 @@ def test_forget_data_removes_citing_entries_from_every_session_of_the_tenant_onl
     assert store.forget_data(key.tenant + "-nobody", ["a"]) == 0
 
 
+def test_forget_data_of_a_whole_dataset_removes_every_entry_built_from_it(
+    store: SessionStore, key: SessionKey
+) -> None:
+    # Given a message of dataset chat citing no item, an answer that read chat and notes, and others
+    store.append(key, SessionEntry(kind="message", question="a message", datasets=["chat"]))
+    store.append(key, qa("read both", datasets=["chat", "notes"]))
+    store.append(key, qa("read notes", datasets=["notes"]))
+    store.append(key, SessionEntry(kind="message", question="older", dataset="chat"))
+
+    # When chat is forgotten whole
+    removed = store.forget_data(key.tenant, [], ["chat"])
+
+    # Then every entry built from chat is gone, citing an item or not, and the rest stays
+    assert removed == 3
+    assert questions(store.get_session(key)) == ["read notes"]
+
+
 # Isolation and listing
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kenning.pipeline.ingest import Source, text_source
-from kenning.pipeline.models import ChunkRecord, DataItem
+from kenning.pipeline.models import ChunkRecord, DataItem, Dataset
 from kenning.retrieval.conversation import TURNS, Turn, context_text, turn_points
 from kenning.workers.application.context import Context
 from kenning.workers.application.ingest import add_sources
@@ -16,6 +16,14 @@ def add_messages(context: Context, messages: Sequence[Message], dataset: str | N
     """Each message as a data item of the dataset (added, or unchanged when already there)."""
     added = add_sources(context, [message_source(m, n) for n, m in enumerate(messages)], dataset)
     return added.added + added.unchanged
+
+
+def message_item_ids(context: Context, messages: Sequence[Message], dataset: str | None) -> list[str]:
+    """The id of the data item each message becomes once added (ids follow from the dataset and
+    the bytes alone), so what cites a message can be found by its item before it exists."""
+    target = Dataset.of(context.scope(dataset))
+    sources = [message_source(m, n) for n, m in enumerate(messages)]
+    return [DataItem.of(target, s.name, s.uri, s.data, s.mime).id for s in sources]
 
 
 def index_turns(

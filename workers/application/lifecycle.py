@@ -187,8 +187,10 @@ def forget_held(
         wiring.metadata.delete_dataset(dataset.id)
     elif forgotten.reload_chunks:
         load(wiring, job)
-    if wiring.sessions is not None and forgotten.items:
-        wiring.sessions.forget_data(dataset.tenant, forgotten.items)
+    if wiring.sessions is not None:
+        # A dataset forgotten whole takes every entry built from it, citing an item or not.
+        whole = [dataset.name] if data_ids is None else []
+        wiring.sessions.forget_data(dataset.tenant, forgotten.items, whole)
     return forgotten
 
 

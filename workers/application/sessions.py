@@ -10,20 +10,29 @@ from kenning.pipeline.session import SessionEntry, search_entries
 from kenning.retrieval.contract import Hit, SearchResult
 from kenning.workers.application import gate
 from kenning.workers.application.context import Context
+from kenning.workers.application.conversation import message_item_ids
 from kenning.workers.application.lifecycle import Message, Recollection
 
 
 def write_messages(
     context: Context, messages: Sequence[Message], dataset: str | None, session_id: str
 ) -> list[str]:
-    """Append the messages to the session, as entries of the dataset they go into; their ids."""
+    """Append the messages to the session, as entries of the dataset they go into, each citing
+    the data item it becomes (so forgetting that item takes the entry away); their ids."""
     store, key = context.sessions(), context.session_key(session_id)
     into = dataset or context.settings.dataset
+    items = message_item_ids(context, messages, into)
     entries = [
         SessionEntry(
-            kind="message", question=m.text, speaker=m.speaker, said_at=m.time, dataset=into, datasets=[into]
+            kind="message",
+            question=m.text,
+            speaker=m.speaker,
+            said_at=m.time,
+            data_ids=[item],
+            dataset=into,
+            datasets=[into],
         )
-        for m in messages
+        for m, item in zip(messages, items, strict=True)
     ]
     for entry in entries:
         store.append(key, entry)
