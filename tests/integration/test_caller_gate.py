@@ -1,8 +1,10 @@
 """A property of the one permission gate: over a few callers, datasets and operations, through the
 Python facade and over HTTP, no caller ever sees text of a dataset it may not read at the moment
-of the call: not in results, errors or session history, nor in data `improve` created.
+of the call: not in results, errors or session history, nor in data `improve` created; nor the
+ids of its datasets, items or runs; and a record or run of such a dataset is answered exactly as
+one that does not exist.
 
-Each dataset's texts carry its marker; the model of who reads what is written here (`READS`).
+Each dataset's texts carry its marker; the model of who reads what is `GRANTS`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kenning.pipeline.errors import KenningError
+from kenning.pipeline.models import Scope
 from kenning.pipeline.permission import Caller, Permission, User, caller_of, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
@@ -74,6 +77,22 @@ class World:
         every = {marker(t, d) for t in ("acme", "umbra") for d in DATASETS} | {PRIVATE}
         return every - self.reads(name)
 
+    def ids(self) -> dict[tuple[str, str], set[str]]:
+        """Per (tenant, dataset): the ids of the dataset, its items and its runs."""
+        metadata = self.memory.wiring.metadata
+        return {
+            (tenant, d.name): {d.id}
+            | {item.id for item in metadata.list_items(d.id)}
+            | {run.id for run in metadata.list_runs(d.id)}
+            for tenant in ("acme", "umbra")
+            for d in metadata.list_datasets(tenant)
+        }
+
+    def hidden_ids(self, name: str) -> set[str]:
+        """The ids of every dataset the caller may not read now, of its items and of its runs."""
+        readable = self.reads(name)
+        return {i for (t, d), ids in self.ids().items() if marker(t, d) not in readable for i in ids}
+
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, s3_url: str) -> Iterator[World]:
@@ -120,7 +139,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, s3_url: str) -> Iterator[Wor
                 os.environ[name] = value
 
 
-OPERATIONS = ("search", "recall", "session", "improve", "add_s3", "revoke_b", "grant_b")
+OPERATIONS = ("search", "recall", "session", "improve", "add_s3", "by_id", "listing", "revoke_b", "grant_b")
 steps = st.lists(
     st.tuples(
         st.sampled_from(sorted(GRANTS)),
@@ -152,6 +171,14 @@ steps = st.lists(
         ("reader", "search", "http", ["a"], "s2"),
     ]
 )
+@example(  # records and runs by id, and what lists them, as readers of one dataset or none of these
+    script=[
+        ("reader", "by_id", "http", ["a"], "s1"),
+        ("other", "listing", "http", ["a", "b"], "s1"),
+        ("reader", "listing", "http", ["b", "a"], "s1"),
+        ("other", "by_id", "python", ["a"], "s1"),
+    ]
+)
 def test_no_caller_sees_text_of_a_dataset_it_may_not_read(world: World, script: list[Any]) -> None:
     for name, operation, surface, datasets, session in script:
         if operation in ("revoke_b", "grant_b"):  # `both`'s read on b: the next call must obey
@@ -160,7 +187,7 @@ def test_no_caller_sees_text_of_a_dataset_it_may_not_read(world: World, script: 
             change(world.users["both"], "b", [READ])
             continue
         seen = call(world, name, operation, surface, datasets, session)
-        for text in world.hidden(name):
+        for text in world.hidden(name) | world.hidden_ids(name):
             assert text not in seen, f"{name} saw {text} by {operation} over {surface}"
         stored = stored_texts(world)
         for (tenant, dataset), text in stored.items():
@@ -185,6 +212,10 @@ def call(world: World, name: str, operation: str, surface: str, datasets: list[s
             return str([entry.model_dump_json() for entry in memory.get_session(session)])
         if operation == "improve":
             return memory.improve(datasets[0]).model_dump_json()
+        if operation == "by_id":
+            return records_by_id(world, memory, datasets[0])
+        if operation == "listing":
+            return str(memory.status()) + str([listed(memory, d) for d in datasets])
         return add_s3(world, memory.add_paths, datasets[0])
     except KenningError as error:
         return str(error)
@@ -203,11 +234,80 @@ def over_http(world: World, name: str, operation: str, datasets: list[str], sess
         return client.get(f"/v1/sessions/{session}", headers=auth).text
     if operation == "improve":  # not on HTTP: the operator improves, for everyone
         return world.memory.improve(datasets[0]).model_dump_json() and ""
+    if operation == "by_id":
+        return by_id_over_http(world, name, "records") + by_id_over_http(world, name, "runs")
+    if operation == "listing":
+        return listing_over_http(world, name, datasets)
     answer = client.post("/v1/add", headers=auth, json={"dataset": datasets[0], "uris": s3_uris(world)})
     if answer.status_code == 200:
         errors = answer.json()["errors"]
         assert errors[s3_uris(world)[1]] == errors[s3_uris(world)[2]]  # refused reads as missing
     return answer.text
+
+
+MISSING = "0123456789abcdef0123456789abcdef"
+
+
+def by_id_over_http(world: World, name: str, kind: str) -> str:
+    """GET every record (or run) of every dataset by id: one the caller may not read is answered
+    exactly as an id that names nothing (the id aside); what it may read, as text."""
+    client, auth = world.client, {"Authorization": f"Bearer {world.tokens[name]}"}
+    missing = client.get(f"/v1/{kind}/{MISSING}", headers=auth)
+    assert missing.status_code == 404
+    metadata, readable, seen = world.memory.wiring.metadata, world.reads(name), []
+    for tenant, dataset in world.ids():
+        found = metadata.get_dataset(Scope(tenant=tenant, dataset=dataset))
+        assert found is not None
+        listed = metadata.list_items(found.id) if kind == "records" else metadata.list_runs(found.id)
+        for thing in listed:
+            answer = client.get(f"/v1/{kind}/{thing.id}", headers=auth)
+            if marker(tenant, dataset) in readable:
+                assert answer.status_code == 200, answer.text
+                seen.append(answer.text)
+                continue
+            as_missing = (answer.status_code, answer.text.replace(thing.id, MISSING))
+            assert as_missing == (404, missing.text), f"{name}: {kind} of {tenant}/{dataset}"
+    return "\n".join(seen)
+
+
+def listing_over_http(world: World, name: str, datasets: list[str]) -> str:
+    """What lists datasets, runs and records: a dataset the caller may not read is listed nowhere,
+    and asking for its records is answered as for a dataset that does not exist."""
+    client, auth = world.client, {"Authorization": f"Bearer {world.tokens[name]}"}
+    caller = caller_of(world.memory.wiring.permissions, world.users[name])
+    shown = client.get("/v1/datasets", headers=auth).json()["datasets"]
+    assert all(caller.permissions(d["name"]) for d in shown)
+    runs = client.get("/v1/runs", headers=auth).json()["runs"]
+    assert all(caller.may(READ, run["dataset"]) for run in runs)
+    seen = [str(shown), str(runs)]
+    missing = client.get("/v1/records", headers=auth, params={"dataset": "zz"})
+    for dataset in datasets:
+        answer = client.get("/v1/records", headers=auth, params={"dataset": dataset})
+        if caller.may(READ, dataset):
+            seen.append(answer.text)
+        else:
+            as_missing = (answer.status_code, answer.text.replace(repr(dataset), repr("zz")))
+            assert as_missing == (missing.status_code, missing.text)
+    return "\n".join(seen)
+
+
+def records_by_id(world: World, memory: Kenning, dataset: str) -> str:
+    """Each item of every dataset, asked of the dataset named: what the caller was shown."""
+    shown = []
+    for ids in world.ids().values():
+        for thing in sorted(ids):
+            try:
+                shown.append(memory.records.get(thing, dataset).model_dump_json())
+            except KenningError as error:  # it names the id asked for, and nothing else
+                shown.append(str(error).replace(thing, MISSING))
+    return "\n".join(shown)
+
+
+def listed(memory: Kenning, dataset: str) -> str:
+    try:
+        return memory.records.list(dataset).model_dump_json()
+    except KenningError as error:
+        return str(error)
 
 
 def s3_uris(world: World) -> list[str]:
