@@ -1,29 +1,24 @@
 """Forget data items: remove them and everything only they support, from every store.
 
 A node, edge, vector point or lexical posting goes only when no remaining data item
-supports it; shared facts stay, and the chunks of the items that still support them
-are marked for loading again, so that their properties and payloads are rewritten
-from what remains (the next load does it, with cached extractions: no LLM call).
+supports it; shared ones stay, and are rebuilt from what remains: their properties lose
+their source and their vector points go, and the chunks of every item that still supports
+them are marked for loading again, so that the next load (with cached extractions: no LLM
+call) writes them as a clean ingest of the remaining items would.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
-from kenning.pipeline.collection import ENTITIES, ENTITY_TYPES
+from kenning.pipeline.assembly import SOURCE_OF_EDGE, SOURCE_OF_NODE
 from kenning.pipeline.context import Job, Services
-from kenning.pipeline.models import ChunkStatus, DataItem, Entity, EntityType, ItemStatus, extraction_key
+from kenning.pipeline.models import ChunkStatus, DataItem, GraphEdge, GraphNode, ItemStatus, extraction_key
 
-# Entities and their types are shared by many items (a conversation's speakers by every
-# message), and no search shows text of theirs but their name: reloading every item that
-# mentions them would reload most of the dataset for nothing. Their vector payloads get the
-# remaining provenance instead; facts (edges) and chunk-bound nodes are loaded again.
-_NOT_RELOADED = frozenset({EntityType.type_name(), Entity.type_name()})
 REPLACEABLE_SOURCES = ("file:", "s3:", "id:")
-_TYPED_COLLECTIONS = {Entity.type_name(): ENTITIES, EntityType.type_name(): ENTITY_TYPES}
 
 
 class Forgotten(BaseModel):
@@ -60,7 +55,7 @@ def forget_items(
         chunks=len(chunks),
         cache_entries=_drop_cache(services, job, [chunk.text_hash for chunk in chunks]),
         blobs=0 if memory_only else _drop_blobs(services, items),
-        reload_chunks=_mark_survivors(services, job, removal.kept),
+        reload_chunks=_rebuild_survivors(services, job, removal.kept),
     )
 
 
@@ -81,28 +76,42 @@ def previous_versions(item: DataItem, known: dict[str, list[DataItem]]) -> list[
     ]
 
 
-def _mark_survivors(services: Services, job: Job, kept: dict[str, list[str]]) -> int:
+def _rebuild_survivors(services: Services, job: Job, kept: dict[str, list[str]]) -> int:
+    """Make every element that lost support be written again from the items that remain, as a
+    clean ingest of them writes it: its properties and vector points are taken from their source,
+    so the next write from a remaining chunk prevails, and every chunk of every item that still
+    supports it is marked for loading again (from the cached extractions: no LLM call)."""
     if not kept:
         return 0
-    nodes = services.graph.get_nodes(job.scope, list(kept))
-    typed = {node.id for node in nodes if node.type in _NOT_RELOADED}
-    for kind, name in _TYPED_COLLECTIONS.items():
-        # A typed node's only point is in its type's collection, under its id.
-        patch = {node.id: {"data_ids": kept[node.id]} for node in nodes if node.type == kind}
-        if patch:
-            services.vectors.set_payload(job.scope, name, patch)
-    # Structural edges (a chunk in its document, an entity of its type) say nothing of their own.
-    # Only the edges among the surviving nodes are read (an edge that lost support joins two
-    # nodes that the same items supported): a speaker's entity touches every message, and all
-    # its edges would be read for nothing. An edge not read counts as a fact: its items reload.
-    among = sorted(node.id for node in nodes if node.type == Entity.type_name() or node.id in typed)
-    edges = services.graph.get_edges(job.scope, among, among=True) if among else []
-    bare = typed | {edge.id for edge in edges if edge.relationship in STRUCTURAL_RELATIONSHIPS}
-    supporters = sorted({data_id for key, ids in kept.items() if key not in bare for data_id in ids})
+    nodes = services.graph.get_nodes(job.scope, list(kept), provenance=False)
+    ids = sorted(node.id for node in nodes)
+    edges = [
+        edge
+        for edge in services.graph.get_edges(job.scope, ids, among=True, provenance=False)
+        if edge.id in kept
+    ]
+    # Node sets too: a write unions them with the stored ones, which would keep the forgotten item's.
+    node_fields = (*SOURCE_OF_NODE, NODE_SETS)
+    services.graph.upsert_nodes(job.scope, [_unsourced(node, node_fields, kept) for node in nodes])
+    services.graph.upsert_edges(job.scope, [_unsourced(edge, SOURCE_OF_EDGE, kept) for edge in edges])
+    for name in services.vectors.list_collections():
+        services.vectors.delete(job.scope, name, sorted(kept))
+    supporters = sorted({data_id for data_ids in kept.values() for data_id in data_ids})
     chunks = services.chunks.chunks_of(job.dataset_id, supporters)
     loaded = [chunk.id for chunk in chunks if chunk.status == ChunkStatus.LOADED]
     services.chunks.set_chunk_status(loaded, ChunkStatus.EXTRACTED)
     return len(loaded)
+
+
+Element = TypeVar("Element", GraphNode, GraphEdge)
+NODE_SETS = "node_sets"
+
+
+def _unsourced(element: Element, fields: tuple[str, ...], kept: dict[str, list[str]]) -> Element:
+    """The element with no source: the first write from a remaining chunk replaces its properties
+    (see `assembly.node_prevails`), whichever item wrote them before."""
+    properties = {key: value for key, value in element.properties.items() if key not in fields}
+    return element.model_copy(update={"properties": properties, "data_ids": kept[element.id]})
 
 
 def _drop_cache(services: Services, job: Job, text_hashes: list[str]) -> int:

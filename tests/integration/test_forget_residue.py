@@ -3,15 +3,21 @@ session entries it was remembered through nor the descriptions of the entities i
 
 from __future__ import annotations
 
+import itertools
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from kenning.pipeline.ingest import text_source
+from kenning.pipeline.models import DataItem, Dataset, Scope
 from kenning.pipeline.permission import User, issue_key
 from kenning.pipeline.session import SessionEntry
 from kenning.workers.api import create_app
+from kenning.workers.application.lifecycle import Message
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 
@@ -101,3 +107,129 @@ def test_forget_removes_the_session_entries_of_what_it_forgets(
             recalled = kenning.recall("bank PIN", ["chat"], session_id="s1")
             assert all(secret not in r.text for r in recalled.results)
         kenning.wiring.sessions.delete_session(key)
+
+
+# --- Descriptions rebuilt from what remains ------------------------------------------------------
+
+# Ada Quist and Oslo are in a and b, Ada Quist and Bruno Vex in b and c: each of them was
+# described by more than one item, and by b (whose item id is made the smallest) at first.
+TEXTS = {
+    "a": "Ada Quist lives in Oslo. Oslo Harbour Company employs Ada Quist.",
+    "b": "Ada Quist hid the stolen diamonds in Oslo. Bruno Vex helped Ada Quist with the stolen diamonds.",
+    "c": "Bruno Vex met Ada Quist in Bergen. Oslo Harbour Company hired Bruno Vex.",
+}
+DATASET = "residue"
+
+
+def tenant_where_b_comes_first(contents: dict[str, bytes]) -> str:
+    """A tenant under which b's item id is the smallest: b's words described every entity it shares."""
+    prefix = uuid.uuid4().hex[:6]
+    for n in itertools.count():
+        dataset = Dataset.of(Scope(tenant=f"t-{prefix}-{n}", dataset=DATASET))
+        ids = {key: DataItem.of(dataset, key, key, data).id for key, data in contents.items()}
+        if ids["b"] == min(ids.values()):
+            return dataset.tenant
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def metadata(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    if request.param == "sqlite":
+        yield {}
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    yield {"metadata_url": url}
+
+
+def ingest(kenning: Kenning, keys: list[str]) -> dict[str, str]:
+    ids = {}
+    for key in keys:
+        ids[key] = kenning.add([text_source(TEXTS[key], name=key, external_id=key)], DATASET).added[0].id
+    assert kenning.cognify(DATASET).status.value == "completed"
+    return ids
+
+
+# When and by which run a node was written is no word of any item: the clean ingest is another run.
+RUN_FIELDS = ("source_run", "created_at", "updated_at")
+
+
+def stores(kenning: Kenning, point_ids: list[str]) -> dict[str, Any]:
+    """Every node and edge (id, type, properties, data ids); every vector collection's count and
+    the points (id, payload) among `point_ids` (a point's id is its node's or edge's)."""
+    scope = kenning.scope(DATASET)
+    nodes, edges = kenning.wiring.graph.export(scope)
+    graph = {node.id: (node.type, _without_run(node.properties), sorted(node.data_ids)) for node in nodes} | {
+        edge.id: (edge.source_id, edge.target_id, edge.relationship, edge.properties, sorted(edge.data_ids))
+        for edge in edges
+    }
+    points: dict[str, Any] = {}
+    vectors = kenning.wiring.vectors
+    for name in vectors.list_collections():
+        found = vectors.retrieve(scope, name, point_ids)
+        points[name] = (vectors.count(scope, name), {point.id: point.payload for point in found})
+    return {"graph": graph, "points": points}
+
+
+def element_ids(kenning: Kenning) -> list[str]:
+    nodes, edges = kenning.wiring.graph.export(kenning.scope(DATASET))
+    return sorted({*(node.id for node in nodes), *(edge.id for edge in edges)})
+
+
+def _without_run(properties: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in properties.items() if key not in RUN_FIELDS}
+
+
+def test_forget_rebuilds_what_remains_as_a_clean_ingest_of_it(
+    tmp_path: Path, metadata: dict[str, str]
+) -> None:
+    # Given a clean ingest of a and c, and one of a, b and c in which b described the shared entities
+    tenant = tenant_where_b_comes_first({key: text.encode() for key, text in TEXTS.items()})
+    with open_memory(tmp_path / "home", tenant, **metadata) as kenning:
+        ids = ingest(kenning, ["a", "b", "c"])
+        every_id = element_ids(kenning)
+        assert "stolen diamonds" in str(stores(kenning, every_id))
+        with open_memory(tmp_path / "clean", tenant) as clean:
+            ingest(clean, ["a", "c"])
+            expected = stores(clean, every_id)
+
+        # When b is forgotten
+        kenning.forget(DATASET, [ids["b"]])
+
+        # Then b's words are nowhere, and every store holds what the clean ingest holds, field by field
+        found = stores(kenning, every_id)
+        assert "stolen diamonds" not in str(found)
+        assert found["graph"] == expected["graph"]
+        assert found["points"] == expected["points"]
+        assert any(payloads for _, payloads in found["points"].values())
+
+
+CONVERSATION = {
+    "a": {"speaker": "Ada Quist", "text": "I moved to Oslo last spring.", "id": "m-a"},
+    "b": {"speaker": "Ada Quist", "text": "I hid the stolen diamonds under Oslo Bridge.", "id": "m-b"},
+    "c": {"speaker": "Bruno Vex", "text": "Ada Quist showed me Oslo Bridge.", "id": "m-c"},
+}
+
+
+def test_forgetting_a_message_rebuilds_the_conversation_as_if_never_said(tmp_path: Path) -> None:
+    # Given a conversation remembered with and without its second message (which described first)
+    said_as = {
+        key: Message.model_validate(message).as_text().encode() for key, message in CONVERSATION.items()
+    }
+    tenant = tenant_where_b_comes_first(said_as)
+    with open_memory(tmp_path / "home", tenant) as kenning:
+        added = kenning.remember(list(CONVERSATION.values()), DATASET)
+        every_id = element_ids(kenning)
+        with open_memory(tmp_path / "clean", tenant) as clean:
+            clean.remember([CONVERSATION["a"], CONVERSATION["c"]], DATASET)
+            expected = stores(clean, every_id)
+        items = kenning.wiring.metadata.get_items(added.item_ids)
+        [second] = [item.id for item in items if item.source == "id:m-b"]
+
+        # When the second message is forgotten
+        kenning.forget(DATASET, [second])
+
+        # Then the graph and every collection of graph elements is the conversation without it
+        found = stores(kenning, every_id)
+        assert "stolen diamonds" not in str(found)
+        assert found["graph"] == expected["graph"]
+        assert found["points"] == expected["points"]
