@@ -17,7 +17,10 @@ class LockBusy(KenningError):
 
 
 def lock_name(scope: Scope) -> str:
-    return f"dataset:{scope.tenant}:{scope.dataset}"
+    """The dataset's lock name: readable, and one per (tenant, dataset) whatever the names hold (the
+    tenant's length comes first, so `acme` + `hr:x` and `acme:hr` + `x` are two locks). A lock that
+    becomes a file is named by its hash (`kenning.storage.coordination.lock.FileLock`)."""
+    return f"dataset:{len(scope.tenant)}:{scope.tenant}:{scope.dataset}"
 
 
 @contextmanager

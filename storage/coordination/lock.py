@@ -4,6 +4,7 @@ lock (the file lock's acquire and release, and the Redis run lock's take, keep a
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import threading
 import time
@@ -28,7 +29,7 @@ class FileLock:
 
     def acquire(self, name: str, ttl_s: float) -> int | None:
         self._root.mkdir(parents=True, exist_ok=True)
-        path = self._root / (name.replace("/", "__") + ".lock")
+        path = self._root / lock_file_name(name)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -48,6 +49,12 @@ class FileLock:
             del self._held[name]
         fcntl.flock(descriptor, fcntl.LOCK_UN)
         os.close(descriptor)
+
+
+def lock_file_name(name: str) -> str:
+    """The file of a lock: the hash of its name, so that it fits any filesystem whatever the
+    dataset's name holds (its length, `/`, bytes a filesystem refuses), and no two names share it."""
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest() + ".lock"
 
 
 def _next_token(descriptor: int) -> int:

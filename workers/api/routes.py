@@ -14,13 +14,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, StreamingResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import AfterValidator, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from kenning.pipeline.errors import InputError, KenningError, NotFound, StoreError
 from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import AddResult, Source, text_source
+from kenning.pipeline.names import MAX_NAME_CHARS
 from kenning.pipeline.permission import Permission, find_user
 from kenning.pipeline.session import SessionEntry, search_entries
 from kenning.retrieval.contract import SearchResult
@@ -28,6 +29,7 @@ from kenning.workers.api.access import Access, authorized
 from kenning.workers.api.errors import ERROR_RESPONSES, ApiError, ErrorBody, ErrorDetail
 from kenning.workers.api.runs import FINISHED, POLL_S
 from kenning.workers.api.schemas import (
+    NAME_PATTERN,
     Added,
     AddText,
     CancelIn,
@@ -50,6 +52,7 @@ from kenning.workers.api.schemas import (
     RunList,
     RunView,
     SearchIn,
+    valid_name,
 )
 from kenning.workers.application.lifecycle import Recalled, Recollection, Remembered
 from kenning.workers.application.records import PAGE_LIMIT, MemoryRecord, Page
@@ -60,8 +63,22 @@ from kenning.workers.control.runs import cancel_run, retry_target
 READ, WRITE, DELETE, SHARE = Permission
 KEEPALIVE_S = 15.0
 Caller = Annotated[Access, Depends(authorized)]
-DATASET_PATTERN = r"^[^/\x00-\x1f\x7f]+$"
-DatasetPath = Annotated[str, Path(min_length=1, max_length=255, pattern=DATASET_PATTERN)]
+DATASET_PATTERN = NAME_PATTERN
+DatasetPath = Annotated[
+    str,
+    Path(min_length=1, max_length=MAX_NAME_CHARS, pattern=DATASET_PATTERN),
+    AfterValidator(valid_name("dataset")),
+]
+DatasetQuery = Annotated[
+    str | None,
+    Query(min_length=1, max_length=MAX_NAME_CHARS, pattern=DATASET_PATTERN),
+    AfterValidator(lambda value: value if value is None else valid_name("dataset")(value)),
+]
+UserPath = Annotated[
+    str,
+    Path(min_length=1, max_length=MAX_NAME_CHARS, pattern=DATASET_PATTERN),
+    AfterValidator(valid_name("user")),
+]
 IdPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
@@ -194,7 +211,7 @@ def get_run(run_id: IdPath, access: Caller) -> RunView:
 @router.get("/runs", tags=["runs"], response_model=RunList)
 def list_runs(
     access: Caller,
-    dataset: Annotated[str | None, Query(min_length=1, max_length=255, pattern=DATASET_PATTERN)] = None,
+    dataset: DatasetQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
 ) -> RunList:
     """The most recent runs, newest first, of the datasets the caller may read or write (or of the
@@ -360,7 +377,7 @@ def delete_feedback(session_id: IdPath, entry_id: IdPath, access: Caller) -> Don
 @router.get("/records", tags=["records"], response_model=Page)
 def list_records(
     access: Caller,
-    dataset: Annotated[str | None, Query(min_length=1, max_length=255, pattern=DATASET_PATTERN)] = None,
+    dataset: DatasetQuery = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 50,
 ) -> Page:
@@ -466,7 +483,7 @@ def grant(dataset: DatasetPath, body: GrantIn, access: Caller) -> Grants:
 @router.delete("/datasets/{dataset}/permissions/{user}", tags=["datasets"], response_model=Grants)
 def revoke(
     dataset: DatasetPath,
-    user: IdPath,
+    user: UserPath,
     access: Caller,
     permission: Annotated[list[Permission] | None, Query(description="Default: every permission")] = None,
 ) -> Grants:

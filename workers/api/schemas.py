@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kenning.pipeline.models import DataItem, PipelineRun
+from kenning.pipeline.names import MAX_NAME_CHARS, name_problem
 from kenning.pipeline.permission import Permission
 from kenning.retrieval.contract import SearchType
 from kenning.workers.application.lifecycle import Message
 
 MAX_TEXT_CHARS = 1_000_000
-# No `/` (a dataset is `tenant/dataset` to read scopes) and no control characters.
-DatasetName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\x00-\x1f\x7f]+$")]
+
+
+def valid_name(field: str) -> Callable[[str], str]:
+    """A pydantic check of a dataset or user name (`kenning.pipeline.names`), naming the field."""
+
+    def check(value: str) -> str:
+        problem = name_problem(value)
+        if problem:
+            raise ValueError(f"{field} {problem}")
+        return value
+
+    return check
+
+
+# No `/` (a dataset is `tenant/dataset` to read scopes) and no control characters; the pattern
+# is what the OpenAPI document shows, the check the whole rule.
+NAME_PATTERN = r"^[^/\x00-\x1f\x7f]+$"
+DatasetName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN),
+    AfterValidator(valid_name("dataset")),
+]
+UserName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN),
+    AfterValidator(valid_name("user")),
+]
 Identifier = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
 # A bucket name as S3 allows it, then an optional key prefix.
@@ -192,7 +219,7 @@ class Datasets(BaseModel):
 
 
 class GrantIn(Strict):
-    user: Identifier
+    user: UserName
     permissions: list[Permission] = Field(min_length=1, max_length=4)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.models import Scope
+from kenning.pipeline.names import check_name
 from kenning.pipeline.permission import Caller
 from kenning.pipeline.session import SessionKey, SessionStore
 from kenning.workers.runtime.settings import Settings
@@ -21,8 +22,11 @@ class Context:
     caller: Caller
 
     def scope(self, dataset: str | None = None) -> Scope:
-        """The caller's tenant and the dataset named (default: KENNING_DATASET)."""
-        return Scope(tenant=self.caller.tenant, dataset=dataset or self.settings.dataset)
+        """The caller's tenant and the dataset named (default: KENNING_DATASET); an InputError for a
+        name that is not valid (`kenning.pipeline.names`)."""
+        return Scope(
+            tenant=self.caller.tenant, dataset=check_name("dataset", dataset or self.settings.dataset)
+        )
 
     def sessions(self) -> SessionStore:
         store = self.wiring.sessions

@@ -20,6 +20,7 @@ from kenning.pipeline.permission import (
     issue_key,
     key_id_of,
 )
+from kenning.workers.cli.show import DATASET_NAME, USER_NAME, printable, safe
 from kenning.workers.runtime.extras import needs_extra
 from kenning.workers.runtime.settings import Settings, load_settings
 from kenning.workers.runtime.wiring import Wiring
@@ -78,14 +79,14 @@ def user_group() -> None:
 
 
 @user_group.command("create")
-@click.argument("name")
+@click.argument("name", type=USER_NAME)
 @TENANT
 @click.option("--admin", is_flag=True, help="Every permission on every dataset of the tenant.")
 def user_create(name: str, tenant: str | None, admin: bool) -> None:
     with permission_store() as (store, settings):
         user = User(tenant=tenant or settings.tenant, name=name, admin=admin)
         store.add_user(user)
-    click.echo(f"user {name} created in tenant {user.tenant}{' (admin)' if admin else ''}")
+    click.echo(printable(f"user {name} created in tenant {user.tenant}{' (admin)' if admin else ''}"))
 
 
 @user_group.command("list")
@@ -97,11 +98,11 @@ def user_list(tenant: str | None) -> None:
             held = ", ".join(f"{name}: {'+'.join(sorted(p))}" for name, p in sorted(grants.items()))
             role = "admin" if user.admin else held or "no grants"
             keys = sum(1 for key in store.list_keys(user.id) if key.revoked_at is None)
-            click.echo(f"{user.name}\t{role}\t{keys} key(s)")
+            click.echo(f"{printable(user.name)}\t{printable(role)}\t{keys} key(s)")
 
 
 @user_group.command("delete")
-@click.argument("name")
+@click.argument("name", type=USER_NAME)
 @TENANT
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def user_delete(name: str, tenant: str | None, yes: bool) -> None:
@@ -110,12 +111,12 @@ def user_delete(name: str, tenant: str | None, yes: bool) -> None:
         click.confirm(f"delete user {name} and its keys?", abort=True)
     with permission_store() as (store, settings):
         store.delete_user(find_user(store, tenant or settings.tenant, name).id)
-    click.echo(f"user {name} deleted")
+    click.echo(printable(f"user {name} deleted"))
 
 
 @user_group.command("grant")
-@click.argument("name")
-@click.argument("dataset")
+@click.argument("name", type=USER_NAME)
+@click.argument("dataset", type=DATASET_NAME)
 @click.option("--permission", "permissions", multiple=True, type=PERMISSIONS, help="Repeatable; default all.")
 @TENANT
 def user_grant(name: str, dataset: str, permissions: tuple[str, ...], tenant: str | None) -> None:
@@ -124,8 +125,8 @@ def user_grant(name: str, dataset: str, permissions: tuple[str, ...], tenant: st
 
 
 @user_group.command("revoke")
-@click.argument("name")
-@click.argument("dataset")
+@click.argument("name", type=USER_NAME)
+@click.argument("dataset", type=DATASET_NAME)
 @click.option("--permission", "permissions", multiple=True, type=PERMISSIONS, help="Repeatable; default all.")
 @TENANT
 def user_revoke(name: str, dataset: str, permissions: tuple[str, ...], tenant: str | None) -> None:
@@ -139,7 +140,7 @@ def key_group() -> None:
 
 
 @key_group.command("create")
-@click.option("--user", "name", required=True)
+@click.option("--user", "name", required=True, type=USER_NAME)
 @TENANT
 def key_create(name: str, tenant: str | None) -> None:
     """Create a key for the user and print it; it is shown this once (only its hash is kept)."""
@@ -147,12 +148,12 @@ def key_create(name: str, tenant: str | None) -> None:
         user = find_user(store, tenant or settings.tenant, name)
         token, key = issue_key(user)
         store.add_key(key)
-    console.print(f"key {key.id} for {name} (tenant {user.tenant}); it is not shown again:")
+    console.print(safe(f"key {key.id} for {name} (tenant {user.tenant}); it is not shown again:"))
     click.echo(token)
 
 
 @key_group.command("list")
-@click.option("--user", "name", required=True)
+@click.option("--user", "name", required=True, type=USER_NAME)
 @TENANT
 def key_list(name: str, tenant: str | None) -> None:
     with permission_store() as (store, settings):
@@ -169,7 +170,7 @@ def key_revoke(key: str) -> None:
     with permission_store() as (store, _settings):
         if not store.revoke_key(key_id, utcnow()):
             raise NotFound(f"no active key {key_id!r}")
-    click.echo(f"key {key_id} revoked")
+    click.echo(printable(f"key {key_id} revoked"))
 
 
 @click.group("dataset")
@@ -178,8 +179,8 @@ def dataset_group() -> None:
 
 
 @dataset_group.command("share")
-@click.argument("dataset")
-@click.option("--user", "name", required=True)
+@click.argument("dataset", type=DATASET_NAME)
+@click.option("--user", "name", required=True, type=USER_NAME)
 @click.option(
     "--permission", "permissions", multiple=True, type=PERMISSIONS, help="Repeatable; default read."
 )
@@ -193,13 +194,13 @@ def dataset_share(
 
 
 @dataset_group.command("permissions")
-@click.argument("dataset")
+@click.argument("dataset", type=DATASET_NAME)
 @TENANT
 def dataset_permissions(dataset: str, tenant: str | None) -> None:
     """Who holds which permission on the dataset (besides the tenant's admins)."""
     with permission_store() as (store, settings):
         for name, held in sorted(store.grants_on(tenant or settings.tenant, dataset).items()):
-            click.echo(f"{name}\t{', '.join(sorted(held))}")
+            click.echo(printable(f"{name}\t{', '.join(sorted(held))}"))
 
 
 def share(dataset: str, name: str, permissions: tuple[str, ...], tenant: str | None, *, revoke: bool) -> None:
@@ -215,7 +216,7 @@ def share(dataset: str, name: str, permissions: tuple[str, ...], tenant: str | N
         else:
             store.grant(user, dataset, wanted)
         held = sorted(store.grants_of(user.id).get(dataset, frozenset()))
-    click.echo(f"{name} on {dataset}: {', '.join(held) or 'nothing'}")
+    click.echo(printable(f"{name} on {dataset}: {', '.join(held) or 'nothing'}"))
 
 
 def cli_caller(store: PermissionStore, settings: Settings, tenant: str) -> Caller:

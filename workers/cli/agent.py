@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from kenning.workers.cli.show import DATASET_NAME, safe
 from kenning.workers.control.graph_view import MAX_NODES, graph_html
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
@@ -43,7 +44,7 @@ def mcp_command(transport: str, host: str, port: int) -> None:
 
 
 @click.command("visualize")
-@click.option("--dataset", default=None, help="Default: KENNING_DATASET or 'main'.")
+@click.option("--dataset", default=None, type=DATASET_NAME, help="Default: KENNING_DATASET or 'main'.")
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("graph.html"), show_default=True
 )
@@ -59,7 +60,7 @@ def visualize_command(dataset: str | None, out: Path, max_nodes: int) -> None:
     with Kenning(load_settings()) as memory:
         page = graph_html(memory, dataset, max_nodes)
     out.write_text(page, encoding="utf-8")
-    console.print(f"wrote {out} ({len(page.encode()) // 1024} KiB)")
+    console.print(f"wrote {safe(out)} ({len(page.encode()) // 1024} KiB)")
 
 
 COMMANDS = (mcp_command, visualize_command)

@@ -28,6 +28,7 @@ from kenning.workers.application.lifecycle import Message, Remembered
 from kenning.workers.cli.access import COMMANDS as ACCESS_COMMANDS
 from kenning.workers.cli.agent import COMMANDS as AGENT_COMMANDS
 from kenning.workers.cli.runs import COMMANDS as RUNS_COMMANDS
+from kenning.workers.cli.show import DATASET_NAME, printable, safe
 from kenning.workers.control.runs import StallDetector, llm_breaker, mark_stalled
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
@@ -105,7 +106,9 @@ class LLMBar:
             return
         if self._task is None:
             self._task = self._bars.add_task("LLM", total=None)
-        self._bars.update(self._task, description=spent.label, completed=spent.answered, total=spent.calls)
+        self._bars.update(
+            self._task, description=safe(spent.label), completed=spent.answered, total=spent.calls
+        )
 
 
 @click.group()
@@ -116,14 +119,19 @@ def main() -> None:
 
 @main.command("add")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--dataset", default=None, help="Dataset to add to (default: KENNING_DATASET or 'main').")
+@click.option(
+    "--dataset",
+    default=None,
+    type=DATASET_NAME,
+    help="Dataset to add to (default: KENNING_DATASET or 'main').",
+)
 @click.option("--node-set", "node_sets", multiple=True, help="A named subset the data joins (repeatable).")
 def add_command(paths: tuple[str, ...], dataset: str | None, node_sets: tuple[str, ...]) -> None:
     """Add files, directories, - (stdin) or s3://bucket/prefix to a dataset."""
     with open_memory() as memory:
         result = memory.add_paths(list(paths), dataset, node_sets=list(node_sets))
     for path, error in result.errors.items():
-        console.print(f"[red]error[/red] {path}: {error}")
+        console.print(f"[red]error[/red] {safe(path)}: {safe(error)}")
     console.print(
         f"added {len(result.added)}, unchanged {len(result.unchanged)}, errors {len(result.errors)}"
     )
@@ -132,7 +140,7 @@ def add_command(paths: tuple[str, ...], dataset: str | None, node_sets: tuple[st
 
 
 @main.command("cognify")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 @click.option(
     "--distributed",
     is_flag=True,
@@ -162,9 +170,9 @@ def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, tempo
 
 def print_run(run: PipelineRun) -> None:
     figures = ", ".join(f"{name} {value}" for name, value in sorted(run.stats.items()))
-    console.print(f"run {run.id[:8]} {run.status.value}: {figures}")
+    console.print(f"run {run.id[:8]} {run.status.value}: {safe(figures)}")
     if run.error:
-        console.print(f"[red]{run.error}[/red]")
+        console.print(f"[red]{safe(run.error)}[/red]")
 
 
 @main.command("search")
@@ -176,7 +184,9 @@ def print_run(run: PipelineRun) -> None:
     default=SearchType.HYBRID_COMPLETION.value,
     show_default=True,
 )
-@click.option("--dataset", "datasets", multiple=True, help="Dataset(s) to search (repeatable).")
+@click.option(
+    "--dataset", "datasets", multiple=True, type=DATASET_NAME, help="Dataset(s) to search (repeatable)."
+)
 @click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--only-context", is_flag=True, help="Stop after retrieval; no LLM call.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -215,16 +225,16 @@ def search_command(
 
 def print_search(result: SearchResult) -> None:
     for number, hit in enumerate(result.results, 1):
-        click.echo(f"{number:>2}. [{hit.score:.3f}] {hit.text[:300]}")
+        click.echo(f"{number:>2}. [{hit.score:.3f}] {printable(hit.text[:300])}")
     if result.answer is not None:
-        click.echo(f"\nanswer: {result.answer}")
+        click.echo(f"\nanswer: {printable(result.answer)}")
     elif result.notice:
-        console.print(f"[yellow]{result.notice}[/yellow]")
+        console.print(f"[yellow]{safe(result.notice)}[/yellow]")
 
 
 @main.command("remember")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 @click.option("--session", "session_id", default=None, help="Into this session now, the graph later.")
 @click.option("--json", "as_json", is_flag=True)
 def remember_command(
@@ -258,7 +268,7 @@ def read_text(path: str, limit: int) -> str:
 
 @main.command("recall")
 @click.argument("query")
-@click.option("--dataset", "datasets", multiple=True)
+@click.option("--dataset", "datasets", multiple=True, type=DATASET_NAME)
 @click.option("--session", "session_id", default=None)
 @click.option("--type", "search_type", default=SearchType.CHUNKS.value, show_default=True)
 @click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
@@ -274,11 +284,13 @@ def recall_command(
         return
     for number, hit in enumerate(recalled.results, 1):
         cited = hit.entry_id or hit.chunk_id or hit.data_id or ""
-        click.echo(f"{number:>2}. ({hit.source} {cited[:8]}) {hit.text[:300]}")
+        click.echo(printable(f"{number:>2}. ({hit.source} {cited[:8]}) {hit.text[:300]}"))
 
 
 @main.command("forget")
-@click.option("--dataset", default=None, help="The dataset (all of it, unless --data-id is given).")
+@click.option(
+    "--dataset", default=None, type=DATASET_NAME, help="The dataset (all of it, unless --data-id is given)."
+)
 @click.option("--data-id", "data_ids", multiple=True, help="Only these data items (repeatable).")
 @click.option("--everything", is_flag=True, help="Every dataset of the tenant.")
 @click.option("--memory-only", is_flag=True, help="Keep the stored bytes; forget only the memory.")
@@ -292,7 +304,7 @@ def forget_command(
     target = dataset or "the default dataset"
     what = "everything" if everything else f"{len(data_ids) or 'all'} item(s) of {target}"
     if not yes:
-        click.confirm(f"forget {what}?", abort=True)
+        click.confirm(printable(f"forget {what}?"), abort=True)
     with open_memory() as memory:
         done = memory.forget(dataset, list(data_ids) or None, everything=everything, memory_only=memory_only)
     items = sum(len(f.items) for f in done)
@@ -301,7 +313,7 @@ def forget_command(
 
 
 @main.command("prune")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 @click.option("--older-than-days", type=click.FloatRange(0), default=None, help="Not used nor added since.")
 @click.option("--below", type=click.FloatRange(0, 1), default=None, help="Decay factor under this.")
 @click.option("--yes", is_flag=True)
@@ -315,7 +327,7 @@ def prune_command(dataset: str | None, older_than_days: float | None, below: flo
 
 
 @main.command("improve")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 def improve_command(dataset: str | None) -> None:
     """Remember rated session answers, apply feedback weights, merge duplicate entities."""
     with open_memory() as memory:
@@ -363,7 +375,7 @@ def memory_group() -> None:
 
 
 @memory_group.command("list")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 @click.option("--offset", default=0, show_default=True, type=click.IntRange(0))
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
 def memory_list(dataset: str | None, offset: int, limit: int) -> None:
@@ -373,7 +385,7 @@ def memory_list(dataset: str | None, offset: int, limit: int) -> None:
 
 @memory_group.command("get")
 @click.argument("record_id")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 def memory_get(record_id: str, dataset: str | None) -> None:
     with open_memory() as memory:
         click.echo(memory.records.get(record_id, dataset).model_dump_json())
@@ -382,7 +394,7 @@ def memory_get(record_id: str, dataset: str | None) -> None:
 @memory_group.command("update")
 @click.argument("record_id")
 @click.argument("path")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 def memory_update(record_id: str, path: str, dataset: str | None) -> None:
     """Replace a record's text with PATH's (or - for stdin), cognify, and forget what is stale."""
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
@@ -392,7 +404,7 @@ def memory_update(record_id: str, path: str, dataset: str | None) -> None:
 
 @memory_group.command("delete")
 @click.argument("record_id")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 def memory_delete(record_id: str, dataset: str | None) -> None:
     with open_memory() as memory:
         memory.records.delete(record_id, dataset)
@@ -400,7 +412,7 @@ def memory_delete(record_id: str, dataset: str | None) -> None:
 
 
 @main.command("status")
-@click.option("--dataset", default=None)
+@click.option("--dataset", default=None, type=DATASET_NAME)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--watch", is_flag=True, help="Draw the started runs live until none is left, then print.")
 @click.option("--timeout", "timeout_s", default=3600.0, show_default=True, type=click.FloatRange(0))
@@ -416,9 +428,9 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
     if as_json:
         click.echo(json.dumps({"home": home, "llm": llm, "datasets": status}, ensure_ascii=False))
         return
-    click.echo(f"home: {home}")
+    click.echo(printable(f"home: {home}"))
     if llm is not None:
-        click.echo(breaker_line(llm))
+        click.echo(printable(breaker_line(llm)))
     table = Table("dataset", "items", "graph", "last run", "llm calls", "tokens", "cost")
     for entry in status:
         items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
@@ -428,10 +440,10 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
             run = f"stalled: {run}"
         tokens = entry["tokens"]
         table.add_row(
-            entry["dataset"],
-            items,
+            safe(entry["dataset"]),
+            safe(items),
             f"{entry['graph']['nodes']} nodes, {entry['graph']['edges']} edges",
-            run,
+            safe(run),
             str(entry["llm_calls"]),
             f"{tokens['prompt']} in, {tokens['completion']} out",
             f"{entry['cost']:.4f}",
@@ -439,13 +451,13 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
     Console().print(table)
     for entry in status:
         for stalled in (run for run in entry["runs"] if run["stalled"]):
-            line = f" {entry['dataset']} run {stalled['id']}: {stalled['stalled']}"
+            line = printable(f" {entry['dataset']} run {stalled['id']}: {stalled['stalled']}")
             console.print(Text.assemble(("stalled", "yellow"), line), soft_wrap=True)
         for name, error in entry["errors"].items():
-            console.print(f"[red]failed[/red] {entry['dataset']}/{name}: {error}")
+            console.print(f"[red]failed[/red] {safe(entry['dataset'])}/{safe(name)}: {safe(error)}")
         for chunk in entry["failed_chunks"]:
             where = f"{entry['dataset']}/{chunk['item']} chunk {chunk['index']}"
-            console.print(f"[red]failed[/red] {where}: {chunk['error']}")
+            console.print(f"[red]failed[/red] {safe(where)}: {safe(chunk['error'])}")
 
 
 def breaker_line(llm: dict[str, Any]) -> str:
@@ -526,6 +538,6 @@ def run() -> None:
         main(standalone_mode=True)
     except KenningError as error:
         # One line, never wrapped, the message taken literally (it may hold brackets).
-        line = " ".join(str(error).split())
+        line = printable(" ".join(str(error).split()))
         console.print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True)
         sys.exit(2)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kenning.pipeline.models import Dataset
+from kenning.workers.cli.show import DATASET_NAME, safe
 from kenning.workers.control.runs import cancel_run, list_runs, retry_run
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
@@ -24,7 +25,9 @@ def runs_group() -> None:
 
 
 @runs_group.command("list")
-@click.option("--dataset", default=None, help="Only this dataset's runs (default: every dataset).")
+@click.option(
+    "--dataset", default=None, type=DATASET_NAME, help="Only this dataset's runs (default: every dataset)."
+)
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def list_command(dataset: str | None, limit: int, as_json: bool) -> None:
@@ -38,7 +41,8 @@ def list_command(dataset: str | None, limit: int, as_json: bool) -> None:
     for run in runs:
         status = f"{run.status} (stalled)" if run.stalled else run.status
         started = run.started_at.strftime("%Y-%m-%d %H:%M:%S") if run.started_at else "-"
-        table.add_row(run.id[:12], run.dataset, status, run.step or "-", started, run.stalled or run.error)
+        why = safe(run.stalled or run.error)
+        table.add_row(safe(run.id[:12]), safe(run.dataset), status, safe(run.step or "-"), started, why)
     Console().print(table)
 
 
@@ -50,7 +54,7 @@ def cancel_command(run_id: str, reason: str) -> None:
     tasks in flight stop at their next write. RUN_ID may be a unique prefix."""
     with needs_extra("kenning runs cancel"), Kenning(load_settings()) as memory:
         run = cancel_run(memory, run_id, reason)
-    console.print(f"run {run.id} of dataset {run.dataset!r} {run.status}: {run.error}")
+    console.print(f"run {safe(run.id)} of dataset {safe(repr(run.dataset))} {run.status}: {safe(run.error)}")
 
 
 @runs_group.command("retry")
@@ -62,7 +66,7 @@ def retry_command(run_id: str, distributed: bool) -> None:
     with Kenning(in_mode(settings, "distributed") if distributed else settings) as memory:
 
         def start(dataset: Dataset) -> str:
-            console.print(f"retrying run {run_id} of dataset {dataset.name!r}")
+            console.print(f"retrying run {safe(run_id)} of dataset {safe(repr(dataset.name))}")
             return memory.cognify(dataset.name, console=console).id
 
         new_id = retry_run(memory, run_id, start)
@@ -72,7 +76,7 @@ def retry_command(run_id: str, distributed: bool) -> None:
     figures = ", ".join(f"{name} {value}" for name, value in sorted(run.stats.items()))
     console.print(f"run {run.id[:8]} {run.status.value}: {figures}")
     if run.error:
-        console.print(f"[red]{run.error}[/red]", soft_wrap=True)
+        console.print(f"[red]{safe(run.error)}[/red]", soft_wrap=True)
     if run.status.value != "completed":
         sys.exit(1)
 

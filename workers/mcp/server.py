@@ -19,7 +19,7 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -30,6 +30,7 @@ from kenning.pipeline.errors import KenningError, NotFound
 from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.models import Dataset
 from kenning.pipeline.models import Scope as DataScope
+from kenning.pipeline.names import MAX_NAME_CHARS, name_problem
 from kenning.pipeline.permission import Caller, Permission, authenticate
 from kenning.retrieval.contract import SearchResult, SearchType
 from kenning.workers.application.gate import readable_datasets
@@ -51,11 +52,25 @@ INSTRUCTIONS = (
 Authenticator = Callable[[str], Caller | None]
 """An API key -> the caller it stands for, or None for an unknown or revoked key."""
 
+
+def _dataset_names(value: str | list[str] | None) -> str | list[str] | None:
+    """The dataset name(s) as given; a ValueError naming the field for one that is not valid."""
+    for name in [value] if isinstance(value, str) else value or []:
+        problem = name_problem(name)
+        if problem:
+            raise ValueError(f"dataset {problem}")
+    return value
+
+
 DatasetArg = Annotated[
-    str | None, Field(description="Dataset name (default: the server's default dataset)", max_length=255)
+    str | None,
+    Field(description="Dataset name (default: the server's default dataset)", max_length=MAX_NAME_CHARS),
+    AfterValidator(_dataset_names),
 ]
 DatasetsArg = Annotated[
-    list[str] | None, Field(description="Dataset names (default: every dataset the caller may read)")
+    list[str] | None,
+    Field(description="Dataset names (default: every dataset the caller may read)"),
+    AfterValidator(_dataset_names),
 ]
 SessionArg = Annotated[
     str | None, Field(description="A session id: short-term memory of one conversation", max_length=255)

@@ -13,6 +13,7 @@ from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.decay import DecayConfig
 from kenning.pipeline.loaders import InputLimits
 from kenning.pipeline.memify import MemifyConfig
+from kenning.pipeline.permission import escape_glob
 from kenning.pipeline.ratelimit import Limits
 from kenning.workers.runtime.schedule import DEFAULT_SCHEDULE, ScheduleEntry
 from kenning.workers.runtime.validation import (
@@ -203,7 +204,7 @@ class Settings(BaseSettings):
     @property
     def readable(self) -> list[str]:
         """The tenant/dataset glob patterns searches may read."""
-        return self.read_scopes or [f"{self.tenant}/*"]
+        return self.read_scopes or [f"{escape_glob(self.tenant)}/*"]
 
     @property
     def metadata_dsn(self) -> str:
