@@ -31,6 +31,7 @@ class Forgotten(BaseModel):
     blobs: int = 0
     cache_entries: int = 0
     reload_chunks: int = 0
+    erased: dict[str, int] = {}  # what was wiped after it, by place (see workers.application.erasure)
 
 
 def forget_items(
