@@ -6,7 +6,11 @@ MCP endpoint, a graph view) takes it too and gets the same principal and the sam
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -25,6 +29,57 @@ bearer = HTTPBearer(auto_error=False, description="An API key from `kenning key 
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
+class AuthThrottle:
+    """Failed API keys per client address: after `max_failures` within `window_s` of the first,
+    the address is refused (429) until that window has passed. A success changes nothing (a right
+    key must not clear the count between guesses); at most `max_addresses` are kept, the oldest
+    windows dropped first."""
+
+    def __init__(
+        self,
+        max_failures: int = 20,
+        window_s: float = 60.0,
+        max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_failures, self.window_s, self.max_addresses = max_failures, window_s, max_addresses
+        self._clock = clock
+        # address -> (start of its window, failures in it), oldest window first
+        self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def retry_after(self, address: str) -> int:
+        """Whole seconds until the address may try again; 0 when it may now."""
+        with self._lock:
+            start, count = self._failures.get(address, (0.0, 0))
+            left = start + self.window_s - self._clock()
+            return max(1, math.ceil(left)) if count >= self.max_failures and left > 0 else 0
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            now = self._clock()
+            self._drop_expired(now)
+            start, count = self._failures.get(address, (now, 0))
+            if start + self.window_s <= now:
+                start, count = now, 0
+            self._failures[address] = (start, count + 1)
+            if count == 0:
+                self._failures.move_to_end(address)
+            while len(self._failures) > self.max_addresses:
+                self._failures.popitem(last=False)
+
+    def _drop_expired(self, now: float) -> None:
+        """Forget the windows that have passed, oldest first. The caller holds the lock."""
+        while self._failures:
+            address, (start, _) = next(iter(self._failures.items()))
+            if start + self.window_s > now:
+                return
+            del self._failures[address]
+
+
 @dataclass
 class ApiState:
     """What the app holds for its life: the memory (stores opened once) and the runs it started."""
@@ -32,6 +87,7 @@ class ApiState:
     memory: Kenning
     runs: RunTracker
     distributed: bool = False
+    throttle: AuthThrottle = field(default_factory=AuthThrottle)
 
 
 def api_state(request: Request) -> ApiState:
@@ -90,10 +146,22 @@ class Access:
 def authorized(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
 ) -> Access:
-    """The request's `Access`; 401 without a key, or with an unknown or revoked one (read afresh)."""
+    """The request's `Access`; 401 without a key, or with an unknown or revoked one (read afresh);
+    429 for an address that sent too many unknown keys lately (`AuthThrottle`)."""
+    state = api_state(request)
+    address = request.client.host if request.client else ""
+    wait = state.throttle.retry_after(address)
+    if wait:
+        message = f"too many unknown API keys from this address; retry in {wait} s"
+        raise ApiError(429, "too_many_requests", message, {"Retry-After": str(wait)})
     if credentials is None:
         raise ApiError(401, "unauthorized", "send an API key: Authorization: Bearer <key>", CHALLENGE)
-    return access_of(api_state(request), credentials.credentials)
+    try:
+        return access_of(state, credentials.credentials)
+    except ApiError as error:
+        if error.status == 401:
+            state.throttle.failed(address)
+        raise
 
 
 def access_of(state: ApiState, token: str) -> Access:

@@ -81,6 +81,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "The request body is over the size limit"),
         (415, "The content type is not accepted here"),
         (422, "The request does not match its schema"),
+        (429, "Too many unknown API keys from this address: wait Retry-After seconds"),
         (502, "The LLM endpoint failed"),
         (503, "A store is unavailable"),
     )
