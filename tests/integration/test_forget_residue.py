@@ -20,6 +20,8 @@ from kenning.workers.api import create_app
 from kenning.workers.application.lifecycle import Message
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
+from tests.integration.test_improve import ScriptedExtractor
 
 # --- Session entries -------------------------------------------------------------------------
 
@@ -233,3 +235,49 @@ def test_forgetting_a_message_rebuilds_the_conversation_as_if_never_said(tmp_pat
         assert "stolen diamonds" not in str(found)
         assert found["graph"] == expected["graph"]
         assert found["points"] == expected["points"]
+
+
+def test_an_update_rebuilds_what_the_old_version_described(tmp_path: Path) -> None:
+    # Given a, b and c cognified, b described the shared entities first
+    tenant = tenant_where_b_comes_first({key: text.encode() for key, text in TEXTS.items()})
+    harmless = "Ada Quist sold a bicycle in Oslo."
+    with open_memory(tmp_path / "home", tenant) as kenning:
+        ingest(kenning, ["a", "b", "c"])
+        every_id = element_ids(kenning)
+
+        # When b is rewritten and cognified again
+        kenning.add([text_source(harmless, name="b", external_id="b")], DATASET)
+        assert kenning.cognify(DATASET).status.value == "completed"
+        every_id = sorted({*every_id, *element_ids(kenning)})
+
+        # Then the stores are those of a clean ingest of a, the new b and c
+        with open_memory(tmp_path / "clean", tenant) as clean:
+            for key, text in [("a", TEXTS["a"]), ("b", harmless), ("c", TEXTS["c"])]:
+                clean.add([text_source(text, name=key, external_id=key)], DATASET)
+            assert clean.cognify(DATASET).status.value == "completed"
+            expected = stores(clean, every_id)
+        found = stores(kenning, every_id)
+        assert "stolen diamonds" not in str(found)
+        assert found == expected
+
+
+def test_forget_after_improve_leaves_no_merged_name_of_the_forgotten_item(tmp_path: Path) -> None:
+    # Given one text naming New York City, another naming it NYC, merged by improve into the first
+    settings = load_settings(home=tmp_path / "home", embedding_provider="hash")
+    with Kenning(settings, Wiring(settings, {"extractor": ScriptedExtractor()})) as kenning:
+        first = kenning.add_text("Maria Lopez moved to New York City in 2019.", "city", name="one")
+        kenning.add_text("Maria Lopez loves NYC and Boston.", "city", name="two")
+        kenning.cognify("city")
+        assert kenning.improve("city").merged_entities == 1
+
+        # When the first text is forgotten
+        kenning.forget("city", [first.added[0].id])
+
+        # Then neither its name of the city nor its words are anywhere in the graph or its points
+        nodes, edges = kenning.wiring.graph.export(kenning.scope("city"))
+        ids = sorted({*(node.id for node in nodes), *(edge.id for edge in edges)})
+        vectors = kenning.wiring.vectors
+        points = [vectors.retrieve(kenning.scope("city"), name, ids) for name in vectors.list_collections()]
+        left = str([nodes, edges, points])
+        assert "New York City" not in left and "2019" not in left
+        assert "NYC" in left

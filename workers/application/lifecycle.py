@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from kenning.pipeline.context import Job
 from kenning.pipeline.errors import ConfigError, InputError
-from kenning.pipeline.forget import Forgotten, forget_items
+from kenning.pipeline.forget import Forgotten, drop_unrebuilt, forget_items
 from kenning.pipeline.ingest import Source
 from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.memify import (
@@ -185,8 +185,10 @@ def forget_held(
     if data_ids is None and not _active_runs(wiring.metadata, dataset):
         # A run waiting for the lock keeps its dataset (now empty) and completes with nothing to do.
         wiring.metadata.delete_dataset(dataset.id)
-    elif forgotten.reload_chunks:
-        load(wiring, job)
+    else:
+        if forgotten.reload_chunks:
+            load(wiring, job)
+        drop_unrebuilt(wiring, job, forgotten)
     if wiring.sessions is not None:
         # A dataset forgotten whole takes every entry built from it, citing an item or not.
         whole = [dataset.name] if data_ids is None else []
