@@ -18,7 +18,7 @@ import redis
 import redis.exceptions
 from falkordb import FalkorDB
 
-from kenning.pipeline.errors import QueryBudgetExceeded, StoreError, TransientStoreError
+from kenning.pipeline.errors import InputError, QueryBudgetExceeded, StoreError, TransientStoreError
 from kenning.pipeline.models import Scope
 from kenning.storage.graph.cypher import BATCH_SIZE, CypherGraphStore, Statement, plain_value
 
@@ -128,6 +128,10 @@ class _FalkorRunner:
                     f"the Cypher timeout ({timeout_ms} ms) is above the FalkorDB server's TIMEOUT_MAX: "
                     "lower KENNING_CYPHER_TIMEOUT_MS or raise TIMEOUT_MAX"
                 ) from exc.__cause__
+            if type(exc.__cause__) is redis.exceptions.ResponseError:
+                # The server's own state has an error class of its own (OOM, LOADING, READONLY...):
+                # a plain one is the query's (a syntax error, an unknown function or variable).
+                raise InputError(f"the Cypher query is not valid: {cause}") from exc.__cause__
             raise
 
     def _read(
