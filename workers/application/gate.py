@@ -55,10 +55,15 @@ def require_write(caller: Caller, scope: Scope) -> None:
     require(caller, Permission.WRITE, scope)
 
 
+def holds(caller: Caller, permission: Permission, scope: Scope) -> bool:
+    """Whether the caller holds `permission` on the dataset (of its own tenant)."""
+    return scope.tenant == caller.tenant and caller.may(permission, scope.dataset)
+
+
 def require(caller: Caller, permission: Permission, scope: Scope) -> None:
     """Nothing if the caller holds `permission` on the dataset; `Forbidden` where it may read it,
     else `NotFound` (a caller learns nothing of a dataset it may not read)."""
-    if scope.tenant == caller.tenant and caller.may(permission, scope.dataset):
+    if holds(caller, permission, scope):
         return
     if may_read(caller, scope):
         raise Forbidden(f"{permission.value} on dataset {scope.dataset!r} is not granted to you")

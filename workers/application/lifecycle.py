@@ -65,6 +65,18 @@ def readable_dataset(context: Context, name: str | None) -> Dataset:
     )
 
 
+def deletable_dataset(context: Context, name: str | None) -> Dataset:
+    """The dataset, if the caller may read it or delete from it (delete alone is a grant of its
+    own); the same InputError for one missing or not its."""
+    caller = context.caller
+    return find_dataset(
+        context.wiring.metadata,
+        caller.tenant,
+        name or context.settings.dataset,
+        lambda d: gate.may_read(caller, d.scope) or gate.holds(caller, Permission.DELETE, d.scope),
+    )
+
+
 def forget(
     context: Context, dataset: str | None, data_ids: Sequence[str] | None, everything: bool, memory_only: bool
 ) -> list[Forgotten]:
@@ -73,7 +85,7 @@ def forget(
     if everything:
         targets = metadata.list_datasets(context.caller.tenant)
     else:
-        targets = [readable_dataset(context, dataset)]
+        targets = [deletable_dataset(context, dataset)]
     for target in targets:
         gate.require(context.caller, Permission.DELETE, target.scope)
     ttl = context.settings.lock_ttl_s
@@ -105,7 +117,7 @@ def prune(
     if older_than_days is None and below is None:
         raise ConfigError("prune needs older_than_days or below")
     accessed.flush()
-    target = readable_dataset(context, dataset)
+    target = deletable_dataset(context, dataset)
     gate.require(context.caller, Permission.DELETE, target.scope)
     older = timedelta(days=older_than_days) if older_than_days is not None else None
     wiring, decay = context.wiring, context.settings.decay
