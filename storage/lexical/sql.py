@@ -170,6 +170,10 @@ class SqlLexicalIndex:
             self._lock_scope(conn, scope)
             count, length = _drop(conn, scope, unique)
             _add_stats(conn, scope, -count, -length)
+            # A scope left with no text keeps no row (a forgotten dataset leaves nothing here).
+            conn.execute(
+                sa.delete(stats_table).where(_in_scope(stats_table, scope), stats_table.c.doc_count <= 0)
+            )
             bump(conn, revisions, scope)
 
     def _lock_scope(self, conn: sa.Connection, scope: Scope) -> None:

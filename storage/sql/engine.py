@@ -10,7 +10,8 @@ from sqlalchemy.engine import make_url
 
 
 def open_engine(url: str) -> sa.Engine:
-    """An engine for `url`; SQLite gets WAL, a busy timeout and its folder created."""
+    """An engine for `url`; SQLite gets WAL, a busy timeout, `secure_delete` (a deleted row's bytes
+    are overwritten, not left in free pages) and its folder created."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
@@ -26,7 +27,20 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=60000")
+    cursor.execute("PRAGMA secure_delete=ON")
     cursor.close()
+
+
+def checkpoint(engine: sa.Engine) -> bool:
+    """Copy SQLite's write-ahead log into the database and empty it, so that no older copy of a
+    page (a deleted row's text) stays in the `-wal` file; whether it was done (False on another
+    database, or when a reader kept part of the log). PostgreSQL's own WAL and dead rows are left
+    to its checkpoints and autovacuum."""
+    if not is_sqlite(engine):
+        return False
+    with engine.connect() as conn:
+        busy, _log, _done = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+    return not busy
 
 
 def is_sqlite(engine: sa.Engine) -> bool:

@@ -210,6 +210,16 @@ class EdgeVectorStore:
         with self._using(collection, f"optimize {collection!r}") as shard:
             return shard.optimize()
 
+    def erase_deleted(self, scope: Scope) -> int:
+        """Rebuild every collection from its live points (`Shard.rebuild`), so that deleted
+        points leave no payload in segment files or WAL; how many collections were rebuilt.
+        Every collection, whatever `scope`: a scope's points share them with other scopes."""
+        names = self.list_collections()
+        for name in names:
+            with translated(f"rebuild {name!r}"):
+                self._shard(name).rebuild()
+        return len(names)
+
     def point_ids(self, collection: str) -> set[str]:
         """Every point id of the collection, in all scopes: for checks and tools, not for queries."""
         found: set[str] = set()

@@ -50,6 +50,10 @@ MAX_ESTIMATES = 64
 SEARCH_THREADS = 1
 META_FILE = "collection.json"
 SHARD_DIR = "shard"
+# A rebuild writes the live points into FRESH_DIR, then swaps it for SHARD_DIR by way of OLD_DIR.
+FRESH_DIR = "shard.fresh"
+OLD_DIR = "shard.old"
+REBUILD_PAGE = 1_000
 LOCK_FILE = ".lock"
 WANT_FILE = ".want"
 log = logging.getLogger(__name__)
@@ -139,9 +143,67 @@ class Shard:
             self._state.wait_for(lambda: self._users == 0)
             self._release()
 
+    def rebuild(self) -> int:
+        """Write the collection's live points into a fresh shard and swap it in, so that no page
+        or log entry of a deleted point stays on disk (the engine keeps them in its segments and
+        WAL, and has no vacuum that drops them); how many points it holds. Holds `.lock` and waits
+        for this process's other operations on the shard to end."""
+        engine = self.enter(None)
+        try:
+            with self._state:
+                self._state.wait_for(lambda: self._users == 1)
+                dimension = recorded_dimension(self.folder) or 0
+                fresh = self.folder / FRESH_DIR
+                shutil.rmtree(fresh, ignore_errors=True)
+                copied = self._copy_live(engine, fresh, dimension)
+                self._engine = None
+                try:
+                    engine.close()
+                    _swap(self.folder)
+                    self._engine = qe.EdgeShard.load(str(self.folder / SHARD_DIR), self._config(dimension))
+                finally:
+                    if self._engine is None:
+                        self._unlock()  # the next use opens it again, finishing the swap
+                self.estimates.clear()
+                return copied
+        finally:
+            self.leave()
+
+    def _copy_live(self, engine: qe.EdgeShard, fresh: Path, dimension: int) -> int:
+        target = self._created(fresh, dimension)
+        copied, offset = 0, None
+        try:
+            while True:
+                request = qe.ScrollRequest(
+                    offset=offset, limit=REBUILD_PAGE, with_payload=True, with_vector=True
+                )
+                records, offset = engine.scroll(request)
+                points = [
+                    qe.Point(record.id, record.vector or [], record.payload or {}) for record in records
+                ]
+                if points:
+                    target.update(qe.UpdateOperation.upsert_points(points))
+                copied += len(points)
+                if offset is None:
+                    break
+            if copied >= self._index_threshold:
+                target.optimize()
+            target.flush()
+        finally:
+            target.close()
+        return copied
+
+    def _created(self, engine_dir: Path, dimension: int) -> qe.EdgeShard:
+        engine = qe.EdgeShard.create(str(engine_dir), self._config(dimension))
+        tenant = qe.KeywordIndexParams(is_tenant=True)
+        engine.update(qe.UpdateOperation.create_field_index("tenant", tenant))
+        engine.update(qe.UpdateOperation.create_field_index("dataset", qe.PayloadSchemaType.Keyword))
+        return engine
+
     def _load(self, create: int | None) -> qe.EdgeShard:
         engine_dir = self.folder / SHARD_DIR
         recorded = recorded_dimension(self.folder)
+        _finish_swap(self.folder)
         if recorded is not None:
             # With this process's config, which the engine records: a shard made by an earlier
             # kenning searches on SEARCH_THREADS too.
@@ -150,10 +212,7 @@ class Shard:
             raise StoreError(f"collection {self.folder.name!r} does not exist; ensure_collection creates it")
         # A folder without its meta file is a creation that died half way: start it again.
         shutil.rmtree(engine_dir, ignore_errors=True)
-        engine = qe.EdgeShard.create(str(engine_dir), self._config(create))
-        tenant = qe.KeywordIndexParams(is_tenant=True)
-        engine.update(qe.UpdateOperation.create_field_index("tenant", tenant))
-        engine.update(qe.UpdateOperation.create_field_index("dataset", qe.PayloadSchemaType.Keyword))
+        engine = self._created(engine_dir, create)
         engine.flush()
         _write_atomically(self.folder / META_FILE, {"dimension": create, "distance": "cosine"})
         return engine
@@ -260,6 +319,23 @@ class Releaser:
                 self._stopped.wait(POLL_S)
             else:
                 self._opened.wait(IDLE_WAIT_S)
+
+
+def _swap(folder: Path) -> None:
+    os.replace(folder / SHARD_DIR, folder / OLD_DIR)
+    os.replace(folder / FRESH_DIR, folder / SHARD_DIR)
+    shutil.rmtree(folder / OLD_DIR)
+
+
+def _finish_swap(folder: Path) -> None:
+    """Complete a rebuild that stopped half way: a fresh shard is whole once it is renamed."""
+    if not (folder / SHARD_DIR).exists():
+        for done in (FRESH_DIR, OLD_DIR):
+            if (folder / done).exists():
+                os.replace(folder / done, folder / SHARD_DIR)
+                break
+    shutil.rmtree(folder / OLD_DIR, ignore_errors=True)
+    shutil.rmtree(folder / FRESH_DIR, ignore_errors=True)
 
 
 def _try_lock(fd: int) -> bool:

@@ -33,6 +33,7 @@ from kenning.retrieval.conversation import mend_turns, turns_of
 from kenning.workers.application import gate
 from kenning.workers.application.context import Context
 from kenning.workers.application.decay import AccessBuffer, stale_items
+from kenning.workers.application.erasure import erase
 from kenning.workers.application.ingest import add_sources
 from kenning.workers.runtime.wiring import Wiring
 
@@ -205,6 +206,8 @@ def forget_held(
         # A dataset forgotten whole takes every entry built from it, citing an item or not.
         whole = [dataset.name] if data_ids is None else []
         wiring.sessions.forget_data(dataset.tenant, forgotten.items, whole)
+    if forgotten.items or data_ids is None:
+        forgotten.erased = erase(wiring, dataset, memory_only)
     return forgotten
 
 

@@ -42,6 +42,17 @@ class Settings(BaseSettings):
         "(KENNING_QDRANT_URL and a PostgreSQL KENNING_METADATA_URL), else embedded",
     )
     home: Path = Field(default=Path(".kenning"), description="Where embedded data lives")
+    home_private: bool = Field(
+        default=True,
+        description="Keep the home private: directories 0700 and files 0600 (the process umask "
+        "is tightened to 077 when the home is opened); false: the umask decides",
+    )
+    blob_grace_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="After a forget, stored bytes no item refers to are removed once older than this "
+        "(a younger blob may belong to an add in flight)",
+    )
     tenant: Name = "default"
     dataset: Name = "main"
 

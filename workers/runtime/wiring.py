@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import threading
 from collections.abc import Callable
@@ -143,7 +144,8 @@ class Wiring:
 
     @property
     def blobs(self) -> BlobStore:
-        return self._once("blobs", lambda: FileBlobStore(self.home() / "blobs"))
+        mode = 0o600 if self.settings.home_private else 0o644
+        return self._once("blobs", lambda: FileBlobStore(self.home() / "blobs", mode))
 
     @property
     def graph(self) -> GraphStore:
@@ -317,7 +319,7 @@ class Wiring:
     def home(self) -> Path:
         """The embedded data directory, created on first use: a ConfigError naming KENNING_HOME when it
         cannot be created or written."""
-        return self._once("home", lambda: usable_home(self.settings.home))
+        return self._once("home", lambda: usable_home(self.settings.home, self.settings.home_private))
 
     def flush_spend(self) -> None:
         """Write the LLM spend held while the metadata database was away, if any was recorded;
@@ -349,9 +351,15 @@ def open_run_lock(client: Any, settings: Settings) -> RunLock:
     return RedisRunLock(client, prefix=lock_prefix(settings.queue_prefix))
 
 
-def usable_home(home: Path) -> Path:
+def usable_home(home: Path, private: bool = True) -> Path:
+    """The home, created; `private`: only its owner may enter it, and files made from now on in
+    this process are its owner's alone (the umask is tightened to 077)."""
     try:
+        if private:
+            os.umask(os.umask(0o077) | 0o077)
         home.mkdir(parents=True, exist_ok=True)
+        if private:
+            home.chmod(0o700)
         with tempfile.TemporaryFile(dir=home):
             pass
     except OSError as error:
