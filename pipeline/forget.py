@@ -157,8 +157,9 @@ def drop_unrebuilt(services: Services, job: Job, forgotten: Forgotten) -> int:
 
 
 def _drop_cache(services: Services, job: Job, text_hashes: list[str]) -> int:
-    unused = sorted(set(text_hashes) - services.chunks.text_hashes_in_use(text_hashes))
+    # The cache is kept per tenant: an entry goes once no chunk of the tenant has the text.
     model, version, tenant = services.extractor.model, services.extractor.prompt_version, job.scope.tenant
+    unused = sorted(set(text_hashes) - services.chunks.text_hashes_in_use(text_hashes, tenant))
     keys = [extraction_key(tenant, model, version, text_hash) for text_hash in unused]
     services.cache.delete_extractions(keys)
     return len(keys)

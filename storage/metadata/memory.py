@@ -211,9 +211,10 @@ class MemoryMetadataStore:
             ]
         return sorted(found, key=lambda chunk: (chunk.document_id, chunk.index))
 
-    def text_hashes_in_use(self, text_hashes: Sequence[str]) -> set[str]:
+    def text_hashes_in_use(self, text_hashes: Sequence[str], tenant: str | None = None) -> set[str]:
         with self._lock:
-            held = {chunk.text_hash for chunk in self._chunks.values()}
+            datasets = {d.id for d in self._datasets.values() if tenant is None or d.tenant == tenant}
+            held = {chunk.text_hash for chunk in self._chunks.values() if chunk.dataset_id in datasets}
         return held & set(text_hashes)
 
     def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None:

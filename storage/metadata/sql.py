@@ -291,8 +291,18 @@ class SqlMetadataStore:
         found = [chunk_record(dict(row._mapping)) for row in rows]
         return sorted(found, key=lambda chunk: (chunk.document_id, chunk.index))
 
-    def text_hashes_in_use(self, text_hashes: Sequence[str]) -> set[str]:
-        return self._values_in_use(chunks.c.text_hash, text_hashes)
+    def text_hashes_in_use(self, text_hashes: Sequence[str], tenant: str | None = None) -> set[str]:
+        if tenant is None:
+            return self._values_in_use(chunks.c.text_hash, text_hashes)
+        found: set[str] = set()
+        of_tenant = sa.select(datasets.c.id).where(datasets.c.tenant == tenant)
+        with self._begin() as conn:
+            for batch in chunked(sorted(set(text_hashes)), BATCH):
+                query = sa.select(chunks.c.text_hash).where(
+                    chunks.c.text_hash.in_(batch), chunks.c.dataset_id.in_(of_tenant)
+                )
+                found.update(conn.scalars(query.distinct()))
+        return found
 
     def set_chunk_status(self, chunk_ids: Sequence[str], status: ChunkStatus, error: str = "") -> None:
         """Set status and error of every chunk listed; unknown ids are skipped."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from kenning.pipeline.models import extraction_key
 from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
@@ -108,3 +109,26 @@ def test_the_extraction_cache_tells_no_tenant_what_another_holds(tmp_path: Path)
         run = globex.cognify("guesses")
     # Then its run found nothing in the cache: the guess is extracted afresh
     assert run.stats["cache_hits"] == 0, run.stats
+
+
+def test_forget_drops_the_tenant_s_cached_extraction_though_another_tenant_holds_the_text(
+    tmp_path: Path,
+) -> None:
+    # Given two tenants that cognified the same text
+    home = tmp_path / "home"
+    with Kenning(load_settings(home=home, embedding_provider="hash", tenant="globex")) as globex:
+        globex.add_text(SECRET, "deals")
+        globex.cognify("deals")
+    with Kenning(load_settings(home=home, embedding_provider="hash", tenant="initech")) as initech:
+        added = initech.add_text(SECRET, "deals")
+        initech.cognify("deals")
+        extractor, text_hash = initech.wiring.extractor, added.added[0].content_hash
+        keys = {
+            tenant: extraction_key(tenant, extractor.model, extractor.prompt_version, text_hash)
+            for tenant in ("initech", "globex")
+        }
+        assert set(keys.values()) <= set(initech.wiring.cache.get_extractions(list(keys.values())))
+        # When initech forgets it
+        initech.forget("deals", [added.added[0].id])
+        # Then initech's cached extraction is gone, and globex's stays
+        assert set(initech.wiring.cache.get_extractions(list(keys.values()))) == {keys["globex"]}
