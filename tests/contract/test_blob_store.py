@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from pathlib import Path
 
@@ -118,3 +120,33 @@ def test_file_store_write_failure_is_a_store_error(tmp_path: Path) -> None:
 
     with pytest.raises(StoreError, match="cannot write"):
         FileBlobStore(root).put(content_hash(b"x"), b"x")
+
+
+def test_keys_lists_every_blob_written_long_enough_ago(blobs: BlobStore) -> None:
+    # Given two blobs, one of them deleted again
+    kept, gone = b"kept bytes", b"gone bytes"
+    blobs.put(content_hash(kept), kept)
+    blobs.put(content_hash(gone), gone)
+    blobs.delete(content_hash(gone))
+    # Then keys lists the one left, but not among those written within the last hour
+    assert list(blobs.keys()) == [content_hash(kept)]
+    assert list(blobs.keys(older_than_s=3600)) == []
+
+
+def test_file_blobs_are_private_by_default(tmp_path: Path) -> None:
+    # Given the umask most systems start with
+    previous = os.umask(0o022)
+    try:
+        store = FileBlobStore(tmp_path / "blobs")
+        store.put(content_hash(b"private"), b"private")
+        shared = FileBlobStore(tmp_path / "shared", mode=0o644)
+        shared.put(content_hash(b"shared"), b"shared")
+    finally:
+        os.umask(previous)
+    assert mode_of(tmp_path / "blobs", b"private") == 0o600
+    assert mode_of(tmp_path / "shared", b"shared") == 0o644
+
+
+def mode_of(root: Path, data: bytes) -> int:
+    key = content_hash(data)
+    return stat.S_IMODE((root / key[:2] / key[2:]).stat().st_mode)

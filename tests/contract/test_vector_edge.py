@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -615,3 +616,46 @@ def test_a_vector_of_numpy_numbers_is_asked_of_the_holder(tmp_path: Path) -> Non
     assert holder._shard("Entity_name").is_open and not asker._shard("Entity_name").is_open
     holder.close()
     asker.close()
+
+
+def test_erasing_rewrites_collections_so_deleted_payloads_leave_the_disk(tmp_path: Path) -> None:
+    # Given a collection whose deleted point's payload still lies in the engine's files
+    store = EdgeVectorStore(tmp_path)
+    store.ensure_collection("Notes", 3)
+    points = [point(f"p{n}", [1.0, float(n), 0.5], text=f"note {n}") for n in range(40)]
+    points.append(point("secret", [0.0, 1.0, 1.0], text="qzx-erase-me"))
+    store.upsert(SCOPE, "Notes", points)
+    store.delete(SCOPE, "Notes", [points[-1].id])
+    store.close()
+    assert holding(tmp_path, b"qzx-erase-me")
+    # When the store erases what was deleted
+    assert store.erase_deleted(SCOPE) == 1
+    # Then no file holds it, and every live point is there and found as before
+    store.close()
+    assert holding(tmp_path, b"qzx-erase-me") == []
+    assert store.count(SCOPE, "Notes") == 40
+    assert store.search(SCOPE, "Notes", [1.0, 3.0, 0.5], 1)[0].id == points[3].id
+    assert store.retrieve(SCOPE, "Notes", [points[7].id])[0].payload["text"] == "note 7"
+    store.close()
+
+
+def test_a_rebuild_stopped_after_the_old_shard_moved_aside_is_completed(tmp_path: Path) -> None:
+    # Given a rebuild that died between its two renames: the fresh shard is whole, the old aside
+    store = EdgeVectorStore(tmp_path)
+    store.ensure_collection("Notes", 3)
+    store.upsert(SCOPE, "Notes", [point("a", [1.0, 0.0, 0.0], text="a")])
+    store.close()
+    folder = tmp_path / "Notes"
+    shutil.copytree(folder / vector_holder.SHARD_DIR, folder / vector_holder.FRESH_DIR)
+    os.replace(folder / vector_holder.SHARD_DIR, folder / vector_holder.OLD_DIR)
+    # Then the next use finds the collection whole, with nothing left beside it
+    assert store.count(SCOPE, "Notes") == 1
+    store.close()
+    assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == [
+        "collection.json",
+        vector_holder.SHARD_DIR,
+    ]
+
+
+def holding(root: Path, needle: bytes) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file() and needle in path.read_bytes()]
