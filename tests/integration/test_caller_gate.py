@@ -49,6 +49,21 @@ def marker(tenant: str, dataset: str) -> str:
     return f"MK{tenant}{dataset}".upper()
 
 
+def add_users(memory: Kenning) -> tuple[dict[str, str], dict[str, User]]:
+    """Every user of GRANTS with its grants and one API key: (name -> token, name -> user)."""
+    store = memory.wiring.permissions
+    tokens, users = {}, {}
+    for name, grants in GRANTS.items():
+        user = User(tenant="umbra" if name == "other" else "acme", name=name, admin=name == "admin")
+        store.add_user(user)
+        for dataset, held in grants.items():
+            store.grant(user, dataset, held)
+        token, key = issue_key(user)
+        store.add_key(key)
+        tokens[name], users[name] = token, user
+    return tokens, users
+
+
 class Echo:
     """A completer whose answer is its whole prompt: whatever it was shown, it repeats."""
 
@@ -119,16 +134,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, s3_url: str) -> Iterator[Wor
                 for dataset in DATASETS:
                     setup.add_text(f"The {QUERY} of {dataset} says {marker(tenant, dataset)}.", dataset)
                     setup.cognify(dataset)
-            store = memory.wiring.permissions
-            tokens, users = {}, {}
-            for name, grants in GRANTS.items():
-                user = User(tenant="umbra" if name == "other" else "acme", name=name, admin=name == "admin")
-                store.add_user(user)
-                for dataset, held in grants.items():
-                    store.grant(user, dataset, held)
-                token, key = issue_key(user)
-                store.add_key(key)
-                tokens[name], users[name] = token, user
+            tokens, users = add_users(memory)
             with TestClient(create_app(memory)) as client:
                 yield World(memory, client, tokens, users, bucket)
     finally:

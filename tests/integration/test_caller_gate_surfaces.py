@@ -26,13 +26,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kenning.pipeline.models import Scope
-from kenning.pipeline.permission import Caller, User, caller_of, issue_key
+from kenning.pipeline.permission import Caller, User, caller_of
 from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from kenning.workers.runtime.wiring import Wiring
 from tests.integration.cluster import ROOT
-from tests.integration.test_caller_gate import DATASETS, GRANTS, QUERY, READ, Echo, marker
+from tests.integration.test_caller_gate import DATASETS, GRANTS, QUERY, READ, Echo, add_users, marker
 from tests.integration.test_mcp import connected, served, text_of
 
 TENANTS = ("acme", "umbra")
@@ -108,16 +108,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     config = load_settings(home=home, embedding_provider="hash", tenant="acme")
     with Kenning(config, Wiring(config, {"completer": Echo()})) as memory:
         populate(memory)
-        store = memory.wiring.permissions
-        tokens, users = {}, {}
-        for name, grants in GRANTS.items():
-            user = User(tenant="umbra" if name == "other" else "acme", name=name, admin=name == "admin")
-            store.add_user(user)
-            for dataset, held in grants.items():
-                store.grant(user, dataset, held)
-            token, key = issue_key(user)
-            store.add_key(key)
-            tokens[name], users[name] = token, user
+        tokens, users = add_users(memory)
         with served(create_app(memory)) as url:
             yield World(memory, url, tokens, users)
 
