@@ -26,7 +26,8 @@ from kenning.workers.runtime.wiring import Wiring
 # Raw queries with no tenant or dataset filter: they return another dataset's text if anything can.
 RAW = "MATCH (n) RETURN n.text AS text, n.name AS name"
 QUESTION = "What is kept in the archive?"
-NAMES = st.text(alphabet="ab/:%*", min_size=1, max_size=3)
+# Separators and glob characters a name may hold (a "/" is refused at the boundary: see pipeline.names)
+NAMES = st.text(alphabet="ab:%*?[", min_size=1, max_size=3)
 
 
 class CypherWriter:
