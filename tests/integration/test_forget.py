@@ -192,7 +192,12 @@ def test_forget_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert json.loads(found.output)["results"][0]["source"] == "graph"
     refused = runner.invoke(main, ["forget", "--dataset", "notes"])
     assert refused.exit_code != 0  # asks for --yes
-    assert runner.invoke(main, ["forget", "--dataset", "notes", "--yes"]).exit_code == 0
+    forgot = runner.invoke(main, ["forget", "--dataset", "notes", "--yes"])
+    assert forgot.exit_code == 0
+    # The command says what the erasure after the forget wiped, and where
+    assert (
+        "erased from disk and servers:" in forgot.output and "vector collections rewritten" in forgot.output
+    )
     missing = runner.invoke(main, ["recall", "zeppelin", "--dataset", "notes", "--json"])
     assert isinstance(missing.exception, InputError) and "no dataset 'notes'" in str(missing.exception)
 

@@ -7,6 +7,7 @@ import shutil
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -287,6 +288,15 @@ def recall_command(
         click.echo(printable(f"{number:>2}. ({hit.source} {cited[:8]}) {hit.text[:300]}"))
 
 
+# What the erasure after a forget counts, by place (see kenning.workers.application.erasure).
+ERASED = {
+    "blobs": "unreferenced blobs removed",
+    "vector_collections": "vector collections rewritten",
+    "sqlite_wal": "SQLite write-ahead logs emptied",
+    "graph_telemetry": "graph query logs dropped",
+}
+
+
 @main.command("forget")
 @click.option(
     "--dataset", default=None, type=DATASET_NAME, help="The dataset (all of it, unless --data-id is given)."
@@ -310,6 +320,12 @@ def forget_command(
     items = sum(len(f.items) for f in done)
     nodes, edges = sum(f.nodes for f in done), sum(f.edges for f in done)
     console.print(f"forgot {items} items: {nodes} nodes, {edges} edges")
+    erased: Counter[str] = Counter()
+    for forgotten in done:
+        erased.update(forgotten.erased)
+    if erased:
+        wiped = ", ".join(f"{ERASED.get(place, place)} {count}" for place, count in sorted(erased.items()))
+        console.print(f"erased from disk and servers: {wiped}")
 
 
 @main.command("prune")
