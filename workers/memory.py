@@ -278,6 +278,7 @@ class Kenning:
         """Forget data items of a dataset, a whole dataset (no `data_ids`), or every dataset of the
         tenant (`everything`): from the graph, vectors, lexical index, metadata, cache, sessions and
         (unless `memory_only`) the stored bytes. Facts another item supports stay. Needs delete."""
+        self._join_bridges()  # a message still being remembered here would come back after it
         return lifecycle.forget(self.context, dataset, data_ids, everything, memory_only)
 
     def prune(
@@ -328,12 +329,16 @@ class Kenning:
 
     def close(self) -> None:
         """Wait for background remembering to finish, then release every store."""
-        for bridge in self._bridges:
-            bridge.join()
-        self._bridges.clear()
+        self._join_bridges()
         self._accessed.flush()
         self._flush_spend()
         self.wiring.close()
+
+    def _join_bridges(self) -> None:
+        """Wait for the messages this memory is remembering in the background."""
+        for bridge in list(self._bridges):
+            bridge.join()
+            self._bridges.remove(bridge)
 
     def __enter__(self) -> Kenning:
         return self

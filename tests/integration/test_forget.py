@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -16,9 +18,11 @@ from kenning.pipeline.ingest import text_source
 from kenning.pipeline.session import SessionEntry
 from kenning.retrieval.contract import SearchType
 from kenning.retrieval.registry import REGISTRY
+from kenning.storage.sources.blob import FileBlobStore
 from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 
 # Three items: "Falcon Dynamics" and "Boston" are shared; "Oliver Reed" and "zeppelin" only in B.
 TEXTS = {
@@ -200,6 +204,41 @@ def test_forget_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     )
     missing = runner.invoke(main, ["recall", "zeppelin", "--dataset", "notes", "--json"])
     assert isinstance(missing.exception, InputError) and "no dataset 'notes'" in str(missing.exception)
+
+
+class GatedBlobs:
+    """A blob store whose writes wait for `go` (at most GATE_S): the background add of a message
+    held at the point where it has made its dataset but not yet written its item."""
+
+    def __init__(self, inner: FileBlobStore, go: threading.Event) -> None:
+        self._inner, self._go = inner, go
+
+    def put(self, key: str, data: bytes) -> None:
+        self._go.wait(GATE_S)
+        self._inner.put(key, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+GATE_S = 3.0
+
+
+def test_a_message_still_being_remembered_is_not_left_behind_by_a_forget(tmp_path: Path) -> None:
+    # Given a message remembered with a session, its background add held before its bytes are written
+    home, go = tmp_path / "home", threading.Event()
+    settings = load_settings(home=home, embedding_provider="hash")
+    blobs = GatedBlobs(FileBlobStore(home / "blobs"), go)
+    with Kenning(settings, Wiring(settings, {"blobs": blobs})) as kenning:
+        kenning.remember("Oliver Reed keeps his PIN 4321 in a zeppelin.", "news", session_id="s1")
+        # When the dataset is forgotten meanwhile, and only then is the add let go
+        kenning.forget("news")
+        go.set()
+    # Then no byte of the message is left anywhere in the home, nor a dataset to hold it
+    with Kenning(settings) as kenning:
+        assert kenning.wiring.metadata.list_datasets(settings.tenant) == []
+        assert not any("4321" in entry.question for entry in kenning.get_session("s1"))
+    assert [path for path in home.rglob("*") if path.is_file() and b"4321" in path.read_bytes()] == []
 
 
 def test_recall_works_when_the_session_store_is_down(tmp_path: Path) -> None:
