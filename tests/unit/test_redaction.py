@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,19 @@ def test_the_keys_an_endpoint_is_recorded_under_hold_no_credentials() -> None:
     url = f"http://user:{SECRET}@127.0.0.1:8000/v1"
     assert provider_key(url, "m") == "127.0.0.1:8000/m"
     assert breaker_key(url, "m") == "http://127.0.0.1:8000/v1 m"
+
+
+def test_a_redis_error_on_a_status_page_names_the_url_without_its_password(tmp_path: Path) -> None:
+    # Given settings whose Redis URL carries a password, and no Redis behind it
+    from kenning.pipeline.errors import StoreError
+    from kenning.workers.control.runs import _coordination
+    from kenning.workers.runtime.settings import load_settings
+
+    url = "redis://kenning:hunter2secret@127.0.0.1:1/0"
+    settings = load_settings(home=tmp_path / "home", redis_url=url, broker_url=url)
+    # When a status page asks Redis about runs
+    with pytest.raises(StoreError) as raised, _coordination(settings) as coordination:
+        assert coordination.broker is not None
+        coordination.broker.ping()
+    # Then the error names the Redis it asked, without the password
+    assert "127.0.0.1:1" in str(raised.value) and "hunter2secret" not in str(raised.value)

@@ -18,6 +18,7 @@ from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import NoWorker, TransientStoreError
 from kenning.pipeline.models import ENDED, ChunkStatus, PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import PLAN, fail_run, start_run, successor_of
+from kenning.pipeline.redact import redact_url
 from kenning.pipeline.spend import Spend
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.celery.app import app, configure_app
@@ -79,7 +80,9 @@ def ask_workers(celery: Celery, settings: Settings, kinds: Sequence[str]) -> Non
     try:
         replies = celery.control.inspect(timeout=PING_TIMEOUT_S).active_queues() or {}
     except OperationalError as exc:
-        raise TransientStoreError(f"the broker at {settings.broker_url} did not answer: {exc}") from exc
+        raise TransientStoreError(
+            redact_url(f"the broker at {settings.broker_url} did not answer: {exc}")
+        ) from exc
     consumed = {queue["name"] for queues in replies.values() for queue in queues or ()}
     missing = [kind for kind in kinds if keys.queue_name(settings.queue_prefix, kind) not in consumed]
     if missing:
@@ -98,7 +101,9 @@ def enqueue(services: Services, settings: Settings, scope: Scope) -> Job:
         run_chain(job).apply_async()
     except OperationalError as exc:
         fail_run(services, job, f"the broker did not take the run: {exc}")
-        raise TransientStoreError(f"the broker at {settings.broker_url} did not take the run: {exc}") from exc
+        raise TransientStoreError(
+            redact_url(f"the broker at {settings.broker_url} did not take the run: {exc}")
+        ) from exc
     return job
 
 

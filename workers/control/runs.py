@@ -180,7 +180,7 @@ def _coordination(settings: Settings) -> Iterator[_Coordination]:
         coordination = _Coordination(settings, client)
         yield coordination
     except redis.RedisError as error:
-        raise StoreError(f"redis at {settings.redis_url}: {error}") from error
+        raise StoreError(redact_url(f"redis at {settings.redis_url}: {error}")) from error
     finally:
         if coordination is not None and coordination.broker not in (None, client):
             coordination.broker.close()
