@@ -4,6 +4,9 @@ surface holds the very Redis run lock the Celery tasks hold."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -272,12 +275,24 @@ def test_a_python_cognify_in_distributed_mode_runs_on_the_workers(
     deployment: Deployment, cluster: tuple[Workers, Client]
 ) -> None:
     worker, _client = cluster
-    # Given a dataset added from Python, with the memory in distributed mode
-    settings = in_mode(deployment.settings, "distributed")
-    with Kenning(settings) as memory:
-        memory.add([text_source("Ada Lovelace wrote the first program.", "ada")], "py")
-        # When Python cognifies it
-        run = memory.cognify("py")
+    # Given a program of the deployment (its own process: the Celery app serves one configuration
+    # a process) that adds a text and cognifies it from Python, in distributed mode
+    program = (
+        "import json\n"
+        "from kenning.pipeline.ingest import text_source\n"
+        "from kenning.workers.memory import Kenning\n"
+        "from kenning.workers.runtime.settings import in_mode, load_settings\n"
+        "with Kenning(in_mode(load_settings(), 'distributed')) as memory:\n"
+        "    memory.add([text_source('Ada Lovelace wrote the first program.', 'ada')], 'py')\n"
+        "    run = memory.cognify('py')\n"
+        "print(json.dumps({'status': run.status.value, 'mode': run.mode, 'stats': run.stats}))\n"
+    )
+    # When it runs
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=deployment.env, capture_output=True, text=True, timeout=300
+    )
     # Then the run was the workers': recorded as distributed, completed, with the item done
-    assert run.status == RunStatus.COMPLETED, worker.logs()
-    assert run.mode == "distributed" and run.stats["documents"] == 1
+    assert done.returncode == 0, done.stderr[-3000:] + worker.logs()
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    assert run["status"] == "completed", worker.logs()
+    assert run["mode"] == "distributed" and run["stats"]["documents"] == 1
