@@ -12,7 +12,7 @@ import pytest
 from kenning.pipeline.errors import NotFound
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
 from kenning.pipeline.permission import Caller
-from kenning.workers.control.graph_view import dataset_view, graph_view, render_html
+from kenning.workers.control.graph_view import dataset_view, graph_view, payload, render_html
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 
@@ -78,3 +78,45 @@ def test_no_view_of_a_dataset_that_is_missing_or_not_readable(tmp_path: Path) ->
         stranger = memory.as_caller(Caller(tenant=memory.settings.tenant, user="stranger"))
         with pytest.raises(NotFound, match="no dataset 'notes'"):
             dataset_view(stranger, "notes")
+
+
+def typed(i: int, entity_type: str) -> GraphNode:
+    props = {"name": f"E{i}", "entity_type": entity_type}
+    return GraphNode(id=f"e{i}", type="Entity", properties=props)
+
+
+def colours(view_payload: dict[str, object]) -> dict[str, str]:
+    """Each drawn entity's type name -> the colour it is drawn in, as the page reads them."""
+    types = view_payload["types"]
+    assert isinstance(types, list)
+    found: dict[str, set[str]] = {}
+    for node in view_payload["nodes"]:  # type: ignore[attr-defined]
+        kind = types[node["type"]]
+        found.setdefault(kind["name"], set()).add(kind["colour"])
+    assert all(len(held) == 1 for held in found.values()), found
+    return {name: held.pop() for name, held in found.items()}
+
+
+def test_a_type_has_one_colour_in_the_full_and_the_sampled_view() -> None:
+    # Given entities of six types, the best connected ones of types late in the alphabet
+    kinds = ["Zone", "Year", "Person", "Organization", "Event", "Concept"]
+    nodes = [typed(i, kinds[i % len(kinds)]) for i in range(30)]
+    edges = [relation(i, j) for i in range(2) for j in range(2, 30) if j % 6 in (0, 1)]
+    full, sampled = graph_view(SCOPE, nodes, edges), graph_view(SCOPE, nodes, edges, max_nodes=8)
+    assert sampled.sampled and {n.type for n in sampled.nodes} < {n.type for n in full.nodes}
+
+    # Then every type drawn in both views is drawn in one colour, the same in each
+    whole, part = colours(payload(full)), colours(payload(sampled))
+    assert part == {name: whole[name] for name in part}
+    # And the legend's list of types is the dataset's, whatever is drawn
+    assert payload(full)["types"] == payload(sampled)["types"]
+
+
+def test_types_are_named_one_way() -> None:
+    # Given entities with no type, a lower-case type and its capitalised twin
+    nodes = [typed(0, ""), typed(1, "person"), typed(2, "Person"), typed(3, " place ")]
+    view = payload(graph_view(SCOPE, nodes, []))
+    # Then the page names each type once, capitalised, an untyped entity as "Entity"
+    assert [kind["name"] for kind in view["types"]] == ["Entity", "Person", "Place"]
+    names = {node["name"]: view["types"][node["type"]]["name"] for node in view["nodes"]}
+    assert names == {"E0": "Entity", "E1": "Person", "E2": "Person", "E3": "Place"}

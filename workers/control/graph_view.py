@@ -30,6 +30,12 @@ CHUNK = "DocumentChunk"
 STRUCTURAL = frozenset({"contains", "is_a"})
 TEMPLATE = "assets/graph_view.html"
 DATA_MARK = "/*KENNING_GRAPH_DATA*/"
+# One colour per type, by the type's place among the dataset's types (not the drawn ones).
+PALETTE = (
+    "#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2",
+    "#edc948", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#8cd17d",
+)  # fmt: skip
+UNTYPED = "Entity"
 TITLE_MARK = "<!--KENNING_TITLE-->"
 
 
@@ -69,6 +75,9 @@ class GraphView(BaseModel):
     items: dict[str, str] = Field(default_factory=dict, description="data item id -> its name")
     total_nodes: int = Field(description="Entities in the dataset, drawn or not")
     total_links: int = Field(description="Relations among them, drawn or not")
+    types: dict[str, str] = Field(
+        default_factory=dict, description="Every type of the dataset's entities, drawn or not -> its colour"
+    )
 
     @property
     def sampled(self) -> bool:
@@ -113,6 +122,7 @@ def graph_view(
         items=names,
         total_nodes=len(entities),
         total_links=len(relations),
+        types=type_colours(type_name(node) for node in entities.values()),
     )
 
 
@@ -143,7 +153,7 @@ def render_html(view: GraphView) -> str:
 
 def payload(view: GraphView) -> dict[str, Any]:
     """The page's data, compact: chunks, items and types as indexes into lists of their own."""
-    types = sorted({n.type for n in view.nodes})
+    types = sorted(view.types)
     item_ids = sorted(view.items)
     chunk_ids = sorted(view.chunks)
     type_at = {t: n for n, t in enumerate(types)}
@@ -155,7 +165,7 @@ def payload(view: GraphView) -> dict[str, Any]:
         "dataset": view.dataset,
         "total": {"nodes": view.total_nodes, "links": view.total_links},
         "sampled": view.sampled,
-        "types": types,
+        "types": [{"name": t, "colour": view.types[t]} for t in types],
         "items": [{"id": i, "name": view.items[i]} for i in item_ids],
         "chunks": [
             {"id": c, "item": item_at.get(view.chunks[c].data_id or ""), "text": view.chunks[c].text}
@@ -189,6 +199,18 @@ def script_json(value: object) -> str:
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
+def type_colours(names: Iterable[str]) -> dict[str, str]:
+    """Each type name -> its colour, by its place in the sorted names."""
+    return {name: PALETTE[n % len(PALETTE)] for n, name in enumerate(sorted(set(names)))}
+
+
+def type_name(node: GraphNode) -> str:
+    """An entity's type as the page names it: capitalised (`person` and `Person` are one type),
+    `Entity` when it has none."""
+    raw = " ".join(str(node.properties.get("entity_type") or "").split())
+    return raw[:1].upper() + raw[1:] if raw else UNTYPED
+
+
 def _name(node: GraphNode) -> str:
     return str(node.properties.get("name") or node.id)
 
@@ -198,7 +220,7 @@ def _node(node: GraphNode, degree: int, chunk_ids: list[str]) -> ViewNode:
     return ViewNode(
         id=node.id,
         name=_name(node),
-        type=str(props.get("entity_type") or ""),
+        type=type_name(node),
         description=_clip(str(props.get("description") or ""), DESCRIPTION_CHARS),
         data_ids=list(node.data_ids),
         chunk_ids=chunk_ids,
