@@ -6,9 +6,10 @@ Each request a pipeline step sends to the LLM is recorded in a `SpendLedger` bef
 attempts of a task killed mid-call are already recorded: so a run's spend, summed from the
 ledger, is what the provider saw, not what the tasks that finished reported.
 
-A step is charged to its run by `charged_to(job)` (the plan's `Step.run` does it); the LLM
-client asks `current_charge()` for whom it sends. Requests outside any run (a search's
-completion) are not recorded here.
+A step is charged to its run by `charged_to(job)` (the plan's `Step.run` does it); a search is
+charged as an operation of its own (`kind="completion"`, its id in `run_id`) to the first dataset
+it searched. The LLM client asks `current_charge()` for whom it sends. An operation with an agent
+session (`in_session`) charges every request made in it (in this thread) to that session too.
 """
 
 from __future__ import annotations
@@ -21,22 +22,29 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.redact import redact_url
+from kenning.pipeline.session import SessionKey
 
 log = logging.getLogger(__name__)
 
 HELD_LIMIT = 100_000
 
+ChargeKind = Literal["extraction", "completion"]
+KINDS: tuple[ChargeKind, ...] = ("extraction", "completion")
+
 
 @dataclass(frozen=True)
 class Charge:
-    """Whom an LLM request is charged to: a run of a dataset."""
+    """Whom an LLM request is charged to: a run of a dataset (an extraction), or a search
+    (a completion: `run_id` is the search's own id), and the agent session it was made for."""
 
     run_id: str
     dataset_id: str
+    kind: ChargeKind = "extraction"
+    session: SessionKey | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,19 @@ class SpendLedger(Protocol):
     def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
         """The spend of each run that has any attempt recorded; an attempt answered with no
         tokens billed is one `failed`."""
+        ...
+
+    def by_dataset(self, dataset_ids: Sequence[str]) -> dict[str, dict[ChargeKind, Spend]]:
+        """The spend charged to each dataset that has any, by kind (extraction, completion)."""
+        ...
+
+    def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
+        """The spend charged to each session that has any, by model."""
+        ...
+
+    def charge_run(self, run_id: str, session: SessionKey) -> None:
+        """Charge the run's attempts that no session was charged for to this one (a run that an
+        operation of the session started, and that ran where the session was not known)."""
         ...
 
     def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:
@@ -184,6 +205,17 @@ class HeldLedger:
         self._try_drain()
         return self._ledger.totals(run_ids)
 
+    def by_dataset(self, dataset_ids: Sequence[str]) -> dict[str, dict[ChargeKind, Spend]]:
+        self._try_drain()
+        return self._ledger.by_dataset(dataset_ids)
+
+    def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
+        self._try_drain()
+        return self._ledger.by_session(keys)
+
+    def charge_run(self, run_id: str, session: SessionKey) -> None:
+        self._write(lambda ledger: ledger.charge_run(run_id, session))
+
     def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:
         self._ledger.breaker_changed(endpoint, state, reason, cooldown_s)
 
@@ -242,16 +274,29 @@ class HeldLedger:
 
 
 _charge: ContextVar[Charge | None] = ContextVar("kenning_charge", default=None)
+_session: ContextVar[SessionKey | None] = ContextVar("kenning_charge_session", default=None)
 
 
 @contextmanager
-def charged_to(run_id: str, dataset_id: str) -> Iterator[None]:
-    """Charge the LLM requests made in this block (and this context) to the run."""
-    token = _charge.set(Charge(run_id=run_id, dataset_id=dataset_id))
+def charged_to(run_id: str, dataset_id: str, kind: ChargeKind = "extraction") -> Iterator[None]:
+    """Charge the LLM requests made in this block (and this context) to the run, or to the
+    search whose id is `run_id` (`kind="completion"`); and to the session it is `in_session` of."""
+    token = _charge.set(Charge(run_id=run_id, dataset_id=dataset_id, kind=kind, session=_session.get()))
     try:
         yield
     finally:
         _charge.reset(token)
+
+
+@contextmanager
+def in_session(session: SessionKey) -> Iterator[None]:
+    """Charge the LLM requests of the runs and searches begun in this block (and this context)
+    to the session too."""
+    token = _session.set(session)
+    try:
+        yield
+    finally:
+        _session.reset(token)
 
 
 def breaker_key(base_url: str, model: str) -> str:

@@ -206,7 +206,15 @@ llm_attempts = sa.Table(
     sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
     sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
     sa.Column("sent_at", UtcDateTime(), nullable=False),
+    # What it was for: a run's extraction, or a search's completion (0008); attempts before it
+    # were all extractions. The agent session it was made in, if any ("" for none).
+    sa.Column("kind", sa.String(16), nullable=False, server_default="extraction"),
+    sa.Column("tenant", sa.String(255), nullable=False, server_default=""),
+    sa.Column("user_id", sa.String(255), nullable=False, server_default=""),
+    sa.Column("session_id", sa.String(255), nullable=False, server_default=""),
     sa.Index("ix_llm_attempts_run", "run_id"),
+    sa.Index("ix_llm_attempts_dataset", "dataset_id"),
+    sa.Index("ix_llm_attempts_session", "tenant", "user_id", "session_id"),
 )
 
 # The LLM circuit breaker of each endpoint and model (storage/inference/llm_openai.py), as its last

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -12,7 +13,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.ports import chunked
-from kenning.pipeline.spend import Breaker, Charge, Spend
+from kenning.pipeline.session import SessionKey
+from kenning.pipeline.spend import Breaker, Charge, ChargeKind, Spend
 from kenning.storage.metadata.schema import llm_attempts, llm_breakers
 from kenning.storage.sql.errors import translated_sql
 
@@ -85,6 +87,7 @@ class SqlSpendLedger:
     def sent(
         self, attempt_id: str, charge: Charge, model: str, prompt_tokens: int = 0, completion_tokens: int = 0
     ) -> None:
+        session = charge.session
         row = {
             "id": attempt_id,
             "run_id": charge.run_id,
@@ -93,6 +96,10 @@ class SqlSpendLedger:
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "sent_at": utcnow(),
+            "kind": charge.kind,
+            "tenant": session.tenant if session else "",
+            "user_id": session.user if session else "",
+            "session_id": session.session_id if session else "",
         }
         self._writes.run(lambda conn: conn.execute(sa.insert(llm_attempts), [row]))
 
@@ -106,25 +113,73 @@ class SqlSpendLedger:
         self._writes.run(lambda conn: conn.execute(update))
 
     def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
+        found: dict[str, Spend] = {}
+        for batch in chunked(list(dict.fromkeys(run_ids)), BATCH):
+            for (run_id,), spend in self._sums([llm_attempts.c.run_id], llm_attempts.c.run_id.in_(batch)):
+                found[run_id] = spend
+        return found
+
+    def by_dataset(self, dataset_ids: Sequence[str]) -> dict[str, dict[ChargeKind, Spend]]:
+        table = llm_attempts
+        found: dict[str, dict[ChargeKind, Spend]] = {}
+        for batch in chunked(list(dict.fromkeys(dataset_ids)), BATCH):
+            for (dataset_id, kind), spend in self._sums(
+                [table.c.dataset_id, table.c.kind], table.c.dataset_id.in_(batch)
+            ):
+                found.setdefault(dataset_id, {})[kind] = spend
+        return found
+
+    def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
+        table = llm_attempts
+        found: dict[SessionKey, dict[str, Spend]] = {}
+        for batch in chunked(list(dict.fromkeys(keys)), BATCH):
+            wanted = sa.tuple_(table.c.tenant, table.c.user_id, table.c.session_id).in_(
+                [(key.tenant, key.user, key.session_id) for key in batch]
+            )
+            group = [table.c.tenant, table.c.user_id, table.c.session_id, table.c.model]
+            for (tenant, user, session_id, model), spend in self._sums(group, wanted):
+                key = SessionKey(tenant=tenant, user=user, session_id=session_id)
+                found.setdefault(key, {})[model] = spend
+        return found
+
+    def charge_run(self, run_id: str, session: SessionKey) -> None:
+        table = llm_attempts
+        update = (
+            sa.update(table)
+            .where(table.c.run_id == run_id, table.c.session_id == "")
+            .values(tenant=session.tenant, user_id=session.user, session_id=session.session_id)
+        )
+        self._writes.run(lambda conn: conn.execute(update))
+
+    def _sums(
+        self, group: Sequence[sa.ColumnElement[Any]], where: sa.ColumnElement[bool]
+    ) -> list[tuple[tuple[Any, ...], Spend]]:
+        """The spend of the attempts `where` holds, per value of the `group` columns."""
         table = llm_attempts
         nothing_billed = (table.c.prompt_tokens == 0) & (table.c.completion_tokens == 0)
-        found: dict[str, Spend] = {}
+        query = (
+            sa.select(
+                *group,
+                sa.func.count(),
+                sa.func.sum(table.c.prompt_tokens),
+                sa.func.sum(table.c.completion_tokens),
+                sa.func.count().filter(nothing_billed),
+            )
+            .where(where)
+            .group_by(*group)
+        )
+        width = len(group)
         with translated_sql("spend ledger"), self._engine.connect() as conn:
-            for batch in chunked(list(dict.fromkeys(run_ids)), BATCH):
-                query = (
-                    sa.select(
-                        table.c.run_id,
-                        sa.func.count(),
-                        sa.func.sum(table.c.prompt_tokens),
-                        sa.func.sum(table.c.completion_tokens),
-                        sa.func.count().filter(nothing_billed),
-                    )
-                    .where(table.c.run_id.in_(batch))
-                    .group_by(table.c.run_id)
-                )
-                for run_id, calls, prompt, completion, failed in conn.execute(query):
-                    found[run_id] = Spend(int(calls), int(prompt or 0), int(completion or 0), int(failed))
-        return found
+            rows = conn.execute(query).all()
+        return [
+            (
+                tuple(row[:width]),
+                Spend(
+                    int(row[width]), int(row[width + 1] or 0), int(row[width + 2] or 0), int(row[width + 3])
+                ),
+            )
+            for row in rows
+        ]
 
     def breaker_changed(self, endpoint: str, state: str, reason: str, cooldown_s: float) -> None:
         row = {
@@ -155,7 +210,7 @@ class MemorySpendLedger:
     """The in-memory twin of `SqlSpendLedger`."""
 
     def __init__(self) -> None:
-        self._attempts: dict[str, tuple[str, Spend]] = {}
+        self._attempts: dict[str, _Attempt] = {}
         self._breakers: dict[str, Breaker] = {}
         self._lock = threading.Lock()
 
@@ -173,20 +228,64 @@ class MemorySpendLedger:
         with self._lock:
             if attempt_id in self._attempts:
                 raise StoreError(f"spend ledger: attempt {attempt_id} is already recorded")
-            self._attempts[attempt_id] = (charge.run_id, Spend(1, prompt_tokens, completion_tokens))
+            self._attempts[attempt_id] = _Attempt(
+                charge, model[:255], Spend(1, prompt_tokens, completion_tokens)
+            )
 
     def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:
         with self._lock:
             if attempt_id in self._attempts:
-                run_id, _ = self._attempts[attempt_id]
                 failed = int(prompt_tokens == completion_tokens == 0)
-                self._attempts[attempt_id] = (run_id, Spend(1, prompt_tokens, completion_tokens, failed))
+                attempt = self._attempts[attempt_id]
+                self._attempts[attempt_id] = replace(
+                    attempt, spend=Spend(1, prompt_tokens, completion_tokens, failed)
+                )
 
     def totals(self, run_ids: Sequence[str]) -> dict[str, Spend]:
         wanted = set(run_ids)
-        found: dict[str, Spend] = {}
-        with self._lock:
-            for run_id, spend in self._attempts.values():
-                if run_id in wanted:
-                    found[run_id] = found.get(run_id, Spend()) + spend
+        sums = self._sums(lambda a: (a.charge.run_id,), lambda a: a.charge.run_id in wanted)
+        return {run_id: spend for (run_id,), spend in sums.items()}
+
+    def by_dataset(self, dataset_ids: Sequence[str]) -> dict[str, dict[ChargeKind, Spend]]:
+        wanted = set(dataset_ids)
+        found: dict[str, dict[ChargeKind, Spend]] = {}
+        sums = self._sums(
+            lambda a: (a.charge.dataset_id, a.charge.kind), lambda a: a.charge.dataset_id in wanted
+        )
+        for (dataset_id, kind), spend in sums.items():
+            found.setdefault(dataset_id, {})[kind] = spend
         return found
+
+    def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
+        wanted = set(keys)
+        found: dict[SessionKey, dict[str, Spend]] = {}
+        sums = self._sums(lambda a: (a.charge.session, a.model), lambda a: a.charge.session in wanted)
+        for (session, model), spend in sums.items():
+            found.setdefault(session, {})[model] = spend
+        return found
+
+    def charge_run(self, run_id: str, session: SessionKey) -> None:
+        with self._lock:
+            for attempt_id, attempt in self._attempts.items():
+                if attempt.charge.run_id == run_id and attempt.charge.session is None:
+                    charge = replace(attempt.charge, session=session)
+                    self._attempts[attempt_id] = replace(attempt, charge=charge)
+
+    def _sums(
+        self, group: Callable[[_Attempt], tuple[Any, ...]], keep: Callable[[_Attempt], bool]
+    ) -> dict[tuple[Any, ...], Spend]:
+        """The spend of the attempts `keep` keeps, per value of `group`."""
+        found: dict[tuple[Any, ...], Spend] = {}
+        with self._lock:
+            for attempt in self._attempts.values():
+                if keep(attempt):
+                    values = group(attempt)
+                    found[values] = found.get(values, Spend()) + attempt.spend
+        return found
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    charge: Charge
+    model: str
+    spend: Spend

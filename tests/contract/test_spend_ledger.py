@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from kenning.pipeline.errors import StoreError, TransientStoreError
 from kenning.pipeline.models import utcnow
+from kenning.pipeline.session import SessionKey
 from kenning.pipeline.spend import Charge, Spend, SpendLedger
 from kenning.storage.metadata.spend import BATCH, MemorySpendLedger, SqlSpendLedger
 from kenning.storage.metadata.sql import migrate
@@ -268,3 +269,59 @@ def test_a_breaker_is_kept_as_its_last_change_left_it(ledger: SpendLedger) -> No
     assert closed is not None and (closed.state, closed.reason, closed.cooldown_s) == ("closed", "", 0.0)
     assert opened.changed_at <= closed.changed_at <= after
     assert ledger.breaker(endpoint + "-other") is None
+
+
+def new_session() -> SessionKey:
+    return SessionKey(tenant="t", user="u", session_id=f"s-{uuid.uuid4().hex[:12]}")
+
+
+def test_a_dataset_sums_its_runs_and_searches_by_kind(ledger: SpendLedger) -> None:
+    # Given a run's extraction and two searches' completions charged to one dataset, and a run of another
+    dataset = f"d-{uuid.uuid4().hex[:12]}"
+    run = Charge(run_id=f"run-{uuid.uuid4().hex[:12]}", dataset_id=dataset)
+    searches = [Charge(f"search-{uuid.uuid4().hex[:12]}", dataset, "completion") for _ in range(2)]
+    other = new_run()
+    ledger.sent(f"{run.run_id}-1", run, "m", prompt_tokens=100, completion_tokens=10)
+    for n, search in enumerate(searches):
+        ledger.sent(f"{search.run_id}-1", search, "m", prompt_tokens=20 + n, completion_tokens=5)
+    ledger.sent(f"{other.run_id}-1", other, "m", prompt_tokens=7)
+    # Then the dataset's spend is each kind's, and nothing of the other's
+    assert ledger.by_dataset([dataset, "never-charged"]) == {
+        dataset: {"extraction": Spend(1, 100, 10), "completion": Spend(2, 41, 10)}
+    }
+    # And a search is a run of its own in `totals`
+    assert ledger.totals([searches[0].run_id]) == {searches[0].run_id: Spend(1, 20, 5)}
+
+
+def test_a_session_sums_what_was_charged_to_it_by_model(ledger: SpendLedger) -> None:
+    # Given two searches of a session, on two models, one retried, and a search of no session
+    session, other = new_session(), new_session()
+    first = Charge(f"search-{uuid.uuid4().hex[:12]}", "d1", "completion", session)
+    second = Charge(f"search-{uuid.uuid4().hex[:12]}", "d1", "completion", session)
+    ledger.sent(f"{first.run_id}-1", first, "small", prompt_tokens=10, completion_tokens=1)
+    ledger.answered(f"{first.run_id}-1", 0, 0)
+    ledger.sent(f"{first.run_id}-2", first, "small", prompt_tokens=10, completion_tokens=1)
+    ledger.sent(f"{second.run_id}-1", second, "large", prompt_tokens=30, completion_tokens=3)
+    nobody = new_run()
+    ledger.sent(f"{nobody.run_id}-1", nobody, "small", prompt_tokens=99)
+    # Then the session's spend is by model, failed attempts named; the other session has none
+    assert ledger.by_session([session, other]) == {
+        session: {"small": Spend(2, 10, 1, failed=1), "large": Spend(1, 30, 3)}
+    }
+
+
+def test_a_run_started_for_a_session_is_charged_to_it_once(ledger: SpendLedger) -> None:
+    # Given a run whose attempts were recorded with no session, and one attempt of another session
+    session, elsewhere = new_session(), new_session()
+    run = new_run()
+    ledger.sent(f"{run.run_id}-1", run, "m", prompt_tokens=10, completion_tokens=1)
+    ledger.sent(
+        f"{run.run_id}-2", Charge(run.run_id, run.dataset_id, session=elsewhere), "m", prompt_tokens=5
+    )
+    # When the run is charged to the session, twice
+    ledger.charge_run(run.run_id, session)
+    ledger.charge_run(run.run_id, new_session())
+    # Then the session holds the attempts no session held, and only those
+    assert ledger.by_session([session]) == {session: {"m": Spend(1, 10, 1)}}
+    assert ledger.by_session([elsewhere]) == {elsewhere: {"m": Spend(1, 5, 0)}}
+    assert ledger.totals([run.run_id]) == {run.run_id: Spend(2, 15, 1)}
