@@ -49,3 +49,14 @@ clean:
 .PHONY: bench-locomo
 bench-locomo: setup
 	$(BIN)/python -m bench.locomo --conversations $${CONVERSATIONS:-5}
+
+# The real-model tier (not in `make test` or CI): builds llama-cpp-python's server and the model
+# on first use (about 10 minutes), starts it on 127.0.0.1 unless KENNING_REAL_LLM_URL names one,
+# and stops it afterwards unless it was already running. See scripts/real_llm.sh.
+.PHONY: test-llm
+test-llm: setup
+	@if [ -n "$$KENNING_REAL_LLM_URL" ]; then exec $(PYTEST) -m real_llm tests/real_llm; fi; \
+	was_up=$$(bash scripts/real_llm.sh url 2>/dev/null || true); \
+	bash scripts/real_llm.sh start || exit 1; \
+	KENNING_REAL_LLM_URL=$$(bash scripts/real_llm.sh url)/v1 $(PYTEST) -m real_llm tests/real_llm; rc=$$?; \
+	[ -n "$$was_up" ] || bash scripts/real_llm.sh stop; exit $$rc

@@ -1,0 +1,58 @@
+"""The real-model tier: runs only when KENNING_REAL_LLM_URL names an OpenAI-compatible /v1 URL.
+
+`make test-llm` builds and starts the local server of scripts/real_llm.sh and sets it; `make test`
+and CI leave it unset, so these tests skip there, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kenning.pipeline.models import PipelineRun
+from kenning.workers.memory import Kenning
+from kenning.workers.runtime.settings import Settings, load_settings
+from tests.real_llm.server import real_llm_model, script_server_url
+
+SAMPLES = Path(__file__).resolve().parents[2] / "workers" / "samples"
+
+
+@pytest.fixture(scope="session")
+def llm_url() -> str:
+    url = os.environ.get("KENNING_REAL_LLM_URL")
+    if url:
+        return url
+    running = script_server_url()
+    hint = f"the server of scripts/real_llm.sh is up at {running}: " if running else ""
+    pytest.skip(f"no real LLM: {hint}run `make test-llm` or set KENNING_REAL_LLM_URL to a /v1 URL")
+
+
+@pytest.fixture(scope="session")
+def llm_env(llm_url: str) -> dict[str, str]:
+    """The process environment for a kenning command: no KENNING_* but the endpoint and model."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("KENNING_")}
+    env.update(KENNING_LLM_URL=llm_url, KENNING_LLM_MODEL=real_llm_model())
+    return env
+
+
+def real_settings(home: Path, url: str) -> Settings:
+    """Defaults but the home, the endpoint and the model."""
+    return load_settings(home=home, llm_url=url, llm_model=real_llm_model())
+
+
+@dataclass
+class Cognified:
+    memory: Kenning
+    run: PipelineRun
+
+
+@pytest.fixture(scope="module")
+def samples(llm_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cognified]:
+    """The bundled samples, added and cognified once with the real model, for a module's tests."""
+    with Kenning(real_settings(tmp_path_factory.mktemp("home"), llm_url)) as memory:
+        memory.add_paths([str(SAMPLES)], "samples")
+        yield Cognified(memory, memory.cognify("samples"))
