@@ -15,8 +15,16 @@ one pipeline+load worker cognify the first `--documents` SciFact abstracts. Repo
 calls a minute the endpoint admitted in the steady state (from when 10% of the calls were
 made to when 90% were), that rate as a fraction of the limit, and the 429s.
 
+`--mode compare`: the same paragraphs cognified embedded (one process, its defaults) and
+distributed (two `kenning worker` processes as the README starts them, their default
+concurrency, PostgreSQL metadata), for each `--cases` entry `latency_ms:rpm` (rpm 0: no
+limit). Reported per case: each mode's seconds, chat calls in flight at most, the fraction of
+the ideal (calls / (rpm / 60) seconds) under a limit, and distributed's throughput over
+embedded's.
+
     python -m bench.distributed --mode overhead --documents 200
     python -m bench.distributed --mode limit --documents 300 --workers 1,2,4
+    python -m bench.distributed --mode compare --documents 200 --cases 0:0,500:0,500:600
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ from kenning.pipeline.ingest import Source
 from kenning.pipeline.models import PipelineRun, RunStatus
 from kenning.pipeline.plan import PLAN
 from kenning.workers.celery.canvas import current_run, enqueue
+from kenning.workers.memory import Kenning
+from kenning.workers.runtime.settings import load_settings
+from kenning.workers.runtime.wiring import Wiring
 from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, settings_of
 from tests.services import REDIS_URL, ensure_services, scratch_database
 from tests.simulator import Simulator
@@ -177,6 +188,67 @@ def limit(args: argparse.Namespace, home: Path, workers: int, sources: list[Sour
     }
 
 
+def embedded(sources: list[Source], latency_ms: float, rpm: int, home: Path) -> dict[str, Any]:
+    """Cognify `sources` embedded, with its defaults but the endpoint and the limit."""
+    with Simulator(latency_ms=latency_ms, rpm=rpm, rpm_scope="chat") as simulator:
+        settings = load_settings(
+            home=home, llm_url=simulator.base_url, llm_api_key="bench", llm_rpm=rpm, embedding_provider="hash"
+        )
+        with Kenning(settings, Wiring(settings)) as memory:
+            memory.add(sources, DATASET)
+            started = time.monotonic()
+            run = memory.cognify(DATASET)
+            elapsed = time.monotonic() - started
+        stats = simulator.stats()
+    return figures_of(run, elapsed, stats, rpm)
+
+
+def distributed(sources: list[Source], latency_ms: float, rpm: int, home: Path) -> dict[str, Any]:
+    """Cognify `sources` on two workers started as the README starts them, at their defaults."""
+    with (
+        scratch_database("kenning_bench") as url,
+        Simulator(latency_ms=latency_ms, rpm=rpm, rpm_scope="chat") as simulator,
+    ):
+        target = deployment(home, url, simulator.base_url, llm_rpm=str(rpm))
+        pool = Workers(target, home, concurrency=None)
+        run, elapsed, _ = cognify(target, sources, [pool], simulator, 600.0)
+        stats = simulator.stats()
+    return figures_of(run, elapsed, stats, rpm)
+
+
+def figures_of(run: PipelineRun, elapsed: float, stats: dict[str, Any], rpm: int) -> dict[str, Any]:
+    calls = admitted(stats)
+    ideal_s = calls / (rpm / 60) if rpm else None
+    return {
+        "status": run.status.value,
+        "chunks": run.stats.get("chunks_to_extract", 0),
+        "seconds": round(elapsed, 2),
+        "chat_calls": calls,
+        "max_in_flight": stats["max_in_flight"],
+        "rate_limited": stats["rate_limited"],
+        "fraction_of_ideal": round(ideal_s / elapsed, 4) if ideal_s else None,
+    }
+
+
+def compare(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    sources = twowiki_documents(args.documents)
+    cases: list[dict[str, Any]] = []
+    for case in args.cases.split(","):
+        latency_ms, rpm = float(case.split(":")[0]), int(case.split(":")[1])
+        figures: dict[str, Any] = {"latency_ms": latency_ms, "rpm": rpm}
+        for mode, runner in (("embedded", embedded), ("distributed", distributed)):
+            folder = home / f"{mode}-{len(cases)}"
+            folder.mkdir()
+            # A process serves one Celery configuration, and each run has its own.
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                figures[mode] = pool.apply(runner, (sources, latency_ms, rpm, folder))
+        ratio = figures["embedded"]["seconds"] / figures["distributed"]["seconds"]
+        figures["throughput_ratio"] = round(ratio, 3)
+        print(json.dumps(figures), file=sys.stderr)
+        cases.append(figures)
+    return {"mode": "compare", "documents": args.documents, "cases": cases}
+
+
 def scifact_sources(count: int) -> list[Source]:
     return [
         Source(name=f"scifact-{index}.txt", uri=f"scifact:{index}", data=text.encode())
@@ -188,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mode", choices=("overhead", "limit"), required=True)
+    parser.add_argument("--mode", choices=("overhead", "limit", "compare"), required=True)
+    parser.add_argument("--cases", default="0:0,500:0,500:600", help="compare: latency_ms:rpm, ...")
     parser.add_argument("--documents", type=int, default=None, help="default: 200 (overhead), 300 (limit)")
     parser.add_argument("--workers", default="1,2,4", help="limit: extract worker counts, comma-separated")
     parser.add_argument("--concurrency", type=int, default=None, help="per worker; default 4 / 8 (limit)")
@@ -207,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="kenning-bench-") as folder:
         if args.mode == "overhead":
             figures = overhead(args, Path(folder))
+        elif args.mode == "compare":
+            figures = compare(args, Path(folder))
         else:
             sources = scifact_sources(args.documents)
             runs = []

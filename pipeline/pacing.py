@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 # Calls in flight beyond Little's law: a slot's cycle is more than the latency observed (the
@@ -71,3 +73,40 @@ class Pacer:
             seen, self._seen = self._seen, (calls, seconds)
         if seen is not None:
             self.observe(calls - seen[0], seconds - seen[1])
+
+
+class Slots:
+    """A gate of calls in flight shared by every thread of a process: as many as `pacer` allows
+    at the latency it observes (`client`'s answers, followed as each call ends)."""
+
+    def __init__(self, pacer: Pacer, client: Metered | None = None) -> None:
+        self._pacer = pacer
+        self._client = client
+        self._busy = 0
+        self._changed = threading.Condition()
+        if client is not None:
+            pacer.follow(client)
+
+    @property
+    def limit(self) -> int:
+        return self._pacer.limit
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    @contextmanager
+    def taken(self) -> Iterator[None]:
+        """Hold a slot while the block runs; wait for one first when all are busy."""
+        with self._changed:
+            # Each slot is given back when its call ends, which its deadline bounds.
+            self._changed.wait_for(lambda: self._busy < self._pacer.limit)
+            self._busy += 1
+        try:
+            yield
+        finally:
+            if self._client is not None:
+                self._pacer.follow(self._client)
+            with self._changed:
+                self._busy -= 1
+                self._changed.notify_all()

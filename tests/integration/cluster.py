@@ -63,7 +63,7 @@ class Workers:
         deployment: Deployment,
         logs: Path,
         queues: dict[str, str] | None = None,
-        concurrency: int = 2,
+        concurrency: int | None = 2,
     ) -> None:
         self._deployment = deployment
         self._logs = logs
@@ -109,7 +109,8 @@ class Workers:
             "worker",
             "--queues",
             self.queues[name],
-            f"--concurrency={self.concurrency}",
+            # None: the worker's own default.
+            *([f"--concurrency={self.concurrency}"] if self.concurrency is not None else []),
         ]
         with self._log(name).open("wb") as log:
             process = subprocess.Popen(

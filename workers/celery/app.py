@@ -42,6 +42,7 @@ exactly one load worker. Extraction workers never open the vector store, so they
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -52,6 +53,7 @@ from celery import Celery
 from celery.signals import before_task_publish, worker_process_init, worker_process_shutdown, worker_shutdown
 
 from kenning.pipeline.errors import ConfigError
+from kenning.pipeline.pacing import Metered, Pacer, Slots
 from kenning.pipeline.ports import RunLock
 from kenning.storage.coordination.lease_redis import RedisLeases
 from kenning.storage.coordination.queue_depth import queue_depths, waiting_with
@@ -83,7 +85,19 @@ class Resources:
         self._deliveries: Deliveries | None = None
         self._leases: RedisLeases | None = None
         self._broker: redis.Redis | None = None
+        self._slots: Slots | None = None
         self._mutex = threading.Lock()
+
+    @property
+    def slots(self) -> Slots:
+        """The LLM calls this process's tasks keep in flight together (`pacing`): as many as the
+        shared limit needs at the latency observed, within `KENNING_CONCURRENCY`."""
+        with self._mutex:
+            if self._slots is None:
+                extractor = self.wiring.extractor
+                metered = extractor if self.settings.llm_rpm and isinstance(extractor, Metered) else None
+                self._slots = Slots(Pacer(self.settings.llm_rpm, self.settings.concurrency), metered)
+            return self._slots
 
     @property
     def lock(self) -> RunLock:
@@ -126,7 +140,7 @@ class Resources:
                 if client is not None:
                     client.close()
             self._client, self._lock, self._deliveries, self._leases = None, None, None, None
-            self._broker = None
+            self._broker, self._slots = None, None
 
 
 def open_lock(client: redis.Redis, settings: Settings) -> RunLock:
@@ -304,24 +318,39 @@ def worker_queues(settings: Settings, queues: str | None) -> list[str]:
     return names
 
 
-def run_worker(queues: str | None, concurrency: int, loglevel: str) -> None:
+def run_worker(queues: str | None, concurrency: int | None, loglevel: str) -> None:
     """Run a worker in this process until it is stopped (SIGTERM: finish current tasks, then exit)."""
     settings = load_settings()
     configure_app(app, settings)
     names = worker_queues(settings, queues)
+    pool, default = worker_pool(settings, names)
     argv = [
         "worker",
         f"--queues={','.join(names)}",
-        f"--concurrency={concurrency}",
+        f"--concurrency={concurrency or default}",
         f"--loglevel={loglevel}",
         f"--hostname={_node_name(names)}",
+        f"--pool={pool}",
     ]
-    if queue_name(settings, "load") in names and not settings.qdrant_url:
-        # Vectors on this machine: one process whose threads share each open collection.
-        argv.append("--pool=threads")
-        if settings.metrics_port:
-            _serve_metrics(settings)  # no pool process starts: serve from here
+    if pool == "threads" and settings.metrics_port:
+        _serve_metrics(settings)  # no pool process starts: serve from here
     app.worker_main(argv)
+
+
+def worker_pool(settings: Settings, queues: list[str]) -> tuple[str, int]:
+    """The pool a worker of `queues` runs its tasks in, and how many at once by default.
+
+    Extraction waits on the LLM: its worker is one process whose threads run batches, and whose
+    call slots (`Resources.slots`) keep up to `KENNING_CONCURRENCY` calls in flight; twice the
+    batches that fill them, so the next batch is at hand when one ends. A load worker without a
+    Qdrant server is one process too, whose threads share each open collection (Qdrant Edge on
+    this machine's disk). Other workers are processes, two by default.
+    """
+    if queue_name(settings, "extract") in queues:
+        return "threads", 2 * max(1, math.ceil(settings.concurrency / settings.extract_batch))
+    if queue_name(settings, "load") in queues and not settings.qdrant_url:
+        return "threads", 2
+    return "prefork", 2
 
 
 def _node_name(queues: list[str]) -> str:

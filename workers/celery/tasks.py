@@ -56,6 +56,7 @@ from kenning.pipeline.plan import (
 from kenning.pipeline.ports import chunked
 from kenning.storage.coordination.run_lock import Deliveries
 from kenning.workers.celery.app import Resources, app
+from kenning.workers.celery.paced import run_paced
 from kenning.workers.celery.supervisor import supervise_dataset
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def register_step(step: Step) -> None:
 
             def work() -> dict[str, int]:
                 with holding(resources, message, unit):
-                    return step.run(resources.wiring, message.job, items).counts
+                    return run_paced(resources.slots, step, resources.wiring, message.job, items)
 
             counts = riding_out(resources, unit, work)
             flush_spend(resources, unit)

@@ -531,9 +531,15 @@ def samples_command(folder: Path) -> None:
 
 @main.command("worker")
 @click.option("--queues", default=None, help="Comma-separated queues (default: all kenning queues).")
-@click.option("--concurrency", default=2, show_default=True, type=int)
+@click.option(
+    "--concurrency",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Tasks at once. Default: with the extract queue, enough batches to fill the LLM calls "
+    "KENNING_CONCURRENCY allows in flight (threads); else 2.",
+)
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker_command(queues: str | None, concurrency: int, loglevel: str) -> None:
+def worker_command(queues: str | None, concurrency: int | None, loglevel: str) -> None:
     """Start a Celery worker for the pipeline tasks."""
     with needs_extra("kenning worker"):
         from kenning.workers.celery.app import run_worker
