@@ -1,0 +1,230 @@
+"""kenning with a real local model: extraction and answers on the samples and a HotpotQA subset.
+
+    bash scripts/real_llm.sh start && python -m bench.real_llm [--questions 10]
+
+The endpoint is KENNING_REAL_LLM_URL (an OpenAI-compatible /v1 URL, model KENNING_REAL_LLM_MODEL)
+or else the server scripts/real_llm.sh started; every other setting is kenning's default. Two
+sets, each cognified in a fresh embedded home:
+
+- `samples`: the bundled sample corpus (`kenning samples`) and the three demo questions;
+- `hotpot`: the first N questions of ../shared/data/cognee_hotpot (hotpot_50) with their own
+  gold and distractor paragraphs (ten a question, in corpus order), nothing else.
+
+For each set: chunks extracted and failed (with the first errors), the structured-output rung
+the endpoint settled on (when status reports one; else "n/a"), what validation repaired or
+dropped (the run's counters for it; else "n/a"), LLM calls and seconds per extraction call. Then
+every question is asked with HYBRID_COMPLETION, GRAPH_COMPLETION and RAG_COMPLETION (plain RAG
+over CHUNKS) with the same model: exact match and token F1 against the gold answer, whether the
+gold answer (every key phrase of it) is in the context and in the answer, and seconds per
+answer. Results go to bench/results/real_llm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.qa import exact_match, normalize, token_f1
+from kenning.pipeline.errors import KenningError
+from kenning.pipeline.ingest import Source
+from kenning.retrieval.contract import SearchType
+from kenning.workers.memory import Kenning
+from kenning.workers.runtime.settings import load_settings
+from tests.real_llm.server import real_llm_model, real_llm_url
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "workers" / "samples"
+HOTPOT = ROOT.parent / "shared" / "data" / "cognee_hotpot"
+RESULTS = ROOT / "bench" / "results"
+PARAGRAPHS_PER_QUESTION = 10
+TYPES = (SearchType.HYBRID_COMPLETION, SearchType.GRAPH_COMPLETION, SearchType.RAG_COMPLETION)
+# Run counters that say what validation of a model's reply changed (repairs, drops, mappings).
+VALIDATION_WORDS = ("drop", "repair", "mapped", "invent", "generic", "truncat", "discard", "reject")
+RUNG_WORDS = ("rung", "ladder", "structured_output", "response_format")
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    gold: str
+    keys: tuple[str, ...] = ()
+
+    @property
+    def phrases(self) -> tuple[str, ...]:
+        """What a context or an answer must hold to hold the gold answer."""
+        return self.keys or (self.gold,)
+
+
+SAMPLE_QUESTIONS = (
+    Question("Who founded the Harrow Point lighthouse keepers' guild?", "Elinor Vance"),
+    Question(
+        "Which ship ran aground near Harrow Point, and what happened to its cargo?",
+        "The Osprey: most of its tea was lost to the sea, and divers recovered its porcelain in 1890",
+        ("Osprey", "porcelain"),
+    ),
+    Question(
+        "How did the lighthouse lamp change over the years?",
+        "Whale oil, then a paraffin lamp with a Fresnel lens in 1868, electricity in 1931, "
+        "automated in 1987, and a solar-powered LED lantern since 2011",
+        ("whale oil", "paraffin", "electricity", "LED"),
+    ),
+)
+
+
+def samples() -> tuple[list[Source], list[Question]]:
+    sources = [
+        Source(name=path.name, uri=f"samples:{path.name}", data=path.read_bytes())
+        for path in sorted(SAMPLES.glob("*.md"))
+    ]
+    return sources, list(SAMPLE_QUESTIONS)
+
+
+def hotpot(questions: int) -> tuple[list[Source], list[Question]]:
+    corpus = json.loads((HOTPOT / "hotpot_50_corpus.json").read_text())
+    pairs = json.loads((HOTPOT / "hotpot_50_qa_pairs.json").read_text())[:questions]
+    paragraphs = corpus[: len(pairs) * PARAGRAPHS_PER_QUESTION]
+    sources = [
+        Source(name=f"paragraph-{i}.txt", uri=f"hotpot:{i}", data=text.encode())
+        for i, text in enumerate(paragraphs)
+    ]
+    return sources, [Question(p["question"], p["answer"]) for p in pairs]
+
+
+def holds(text: str, question: Question) -> bool:
+    found = normalize(text)
+    return all(normalize(phrase) in found for phrase in question.phrases)
+
+
+def find_keys(value: Any, words: Sequence[str], path: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, value) of every key under `value` whose name holds one of `words`."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if any(word in str(key).lower() for word in words):
+                yield where, inner
+            else:
+                yield from find_keys(inner, words, where)
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from find_keys(inner, words, f"{path}[{index}]")
+
+
+def extraction(memory: Kenning, dataset: str, seconds: float) -> dict[str, Any]:
+    """What the cognify of `dataset` extracted, failed, repaired and dropped, and what it took."""
+    (status,) = memory.status(dataset)
+    run = status["runs"][0]
+    stats: dict[str, int] = run["stats"]
+    calls = status["llm_calls"]
+    rung = dict(find_keys(status, RUNG_WORDS))
+    validation = {key: value for key, value in stats.items() if any(w in key for w in VALIDATION_WORDS)}
+    errors = sorted({chunk["error"][:300] for chunk in status["failed_chunks"]})
+    return {
+        "run_status": run["status"],
+        "chunks": stats.get("chunks_to_extract", 0),
+        "extracted": stats.get("extractions", 0),
+        "failed": stats.get("failed_chunks", 0),
+        "first_errors": errors[:3],
+        "structured_output_rung": rung or "n/a",
+        "validation": validation or "n/a",
+        "graph": status["graph"],
+        "llm_calls": calls,
+        "tokens": status["tokens"],
+        "cognify_s": round(seconds, 1),
+        "seconds_per_extraction_call": round(stats.get("ms_extract", 0) / 1000 / calls, 1) if calls else None,
+        "stats": stats,
+    }
+
+
+def ask(memory: Kenning, dataset: str, search_type: SearchType, question: Question) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        result = memory.search(question.text, search_type, datasets=[dataset])
+        answer, context, error = result.answer or "", result.context, ""
+    except KenningError as failure:
+        answer, context, error = "", "", str(failure)[:300]
+    return {
+        "question": question.text,
+        "gold": question.gold,
+        "answer": answer,
+        "error": error,
+        "em": exact_match(answer, question.gold),
+        "f1": token_f1(answer, question.gold),
+        "answer_holds_gold": holds(answer, question),
+        "context_holds_gold": holds(context, question),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def answers(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    count = max(len(rows), 1)
+    return {
+        "exact_match": round(sum(r["em"] for r in rows) / count, 3),
+        "f1": round(sum(r["f1"] for r in rows) / count, 3),
+        "gold_in_context": round(sum(r["context_holds_gold"] for r in rows) / count, 3),
+        "gold_in_answer": round(sum(r["answer_holds_gold"] for r in rows) / count, 3),
+        "errors": sum(bool(r["error"]) for r in rows),
+        "seconds_per_answer": round(statistics.mean(r["seconds"] for r in rows), 1) if rows else None,
+        "rows": rows,
+    }
+
+
+def evaluate(
+    url: str, model: str, name: str, sources: list[Source], questions: list[Question]
+) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory() as home,
+        Kenning(load_settings(home=Path(home), llm_url=url, llm_model=model)) as memory,
+    ):
+        memory.add(sources, name)
+        started = time.perf_counter()
+        memory.cognify(name)
+        figures: dict[str, Any] = {"set": name, "documents": len(sources), "questions": len(questions)}
+        figures["extraction"] = extraction(memory, name, time.perf_counter() - started)
+        print(f"{name}: {json.dumps({k: v for k, v in figures['extraction'].items() if k != 'stats'})}")
+        figures["answers"] = {}
+        for search_type in TYPES:
+            scored = answers([ask(memory, name, search_type, q) for q in questions])
+            figures["answers"][search_type.value] = scored
+            print(
+                f"{name} {search_type.value}: {json.dumps({k: v for k, v in scored.items() if k != 'rows'})}"
+            )
+        return figures
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=10, help="first N questions of hotpot_50")
+    parser.add_argument("--sets", default="samples,hotpot", help="comma-separated: samples, hotpot")
+    args = parser.parse_args(argv)
+    url = real_llm_url()
+    if not url:
+        sys.exit("no real LLM: run `bash scripts/real_llm.sh start` or set KENNING_REAL_LLM_URL (a /v1 URL)")
+    model = real_llm_model()
+    sets: dict[str, Callable[[], tuple[list[Source], list[Question]]]] = {
+        "samples": samples,
+        "hotpot": lambda: hotpot(args.questions),
+    }
+    wanted = [name.strip() for name in args.sets.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in sets]
+    if unknown or not wanted:
+        sys.exit(f"unknown sets {unknown}; choose from {sorted(sets)}")
+    report: dict[str, Any] = {"url": url, "model": model, "sets": {}}
+    for name in wanted:
+        sources, questions = sets[name]()
+        report["sets"][name] = evaluate(url, model, name, sources, questions)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "real_llm.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
