@@ -19,11 +19,12 @@ from kenning.pipeline.lexical import bm25_term, query_terms, tokenize
 from kenning.pipeline.models import utcnow
 
 DEFAULT_TTL_S = 7 * 24 * 3600
+ACTIVE_WITHIN = timedelta(minutes=5)
 IDLE_AFTER = timedelta(minutes=30)
 
 EntryKind = Literal["qa", "message"]
 SessionStatus = Literal["running", "ended"]
-SessionState = Literal["running", "ended", "abandoned"]
+SessionState = Literal["running", "idle", "abandoned", "ended"]
 
 
 class SessionKey(BaseModel):
@@ -224,11 +225,20 @@ class SessionRecord(BaseModel):
             }
         )
 
-    def state(self, now: datetime | None = None, idle_after: timedelta = IDLE_AFTER) -> SessionState:
-        """The status, or "abandoned" when running but idle for longer than `idle_after` at `now`
-        (default: the current time)."""
-        idle = (now or utcnow()) - self.last_activity_at
-        return "abandoned" if self.status == "running" and idle > idle_after else self.status
+    def state(
+        self,
+        now: datetime | None = None,
+        idle_after: timedelta = IDLE_AFTER,
+        active_within: timedelta = ACTIVE_WITHIN,
+    ) -> SessionState:
+        """At `now` (default: the current time): "ended" once ended; else "running" when used within
+        `active_within`, "idle" up to `idle_after` without use, "abandoned" after that."""
+        if self.status == "ended":
+            return "ended"
+        quiet = (now or utcnow()) - self.last_activity_at
+        if quiet > idle_after:
+            return "abandoned"
+        return "running" if quiet <= min(active_within, idle_after) else "idle"
 
 
 class SessionRecords(Protocol):

@@ -174,8 +174,11 @@ class Kenning:
             self.index_turns(messages, added, dataset)
             return Remembered(item_ids=[i.id for i in added], run_id=run.id, status=run.status.value)
         gate.require_write(self.caller, self.scope(dataset))
-        entries = self.session_messages(messages, dataset, session_id)
-        bridge = threading.Thread(target=self._bridge, args=(messages, dataset), name="kenning-remember")
+        with sessions.operation(self.context, session_id):
+            entries = self.session_messages(messages, dataset, session_id)
+        bridge = threading.Thread(
+            target=self._bridge, args=(messages, dataset, session_id), name="kenning-remember"
+        )
         bridge.start()
         self._bridges.append(bridge)
         return Remembered(status="queued", session_entries=entries)
@@ -192,9 +195,13 @@ class Kenning:
     ) -> list[str]:
         return sessions.write_messages(self.context, messages, dataset, session_id)
 
-    def _bridge(self, messages: Sequence[Message], dataset: str | None) -> None:
+    def _bridge(self, messages: Sequence[Message], dataset: str | None, session_id: str) -> None:
         added = self.add_messages(messages, dataset)
-        self.cognify(dataset)
+        run = self.cognify(dataset)
+        # The run this remember started is the session's spend; a failed one, its error.
+        sessions.charge_run(self.context, session_id, run.id)
+        if run.error:
+            sessions.touch(self.context, self.session_key(session_id), run.error)
         self.index_turns(messages, added, dataset)
 
     def recall(
@@ -211,6 +218,18 @@ class Kenning:
         With a session, the query and what the graph gave are appended to it as an entry
         (`Recalled.entry_id`): rate it with `add_feedback`, and `improve` moves those nodes' weights.
         """
+        with sessions.operation(self.context, session_id):
+            return self._recall(query, datasets, session_id, type, top_k, options)
+
+    def _recall(
+        self,
+        query: str,
+        datasets: Sequence[str] | None,
+        session_id: str | None,
+        type: str | SearchType,
+        top_k: int,
+        options: Mapping[str, Any] | None,
+    ) -> Recalled:
         found: list[Recollection] = []
         unavailable = ""
         if session_id is not None:

@@ -132,7 +132,7 @@ def test_end_marks_the_record_and_a_later_touch_reopens_it(
     assert (reopened.status, reopened.ended_at, reopened.tokens_in) == ("running", None, 6)
 
 
-def test_abandoned_is_computed_from_the_idle_time(
+def test_the_state_is_computed_from_the_time_since_last_use(
     records: SessionRecords, key: SessionKey, clock: Clock
 ) -> None:
     # Given a running session last active at START, and an ended one
@@ -143,8 +143,11 @@ def test_abandoned_is_computed_from_the_idle_time(
     running, done = records.get(key), records.get(ended)
     assert running is not None and done is not None
 
-    # Then it is running while idle up to the threshold, abandoned after it; ended stays ended
-    assert running.state(START + timedelta(minutes=30)) == "running"
+    # Then it is running for 5 minutes after its last use, idle up to 30, abandoned after that;
+    # ended stays ended
+    assert running.state(START + timedelta(minutes=5)) == "running"
+    assert running.state(START + timedelta(minutes=6)) == "idle"
+    assert running.state(START + timedelta(minutes=30)) == "idle"
     assert running.state(START + timedelta(minutes=31)) == "abandoned"
     assert running.state(START + timedelta(minutes=11), idle_after=timedelta(minutes=10)) == "abandoned"
     assert done.state(START + timedelta(days=3)) == "ended"

@@ -1,12 +1,15 @@
 """Search for a caller: the datasets it may read, its session's history, the search type run under
-metrics and tracing, decay applied, and the answer kept in its session, citing what it read."""
+metrics and tracing with its LLM requests charged to it, decay applied, and the answer kept in its
+session, citing what it read."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kenning.pipeline.models import Dataset
+from kenning.pipeline.spend import charged_to
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
 from kenning.retrieval.registry import search as run_search_type
 from kenning.workers.application import gate, sessions
@@ -30,6 +33,21 @@ def search(
     options: Mapping[str, Any] | None,
 ) -> SearchResult:
     """See `Kenning.search`; `accessed` notes what was returned, for decay and prune."""
+    with sessions.operation(context, session_id):
+        return _search(context, accessed, query, type, datasets, top_k, only_context, session_id, options)
+
+
+def _search(
+    context: Context,
+    accessed: AccessBuffer,
+    query: str,
+    type: str | SearchType,
+    datasets: Sequence[str] | None,
+    top_k: int,
+    only_context: bool,
+    session_id: str | None,
+    options: Mapping[str, Any] | None,
+) -> SearchResult:
     # A dataset the caller may not read is left out, silently: no error tells it exists.
     scopes = [context.scope(name) for name in readable(context, datasets)]
     if not scopes:
@@ -50,6 +68,8 @@ def search(
     with (
         timed_search(request.type.value),
         traced(context.settings.otel_endpoint, "kenning.search", type=request.type.value),
+        # Its completions, once each, to the first dataset it searched.
+        charged_to(f"search-{uuid.uuid4().hex}", searched[0].id, "completion"),
     ):
         result = faded(context, accessed, run_search_type(context.wiring, request), searched)
     if session_id is not None:

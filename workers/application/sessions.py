@@ -1,17 +1,165 @@
 """Session memory for a caller: messages written, entries recalled and rated, history for a
-completion, and answers kept; every entry shown is one the caller may read every dataset of, now."""
+completion, and answers kept; every entry shown is one the caller may read every dataset of, now.
+Each operation with a session (search, recall, remember) charges its LLM requests to the session
+and touches its record; a session's summary is its record with the spend the ledger holds for it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
 
-from kenning.pipeline.errors import ConfigError, StoreError
-from kenning.pipeline.session import SessionEntry, search_entries
+from pydantic import BaseModel, Field
+
+from kenning.pipeline.errors import ConfigError, InputError, StoreError
+from kenning.pipeline.estimate import price
+from kenning.pipeline.models import utcnow
+from kenning.pipeline.redact import safe_error_text
+from kenning.pipeline.session import (
+    ModelUsage,
+    SessionEntry,
+    SessionKey,
+    SessionRecord,
+    SessionState,
+    search_entries,
+)
+from kenning.pipeline.spend import Spend, in_session
 from kenning.retrieval.contract import Hit, SearchResult
 from kenning.workers.application import gate
 from kenning.workers.application.context import Context
 from kenning.workers.application.conversation import message_item_ids
 from kenning.workers.application.lifecycle import Message, Recollection
+
+log = logging.getLogger(__name__)
+
+
+class SessionSummary(BaseModel):
+    """A session as its user is shown it: its state now, its times, and what its operations
+    spent (every LLM request made for it, from the spend ledger) and the errors they met."""
+
+    session_id: str
+    user: str
+    state: SessionState = Field(
+        description="running (used in the last 5 minutes), idle, abandoned (unused for 30 minutes), ended"
+    )
+    started_at: datetime
+    last_activity_at: datetime
+    ended_at: datetime | None = None
+    llm_calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    errors: int = 0
+    last_error: str = ""
+    models: dict[str, ModelUsage] = Field(default_factory=dict, description="The usage of each model")
+
+
+@contextmanager
+def operation(context: Context, session_id: str | None) -> Iterator[None]:
+    """An operation of the caller's session (none: nothing is done): the LLM requests made in
+    it (in this thread) are charged to the session, and its record is touched when it ends,
+    with the error it failed with counted."""
+    if session_id is None:
+        yield
+        return
+    key = context.session_key(session_id)
+    try:
+        with in_session(key):
+            yield
+    except Exception as error:
+        touch(context, key, safe_error_text(str(error)) or type(error).__name__)
+        raise
+    touch(context, key)
+
+
+def touch(context: Context, key: SessionKey, error: str = "") -> None:
+    """Note a use of the session in its record; a metadata database that is away is logged: the
+    operation was done."""
+    try:
+        context.wiring.session_records.touch(key, error=error)
+    except StoreError as failed:
+        log.warning("session %r not recorded: %s", key.session_id, failed)
+
+
+def charge_run(context: Context, session_id: str, run_id: str) -> None:
+    """Charge a run that an operation of the session started (a remember's cognify) to the session."""
+    try:
+        context.wiring.spend.charge_run(run_id, context.session_key(session_id))
+    except StoreError as failed:
+        log.warning("run %s not charged to session %r: %s", run_id, session_id, failed)
+
+
+def summaries(context: Context) -> list[SessionSummary]:
+    """The caller's sessions, the most recently used first."""
+    records = context.wiring.session_records.list(context.caller.tenant, context.caller.user)
+    return summarized(context, records)
+
+
+def summary(context: Context, session_id: str) -> SessionSummary:
+    """The caller's session; InputError when it has no record and no entry."""
+    key = context.session_key(session_id)
+    record = context.wiring.session_records.get(key) or _record_of_entries(context, key)
+    if record is None:
+        raise InputError(f"no session {session_id!r}")
+    return summarized(context, [record])[0]
+
+
+def summarized(context: Context, records: Sequence[SessionRecord]) -> list[SessionSummary]:
+    spent = context.wiring.spend.by_session([record.key for record in records])
+    now = utcnow()
+    return [_summary(context, record, spent.get(record.key, {}), now) for record in records]
+
+
+def _summary(
+    context: Context, record: SessionRecord, spent: dict[str, Spend], now: datetime
+) -> SessionSummary:
+    settings = context.settings
+
+    def cost(spend: Spend) -> float:
+        return price(
+            spend.prompt_tokens,
+            spend.completion_tokens,
+            settings.llm_price_prompt_per_1k,
+            settings.llm_price_completion_per_1k,
+        )
+
+    total = sum(spent.values(), Spend())
+    models = {
+        model: ModelUsage(
+            tokens_in=spend.prompt_tokens,
+            tokens_out=spend.completion_tokens,
+            cost=cost(spend),
+            calls=spend.calls,
+        )
+        for model, spend in sorted(spent.items())
+    }
+    return SessionSummary(
+        session_id=record.key.session_id,
+        user=record.key.user,
+        state=record.state(now),
+        started_at=record.started_at,
+        last_activity_at=record.last_activity_at,
+        ended_at=record.ended_at,
+        llm_calls=total.calls,
+        tokens_in=total.prompt_tokens,
+        tokens_out=total.completion_tokens,
+        cost=cost(total),
+        errors=record.errors,
+        last_error=record.last_error,
+        models=models,
+    )
+
+
+def _record_of_entries(context: Context, key: SessionKey) -> SessionRecord | None:
+    """A record for a session with entries but none of its own (written before records were)."""
+    try:
+        found = context.sessions().get_session(key)
+    except (ConfigError, StoreError):
+        return None
+    if not found:
+        return None
+    return SessionRecord(key=key, started_at=found[0].time, last_activity_at=found[-1].time)
 
 
 def write_messages(
@@ -64,15 +212,14 @@ def history(context: Context, session_id: str) -> list[SessionEntry]:
 
 
 def keep_answer(context: Context, session_id: str, result: SearchResult, datasets: list[str]) -> None:
-    """Append an answered search to the session, citing every dataset it read; touch the session's
-    record. A session store that is away is said in the result's notice, not raised."""
+    """Append an answered search to the session, citing every dataset it read. A session store
+    that is away is said in the result's notice, not raised."""
     key = context.session_key(session_id)
     try:
         if result.answer:
             graph = [graph_recollection(hit) for hit in result.results]
             entry = recalled_entry(result.query, graph, result.context, datasets)
             context.sessions().append(key, entry.model_copy(update={"answer": result.answer}))
-        context.wiring.session_records.touch(key)
     except (ConfigError, StoreError) as error:
         result.notice = "; ".join(filter(None, (result.notice, f"session memory unavailable: {error}")))
 

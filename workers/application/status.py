@@ -1,15 +1,17 @@
 """What a caller is shown of its datasets: items by status, failures, graph size, recent runs, and
-the LLM calls, tokens and cost of each run (from the spend ledger)."""
+the LLM calls, tokens and cost of each run and of the dataset (from the spend ledger): its runs'
+extractions and the completions of the searches charged to it."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kenning.pipeline.context import Job
 from kenning.pipeline.estimate import Estimate, estimate, price
 from kenning.pipeline.models import ChunkStatus, Dataset, ItemStatus, PipelineRun, RunStatus
+from kenning.pipeline.spend import KINDS, Spend
 from kenning.workers.application import gate
 from kenning.workers.application.context import Context
 from kenning.workers.application.lifecycle import find_dataset
@@ -37,9 +39,10 @@ def dataset_status(context: Context, dataset: Dataset) -> dict[str, Any]:
     runs = sorted(metadata.list_runs(dataset.id), key=lambda r: r.started_at, reverse=True)
     nodes, edges = context.wiring.graph.counts(dataset.scope)
     spent = spent_by_run(context, runs)
+    kinds = spent_by_kind(context, dataset, runs, spent)
     total: Counter[str] = Counter()
-    for run in runs:
-        total.update(spent[run.id])
+    for counted in kinds.values():
+        total.update(counted)
     return {
         "dataset": dataset.name,
         "tenant": dataset.tenant,
@@ -49,6 +52,10 @@ def dataset_status(context: Context, dataset: Dataset) -> dict[str, Any]:
         "graph": {"nodes": nodes, "edges": edges},
         "llm_calls": total["llm_calls"],
         **priced(context, total),
+        "spend": {
+            kind: {"llm_calls": counted["llm_calls"], **priced(context, counted)}
+            for kind, counted in kinds.items()
+        },
         "runs": [
             {
                 **run.model_dump(mode="json"),
@@ -64,19 +71,35 @@ def spent_by_run(context: Context, runs: Sequence[PipelineRun]) -> dict[str, dic
     """Each run's LLM calls and tokens: every attempt recorded in the spend ledger (retries, and
     calls of tasks that were killed, included); the run's own counters for runs made before it."""
     ledger = context.wiring.spend.totals([run.id for run in runs])
-    spent: dict[str, dict[str, int]] = {}
+    return {
+        run.id: _counters(ledger[run.id])
+        if run.id in ledger
+        else {name: run.stats.get(name, 0) for name in SPEND_COUNTERS}
+        for run in runs
+    }
+
+
+def spent_by_kind(
+    context: Context, dataset: Dataset, runs: Sequence[PipelineRun], by_run: dict[str, dict[str, int]]
+) -> dict[str, Counter[str]]:
+    """The dataset's LLM calls and tokens by kind: its runs' extractions and the completions of the
+    searches charged to it, from the ledger; and the runs it does not know (made before it), by
+    their own counters."""
+    ledger = context.wiring.spend.by_dataset([dataset.id]).get(dataset.id, {})
+    counted: dict[str, Counter[str]] = {kind: Counter(_counters(ledger.get(kind, Spend()))) for kind in KINDS}
+    known = context.wiring.spend.totals([run.id for run in runs])
     for run in runs:
-        counted = ledger.get(run.id)
-        spent[run.id] = (
-            {
-                "llm_calls": counted.calls,
-                "prompt_tokens": counted.prompt_tokens,
-                "completion_tokens": counted.completion_tokens,
-            }
-            if counted
-            else {name: run.stats.get(name, 0) for name in SPEND_COUNTERS}
-        )
-    return spent
+        if run.id not in known:
+            counted["extraction"].update(by_run[run.id])
+    return counted
+
+
+def _counters(spend: Spend) -> dict[str, int]:
+    return {
+        "llm_calls": spend.calls,
+        "prompt_tokens": spend.prompt_tokens,
+        "completion_tokens": spend.completion_tokens,
+    }
 
 
 def failed_chunks(context: Context, dataset_id: str, names: dict[str, str]) -> list[dict[str, Any]]:
@@ -89,7 +112,7 @@ def failed_chunks(context: Context, dataset_id: str, names: dict[str, str]) -> l
     ]
 
 
-def priced(context: Context, stats: dict[str, int]) -> dict[str, Any]:
+def priced(context: Context, stats: Mapping[str, int]) -> dict[str, Any]:
     prompt, completion = stats.get("prompt_tokens", 0), stats.get("completion_tokens", 0)
     settings = context.settings
     return {

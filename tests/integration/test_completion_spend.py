@@ -1,0 +1,125 @@
+"""Every LLM request of a search is counted once: `status`, the session record and `/metrics` show
+what the provider (the simulator) saw, for every search type, on every surface."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kenning.pipeline.errors import KenningError
+from kenning.retrieval.contract import SearchType
+from kenning.workers.application.sessions import summary
+from kenning.workers.memory import Kenning
+from kenning.workers.runtime.settings import load_settings
+from tests.simulator import Simulator
+
+TEXT = (
+    "Marie Curie won the Nobel Prize in Physics in 1903 with Pierre Curie. "
+    "Niels Bohr founded the Institute for Theoretical Physics in Copenhagen in 1921."
+)
+QUESTION = "Who won the Nobel Prize in Physics in 1903?"
+PRICES = {"llm_price_prompt_per_1k": 0.15, "llm_price_completion_per_1k": 0.6}
+# A caller-written graph query: no LLM request of its own (it answers nothing without one).
+TYPES = [t for t in SearchType if t is not SearchType.CYPHER]
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[Simulator]:
+    with Simulator() as running:
+        yield running
+
+
+def online(home: Path, simulator: Simulator, **more: Any) -> Kenning:
+    settings = load_settings(
+        home=home,
+        embedding_provider="hash",
+        llm_url=simulator.base_url,
+        llm_api_key="test",
+        **PRICES,
+        **more,
+    )
+    return Kenning(settings)
+
+
+@pytest.fixture(scope="module")
+def memory(tmp_path_factory: pytest.TempPathFactory, simulator: Simulator) -> Iterator[Kenning]:
+    with online(tmp_path_factory.mktemp("spend") / "home", simulator, cypher_enabled=True) as made:
+        made.add_text(TEXT, "science")
+        made.cognify("science")
+        yield made
+
+
+def shown(memory: Kenning) -> tuple[int, int, int]:
+    status = memory.status("science")[0]
+    return status["llm_calls"], status["tokens"]["prompt"], status["tokens"]["completion"]
+
+
+def billed(simulator: Simulator) -> tuple[int, int, int]:
+    stats = simulator.stats()
+    return stats["calls"]["chat"], stats["prompt_tokens"], stats["completion_tokens"]
+
+
+@pytest.mark.parametrize("search_type", TYPES, ids=str)
+def test_status_and_the_session_count_every_request_of_a_search(
+    memory: Kenning, simulator: Simulator, search_type: SearchType
+) -> None:
+    # Given the dataset's status equal to what the provider billed so far
+    assert shown(memory) == billed(simulator)
+    before = billed(simulator)
+    # When a search of that type runs in a session of its own
+    session = f"s-{search_type.value.lower()}"
+    try:
+        memory.search(QUESTION, search_type, datasets=["science"], session_id=session)
+    except KenningError:
+        pass  # what it asked before it failed is counted all the same
+    # Then status still equals what the provider billed, requests and tokens
+    after = billed(simulator)
+    assert shown(memory) == after
+    # And the session's record holds exactly this search's requests
+    record = summary(memory.context, session)
+    calls, prompt, completion = (now - then for now, then in zip(after, before, strict=True))
+    assert (record.llm_calls, record.tokens_in, record.tokens_out) == (calls, prompt, completion)
+    assert sum(usage.calls for usage in record.models.values()) == calls
+
+
+def test_a_completion_search_makes_requests_the_dataset_is_charged_for(
+    memory: Kenning, simulator: Simulator
+) -> None:
+    # Given a dataset cognified (its extraction requests)
+    extraction = memory.status("science")[0]["spend"]["extraction"]["llm_calls"]
+    before = billed(simulator)[0]
+    # When RAG_COMPLETION and GRAPH_COMPLETION answer
+    memory.search(QUESTION, "RAG_COMPLETION", datasets=["science"])
+    memory.search(QUESTION, "GRAPH_COMPLETION", datasets=["science"])
+    # Then the provider saw two more requests, and status shows them as completions, priced
+    assert billed(simulator)[0] == before + 2
+    status = memory.status("science")[0]
+    assert status["spend"]["extraction"]["llm_calls"] == extraction
+    completion = status["spend"]["completion"]
+    assert completion["llm_calls"] >= 2 and completion["cost"] > 0
+    assert status["llm_calls"] == extraction + completion["llm_calls"] == billed(simulator)[0]
+
+
+def test_a_natural_language_query_counts_the_requests_that_wrote_its_cypher(
+    tmp_path: Path, simulator: Simulator, falkordb_url: str
+) -> None:
+    # Given a dataset on FalkorDB, where Cypher runs, and Cypher allowed
+    more = {"graph_backend": "falkordb", "graph_url": falkordb_url, "cypher_enabled": True}
+    with online(tmp_path / "home", simulator, **more) as memory:
+        memory.add_text(TEXT, "nl")
+        memory.cognify("nl")
+        before = billed(simulator)[0]
+        status_before = memory.status("nl")[0]["llm_calls"]
+        # When a question is asked in natural language (the LLM writes the Cypher, then answers)
+        try:
+            memory.search(QUESTION, "NATURAL_LANGUAGE", datasets=["nl"], session_id="nl")
+        except KenningError:
+            pass
+        # Then every request it made is counted, in status and in the session
+        made = billed(simulator)[0] - before
+        assert made >= 1
+        assert memory.status("nl")[0]["llm_calls"] - status_before == made
+        assert summary(memory.context, "nl").llm_calls == made
