@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kenning.pipeline.checks import (
+    DEFAULT_ENTITY_TYPES,
+    DESCRIPTIONS_DROPPED,
+    ENTITIES_FROM_FACTS,
+    FACTS_DROPPED,
+    TYPES_MAPPED,
+    entity_type,
+    fact_end,
+    mentions,
+)
 from kenning.pipeline.collection import EDGES, TRIPLETS, collection_name
 from kenning.pipeline.linking import document_title, first_sentence, name_key, title_entity_name
 from kenning.pipeline.models import (
@@ -48,11 +59,13 @@ def relation_name(text: str) -> str:
 
 @dataclass
 class Assembly:
-    """Everything one load batch writes, deduplicated by id in first-seen order."""
+    """Everything one load batch writes, deduplicated by id in first-seen order; `checks` counts
+    what was repaired or dropped of the extractions it was built from (`kenning.pipeline.checks`)."""
 
     nodes: dict[str, DataPoint] = field(default_factory=dict)
     edges: dict[str, Edge] = field(default_factory=dict)
     chunk_of: dict[str, str] = field(default_factory=dict)
+    checks: Counter[str] = field(default_factory=Counter)
 
     def add_node(self, node: DataPoint, chunk_id: str) -> str:
         existing = self.nodes.setdefault(node.id, node)
@@ -126,6 +139,7 @@ def assemble(
     temporal: bool = False,
     node_sets: dict[str, list[str]] | None = None,
     titles: dict[str, str] | None = None,
+    entity_types: Sequence[str] = DEFAULT_ENTITY_TYPES,
 ) -> Assembly:
     """Build the graph of a batch of extracted chunks, in chunk order (with dated events, if `temporal`).
 
@@ -133,6 +147,10 @@ def assemble(
     `titles` maps a document id to the title its text opens with (`linking.document_title`); a document
     not in it takes the title of its first chunk, if that chunk is in the batch. Every chunk of a titled
     document contains the title's entity.
+
+    What a model returns is kept and checked: an entity's type is one of `entity_types` (another is
+    mapped), its description is kept only when it speaks of the entity, and a fact whose end names no
+    listed entity makes that entity; each change is counted in `Assembly.checks`.
     """
     assembly = Assembly()
     titles = {**_batch_titles(chunks), **(titles or {})}
@@ -146,7 +164,7 @@ def assemble(
         )
         sets = (node_sets or {}).get(record.data_id, [])
         title = titles.get(record.document_id, "")
-        _add_chunk(assembly, scope, source, record, document, extraction, sets, title)
+        _add_chunk(assembly, scope, source, record, document, extraction, sets, title, entity_types)
         if temporal:
             _add_events(assembly, scope, source, record)
     return assembly
@@ -173,6 +191,7 @@ def _add_chunk(
     extraction: Extraction,
     node_sets: list[str],
     title: str = "",
+    entity_types: Sequence[str] = DEFAULT_ENTITY_TYPES,
 ) -> None:
     common: dict[str, Any] = {"tenant": scope.tenant, "dataset": scope.dataset, "source": source}
     common["node_sets"] = node_sets
@@ -189,7 +208,7 @@ def _add_chunk(
         summary = TextSummary(text=extraction.summary.strip(), chunk_id=chunk.id, **common)
         assembly.add_node(summary, record.id)
         _link(assembly, scope, source, summary.id, chunk.id, "made_from", record.id)
-    ids = _add_knowledge(assembly, scope, source, chunk.id, extraction, common)
+    ids = _add_knowledge(assembly, scope, source, chunk.id, extraction, common, entity_types)
     if title:
         _add_title(assembly, scope, source, (chunk.id, record), extraction, ids, title, common)
 
@@ -201,36 +220,83 @@ def _add_knowledge(
     chunk_id: str,
     extraction: Extraction,
     common: dict[str, Any],
+    entity_types: Sequence[str] = DEFAULT_ENTITY_TYPES,
 ) -> dict[str, str]:
     """The chunk's entities and their facts; returns extraction node id -> entity id."""
+    place = _Place(assembly, scope, source, chunk_id, common, entity_types)
     ids: dict[str, str] = {}
     for node in extraction.graph.nodes:
         name = node.name.strip() or node.id.strip()
         if not name:
             continue
-        entity = Entity(name=name, entity_type=node.type.strip(), description=node.description, **common)
-        ids[node.id] = assembly.add_node(entity, chunk_id)
+        kind, mapped = entity_type(node.type, entity_types)
+        assembly.checks[TYPES_MAPPED] += mapped
+        description = node.description.strip()
+        if description and not mentions(description, name):
+            assembly.checks[DESCRIPTIONS_DROPPED] += 1
+            description = ""
+        entity = Entity(name=name, entity_type=kind, description=description, **common)
+        ids[node.id] = place.add_entity(entity)
         ids.setdefault(normalize_name(name), entity.id)
-        _link(assembly, scope, source, chunk_id, entity.id, "contains", chunk_id)
-        if node.type.strip():
-            kind = EntityType(name=node.type.strip(), **common)
-            assembly.add_node(kind, chunk_id)
-            _link(assembly, scope, source, entity.id, kind.id, "is_a", chunk_id)
+    listed = [(node.id, node.name) for node in extraction.graph.nodes]
     for fact in extraction.graph.edges:
-        source_id = ids.get(fact.source) or ids.get(normalize_name(fact.source))
-        target_id = ids.get(fact.target) or ids.get(normalize_name(fact.target))
-        if source_id and target_id and source_id != target_id:
-            edge = Edge(
-                source_id=source_id,
-                target_id=target_id,
-                relationship=relation_name(fact.relationship),
-                description=fact.description.strip(),
-                data_ids=[source.data_id],
-                tenant=scope.tenant,
-                dataset=scope.dataset,
-            )
-            assembly.add_edge(edge, chunk_id)
+        source_id, target_id = (place.end_of(ids, listed, end) for end in (fact.source, fact.target))
+        if not source_id or not target_id or source_id == target_id:
+            assembly.checks[FACTS_DROPPED] += 1
+            continue
+        edge = Edge(
+            source_id=source_id,
+            target_id=target_id,
+            relationship=relation_name(fact.relationship),
+            description=fact.description.strip(),
+            data_ids=[source.data_id],
+            tenant=scope.tenant,
+            dataset=scope.dataset,
+        )
+        assembly.add_edge(edge, chunk_id)
     return ids
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a chunk's knowledge goes: the batch's assembly, for one chunk."""
+
+    assembly: Assembly
+    scope: Scope
+    source: Provenance
+    chunk_id: str
+    common: dict[str, Any]
+    entity_types: Sequence[str]
+
+    def add_entity(self, entity: Entity) -> str:
+        """The entity, contained by the chunk, and its type; its id."""
+        entity_id = self.assembly.add_node(entity, self.chunk_id)
+        self.link(self.chunk_id, entity_id, "contains")
+        if entity.entity_type:
+            kind = EntityType(name=entity.entity_type, **self.common)
+            self.assembly.add_node(kind, self.chunk_id)
+            self.link(entity_id, kind.id, "is_a")
+        return entity_id
+
+    def end_of(self, ids: dict[str, str], listed: list[tuple[str, str]], reference: str) -> str:
+        """The entity a fact's end names: a listed one (by id, then name), else one made for it
+        (typed by the end's hint, or left generic); "" for a key of the model's that names nothing."""
+        found = ids.get(reference) or ids.get(normalize_name(reference))
+        end = None if found else fact_end(reference, [name for _, name in listed], [key for key, _ in listed])
+        if found or end is None:
+            return found or ""
+        name, hint = end
+        found = ids.get(normalize_name(name))
+        if not found:
+            kind = entity_type(hint, self.entity_types)[0] if hint else ""
+            found = self.add_entity(Entity(name=name, entity_type=kind, **self.common))
+            self.assembly.checks[ENTITIES_FROM_FACTS] += 1
+            ids[normalize_name(name)] = found
+        ids[reference] = found
+        return found
+
+    def link(self, source_id: str, target_id: str, relationship: str) -> None:
+        _link(self.assembly, self.scope, self.source, source_id, target_id, relationship, self.chunk_id)
 
 
 def _batch_titles(chunks: list[tuple[ChunkRecord, DocumentRecord, Extraction]]) -> dict[str, str]:

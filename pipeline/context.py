@@ -6,6 +6,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from kenning.pipeline.checks import DEFAULT_ENTITY_TYPES
 from kenning.pipeline.chunking import ChunkingConfig
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.loaders import InputLimits
@@ -34,6 +35,9 @@ class PipelineConfig(BaseModel):
     references: dict[str, str] = Field(
         default_factory=dict,
         description="Foreign-key columns whose names say no table: `column` or `table.column` -> table",
+    )
+    entity_types: tuple[str, ...] = Field(
+        default=DEFAULT_ENTITY_TYPES, description="The entity types the graph keeps; others are mapped"
     )
 
 

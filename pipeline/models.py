@@ -226,12 +226,14 @@ class TokenUsage(BaseModel):
 class Extraction(BaseModel):
     """What extraction produces for one chunk: its graph and a short summary.
 
-    `usage` is what producing it cost; it is neither cached nor part of the answer's schema.
+    `usage` is what producing it cost, and `checks` what getting a usable reply took (repairs,
+    splits: `kenning.pipeline.checks`); they are neither cached nor part of the answer's schema.
     """
 
     graph: KnowledgeGraph
     summary: str
     usage: SkipJsonSchema[TokenUsage | None] = Field(default=None, exclude=True)
+    checks: SkipJsonSchema[dict[str, int]] = Field(default_factory=dict, exclude=True)
 
     def __eq__(self, other: object) -> bool:
         # What it cost is not what it says: equal graph and summary are the same extraction.

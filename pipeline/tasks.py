@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import Assembly, IndexEntry, assemble, graph_edge, graph_node, index_entries
+from kenning.pipeline.checks import REPLIES_REPAIRED, REPLIES_SPLIT
 from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.errors import InputError, LLMError, LLMUnreachable
@@ -223,6 +224,8 @@ def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int
         "completion_tokens": spent["completion_tokens"],
         # Only when the LLM's breaker failed some: `finish_run` then says so.
         **({"unreachable_chunks": spent["unreachable_chunks"]} if spent["unreachable_chunks"] else {}),
+        # What getting usable replies took (repairs, splits), when it took any.
+        **{name: spent[name] for name in (REPLIES_REPAIRED, REPLIES_SPLIT) if spent[name]},
     }
 
 
@@ -236,6 +239,7 @@ def _extract_unit(
     if extraction.usage is not None:
         spent["prompt_tokens"] += extraction.usage.prompt_tokens
         spent["completion_tokens"] += extraction.usage.completion_tokens
+    spent.update(extraction.checks)
     shares = {
         keys[record.id]: share
         for record, share in zip(unit, attribute(extraction, texts), strict=True)
@@ -278,6 +282,7 @@ def load(services: Services, job: Job) -> dict[str, int]:
         pending: tuple[Future[Counter[str]], int] | None = None
         for batch in chunked(chunk_ids, services.config.load_batch):
             assembly = _assemble_batch(services, job, batch)
+            totals.update(assembly.checks)
             indexed = _embed(services, assembly)
             if pending is not None:
                 totals.update(pending[0].result())
@@ -317,6 +322,7 @@ def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assem
         temporal=services.config.temporal,
         node_sets=node_sets,
         titles=titles,
+        entity_types=services.config.entity_types,
     )
 
 

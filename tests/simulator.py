@@ -2,9 +2,10 @@
 
 It binds 127.0.0.1 only and answers deterministically:
 
-- `POST /v1/chat/completions`: with a `json_schema` response format, an `Extraction`
-  of the chunk in the last user message (the offline extractor's); otherwise a short
-  text answer built from that message.
+- `POST /v1/chat/completions`: with a `json_schema` or `json_object` response format, an
+  `Extraction` of the chunk in the last user message holding one (the offline extractor's);
+  without one, that extraction in a ```json fence when a user message holds a chunk (a prompt
+  asking for JSON), else a short text answer built from the last user message.
 - `POST /v1/embeddings`: 384-dimension hashed bag-of-words vectors, L2-normalized.
 - `GET /v1/models`, `GET /stats`, `POST /stats/reset` (counters, rate window and
   fault sequence start over).
@@ -19,9 +20,16 @@ With `black_hole`, the endpoint accepts connections and reads requests but never
 each request received then, and each one in its latency when it is set, is held until the
 simulator stops; set it back and new requests are answered again.
 
+`accepts` is the richest response format it takes, as servers differ: `json_schema` (the
+default: all of them), `json_object` (llama-cpp-python: a `json_schema` request is answered 500
+with a validation error naming `response_format`) or `text` (a `json_object` request too).
+With `honor_max_tokens`, a reply longer than the request's `max_tokens` is cut there and ends
+with `finish_reason` "length".
+
 `/stats` answers `calls` (per endpoint), `prompt_tokens`, `completion_tokens`,
 `rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `held` (never answered:
-counted as calls, billed nothing), `in_flight` and `max_in_flight`.
+counted as calls, billed nothing), `format_refused` (a response format it does not take),
+`in_flight` and `max_in_flight`.
 """
 
 from __future__ import annotations
@@ -93,6 +101,8 @@ class Simulator:
     fail_on: str | None = None
     refusal: str = "simulated refusal: the request holds the fail_on text"
     black_hole: bool = False
+    accepts: Literal["json_schema", "json_object", "text"] = "json_schema"
+    honor_max_tokens: bool = False
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -161,7 +171,24 @@ class Simulator:
     def chat_reply(self, body: JSON) -> _Reply:
         with self._lock:
             self._recent.append(body)
-        return chat_reply(body, self._extractor)
+        reply = chat_reply(body, self._extractor)
+        limit = body.get("max_tokens")
+        if self.honor_max_tokens and isinstance(limit, int) and reply.completion_tokens > limit:
+            return reply.cut(limit)
+        return reply
+
+    def format_refusal(self, body: JSON) -> str | None:
+        """The error message of a response format this simulator does not take, or None."""
+        response_format = body.get("response_format")
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        taken = {"json_schema": ("json_schema", "json_object"), "json_object": ("json_object",), "text": ()}
+        if kind in (None, "text") or kind in taken[self.accepts]:
+            return None
+        allowed = " or ".join(repr(name) for name in ("text", *taken[self.accepts][-1:]))
+        return (
+            "1 validation error for CreateChatCompletionRequest\nresponse_format.type\n"
+            f"  Input should be {allowed} [type=literal_error, input_value={kind!r}, input_type=str]"
+        )
 
     def refuses(self, body: JSON) -> bool:
         """Whether the chat request holds the `fail_on` text in one of its messages."""
@@ -238,6 +265,8 @@ def check_options(simulator: Simulator) -> None:
         raise ConfigError(f"rpm_scope must be 'all' or 'chat', got {simulator.rpm_scope!r}")
     if simulator.fail_on == "":
         raise ConfigError("fail_on must be None (off) or a non-empty text")
+    if simulator.accepts not in ("json_schema", "json_object", "text"):
+        raise ConfigError(f"accepts must be json_schema, json_object or text, got {simulator.accepts!r}")
 
 
 def pick_fault(draw: float, error_rate: float, timeout_rate: float, malformed_rate: float) -> Fault:
@@ -298,6 +327,7 @@ class _Stats:
         "malformed",
         "refused",
         "held",
+        "format_refused",
     )
 
     def __init__(self) -> None:
@@ -345,6 +375,14 @@ class _Reply:
         choice = {**self.body["choices"][0], "message": {"role": "assistant", "content": _MALFORMED_CONTENT}}
         return {**self.body, "choices": [choice]}
 
+    def cut(self, max_tokens: int) -> _Reply:
+        """The reply cut at `max_tokens` (four characters a token), as a server stops a long one."""
+        content = self.body["choices"][0]["message"]["content"][: max_tokens * 4]
+        choice = {**self.body["choices"][0], "message": {"role": "assistant", "content": content}}
+        choice["finish_reason"] = "length"
+        usage = _usage(self.prompt_tokens, max_tokens)
+        return _Reply({**self.body, "choices": [choice], "usage": usage}, self.prompt_tokens, max_tokens)
+
 
 def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
@@ -357,9 +395,14 @@ def chat_reply(body: JSON, extractor: OfflineExtractor) -> _Reply:
         raise _BadRequest("'messages' must be a non-empty list")
     users = [_text_of(message.get("content")) for message in messages if message.get("role") == "user"]
     question = users[-1] if users else _text_of(messages[-1].get("content"))
-    content = (
-        _structured_answer(question, extractor) if _wants_schema(body) else _text_answer(question, extractor)
-    )
+    # A repair request follows the chunk's message: the chunk is in the last message holding one.
+    chunk = next((text for text in reversed(users) if unwrap_chunk(text) is not None), None)
+    if _wants_schema(body):
+        content = _structured_answer(chunk or question, extractor)
+    elif chunk is not None:
+        content = f"Here is the extraction:\n```json\n{_structured_answer(chunk, extractor)}\n```"
+    else:
+        content = _text_answer(question, extractor)
     prompt_tokens = sum(estimate_tokens(_text_of(message.get("content"))) for message in messages)
     completion_tokens = estimate_tokens(content)
     completion = {
@@ -377,7 +420,7 @@ def chat_reply(body: JSON, extractor: OfflineExtractor) -> _Reply:
 
 def _wants_schema(body: JSON) -> bool:
     response_format = body.get("response_format")
-    return isinstance(response_format, dict) and response_format.get("type") == "json_schema"
+    return isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")
 
 
 def _structured_answer(question: str, extractor: OfflineExtractor) -> str:
@@ -555,6 +598,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve_chat(self, body: JSON) -> None:
         simulator = self.server.simulator
+        refusal = simulator.format_refusal(body)
+        if refusal is not None:
+            with simulator.in_flight("chat"):
+                simulator.count("format_refused")
+                self._send_error(500, refusal, "internal_server_error")
+            return
         if not simulator.refuses(body):
             self._serve_model_call("chat", simulator.chat_reply(body))
             return
@@ -619,6 +668,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window-s", type=float, default=60.0, help="the rate limits' sliding window")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--fail-on", default=None, help="refuse (400) chat requests holding this text")
+    parser.add_argument(
+        "--accepts",
+        choices=("json_schema", "json_object", "text"),
+        default="json_schema",
+        help="the richest response format taken; richer ones are answered 500 (as llama-cpp-python)",
+    )
+    parser.add_argument("--honor-max-tokens", action="store_true", help="cut replies at max_tokens")
     return parser.parse_args(argv)
 
 

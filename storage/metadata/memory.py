@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from kenning.pipeline.ladder import Rung, RungRecord
 from kenning.pipeline.models import (
     RUNNING,
     ChunkRecord,
@@ -17,6 +18,7 @@ from kenning.pipeline.models import (
     PipelineRun,
     RunStatus,
     Scope,
+    utcnow,
 )
 
 
@@ -242,3 +244,21 @@ class MemoryMetadataStore:
         with self._lock:
             for key in keys:
                 self._extractions.pop(key, None)
+
+
+class MemoryOutputRungs:
+    """The in-memory twin of `kenning.storage.metadata.rungs.SqlOutputRungs`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rungs: dict[tuple[str, str], RungRecord] = {}
+
+    def rung(self, endpoint: str, model: str) -> RungRecord | None:
+        with self._lock:
+            found = self._rungs.get((endpoint, model))
+            return None if found is None else found.model_copy()
+
+    def remember_rung(self, endpoint: str, model: str, rung: Rung) -> None:
+        record = RungRecord(endpoint=endpoint, model=model, rung=rung, changed_at=utcnow())
+        with self._lock:
+            self._rungs[(endpoint, model)] = record

@@ -228,3 +228,14 @@ llm_breakers = sa.Table(
     sa.Column("cooldown_s", sa.Float(), nullable=False),
     sa.Column("changed_at", UtcDateTime(), nullable=False),
 )
+
+# The structured-output rung each LLM endpoint and model answered on (kenning.pipeline.ladder):
+# found once, by the first extraction that worked, for every process that calls it.
+llm_output_rungs = sa.Table(
+    "llm_output_rungs",
+    metadata,
+    sa.Column("endpoint", sa.String(512), primary_key=True),
+    sa.Column("model", sa.String(255), primary_key=True),
+    sa.Column("rung", sa.String(32), nullable=False),
+    sa.Column("changed_at", UtcDateTime(), nullable=False),
+)

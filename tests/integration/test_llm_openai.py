@@ -18,6 +18,7 @@ from kenning.pipeline.models import Extraction
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.storage.inference.llm_openai import (
     EXTRACTION_SYSTEM_PROMPT,
+    PROMPT_VERSION,
     LLMConfig,
     OpenAICompleter,
     OpenAIExtractor,
@@ -80,7 +81,7 @@ def test_extractor_returns_the_simulated_extraction(start_simulator: StartSimula
     assert all(edge.source in ids and edge.target in ids for edge in extraction.graph.edges)
     assert extraction.summary
     assert extractor.model == "sim-model"
-    assert extractor.prompt_version == "kg-1"
+    assert extractor.prompt_version == PROMPT_VERSION == "kg-2"
 
 
 def test_extraction_is_deterministic(start_simulator: StartSimulator) -> None:

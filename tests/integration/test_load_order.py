@@ -71,9 +71,9 @@ def extraction(item: str, chunk: int) -> Extraction:
     return Extraction(
         graph=KnowledgeGraph(
             nodes=[
-                KnowledgeNode(id="ada", name="Ada Lovelace", type="Person", description=f"A writer, {said}"),
+                KnowledgeNode(id="ada", name="Ada Lovelace", type="Person", description=f"Ada Lovelace, a writer, {said}"),
                 KnowledgeNode(
-                    id="cb", name="Charles Babbage", type="Person", description=f"Inventor, {said}"
+                    id="cb", name="Charles Babbage", type="Person", description=f"Babbage, inventor, {said}"
                 ),
                 KnowledgeNode(id=f"x{item}{chunk}", name=f"Thing {item}{chunk}", type="Concept"),
             ],

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from kenning.pipeline.errors import InputError, NotFound, StoreError
+from kenning.pipeline.ladder import AUTO
 from kenning.pipeline.lease import LeaseState, stall_reason
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ENDED, RUNNING, Dataset, PipelineRun, RunStatus, utcnow
@@ -298,15 +299,30 @@ def mark_stalled(
             run["stalled"] = stalled.get(run["id"], "")
 
 
+def structured_output(memory: Kenning) -> str:
+    """How extraction asks the LLM for structured output: the rung forced by KENNING_LLM_STRUCTURED,
+    else the one the endpoint's model was found to take, else "not yet known"."""
+    settings = memory.settings
+    if settings.llm_structured != AUTO:
+        return f"{settings.llm_structured} (forced)"
+    found = memory.wiring.output_rungs.rung(redact_url(settings.llm_url), settings.llm_model)
+    return found.rung.value if found else "not yet known (json_schema is tried first)"
+
+
 def llm_breaker(memory: Kenning) -> dict[str, Any] | None:
     """The LLM endpoint's circuit breaker, as the process that last changed it left it (`status`):
     `breaker` is `closed`, `open` (calls fail fast, `reason` says why) or `half-open` (its
-    cooldown is over: the next call may try). None when no LLM endpoint is configured."""
+    cooldown is over: the next call may try); and how extraction asks it for structured output
+    (`structured_output`). None when no LLM endpoint is configured."""
     settings = memory.settings
     if not settings.llm_url:
         return None
     found = memory.wiring.spend.breaker(breaker_key(settings.llm_url, settings.llm_model))
-    view: dict[str, Any] = {"endpoint": redact_url(settings.llm_url), "model": settings.llm_model}
+    view: dict[str, Any] = {
+        "endpoint": redact_url(settings.llm_url),
+        "model": settings.llm_model,
+        "structured_output": structured_output(memory),
+    }
     if found is None:
         return {**view, "breaker": "closed", "reason": "", "since": None}
     state = found.now(utcnow())

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from kenning.pipeline.checks import DEFAULT_ENTITY_TYPES
 from kenning.pipeline.chunking import ChunkingConfig
 from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.decay import DecayConfig
@@ -17,6 +18,7 @@ from kenning.pipeline.permission import escape_glob
 from kenning.pipeline.ratelimit import Limits
 from kenning.workers.runtime.schedule import DEFAULT_SCHEDULE, ScheduleEntry
 from kenning.workers.runtime.validation import (
+    EntityTypes,
     HttpUrl,
     Name,
     RedisUrl,
@@ -107,6 +109,15 @@ class Settings(BaseSettings):
     llm_rpm: int = Field(default=0, ge=0, description="LLM requests a minute, all workers; 0: none; >= 3")
     llm_tpm: int = Field(default=0, ge=0, description="LLM tokens a minute, all workers together; 0: none")
     llm_limit_per_tenant: bool = Field(default=False, description="One rpm/tpm budget per tenant")
+    llm_structured: Literal["auto", "json_schema", "json_object", "prompt"] = Field(
+        default="auto",
+        description="How extraction asks for JSON; auto: json_schema, then json_object with the schema, "
+        "then a prompt, the first the endpoint takes (remembered per endpoint and model)",
+    )
+    entity_types: EntityTypes = Field(
+        default=DEFAULT_ENTITY_TYPES,
+        description="The entity types the graph keeps, comma separated; a model's others are mapped to them",
+    )
 
     chunk_size: int = Field(default=256, ge=16)
     chunk_overlap: int = Field(default=24, ge=0)
@@ -272,6 +283,7 @@ class Settings(BaseSettings):
             ),
             temporal=self.temporal,
             references=self.fk_references,
+            entity_types=self.entity_types,
         )
 
 

@@ -144,6 +144,27 @@ def check_graph_url(backend: str, url: str) -> None:
         )
 
 
+def entity_types(value: Any) -> tuple[str, ...]:
+    """Entity type names, from a comma separated string or a JSON list: at least one, each a word or
+    words (letters, digits, spaces), duplicates dropped."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            found = json.loads(text) if text.startswith("[") else text.split(",")
+        except json.JSONDecodeError:
+            raise ValueError("not valid JSON; expected type names, comma separated") from None
+    else:
+        found = value
+    if not isinstance(found, list | tuple):
+        raise ValueError("expected type names, comma separated (or a JSON list)")
+    names = [" ".join(str(name).split()) for name in found]
+    names = [name for name in names if name]
+    bad = [name for name in names if not all(char.isalnum() or char == " " for char in name)]
+    if bad or not names:
+        raise ValueError(f"expected type names of letters and digits, got {bad or 'none'}")
+    return tuple(dict.fromkeys(names))
+
+
 HttpUrl = Annotated[str, AfterValidator(http_url)]
 SqlUrl = Annotated[str, AfterValidator(sql_url)]
 RedisUrl = Annotated[str, AfterValidator(redis_url)]
@@ -151,6 +172,7 @@ Name = Annotated[str, AfterValidator(name)]
 RunMode = Annotated[Literal["embedded", "distributed"], BeforeValidator(run_mode)]
 ScopePatterns = Annotated[list[str], AfterValidator(scope_patterns)]
 S3Allow = Annotated[list[S3Grant], NoDecode, BeforeValidator(s3_allow)]
+EntityTypes = Annotated[tuple[str, ...], NoDecode, BeforeValidator(entity_types)]
 
 
 def config_error(error: ValidationError | SettingsError, model: type[BaseModel]) -> ConfigError:

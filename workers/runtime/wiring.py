@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from kenning.pipeline.context import PipelineConfig
 from kenning.pipeline.errors import ConfigError, NoLLMConfigured
+from kenning.pipeline.ladder import OutputRungs
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.permission import PermissionStore
@@ -43,6 +44,7 @@ from kenning.storage.inference.embedder import CachingEmbedder, HashEmbedder, Lo
 from kenning.storage.lexical.sql import SqlLexicalIndex
 from kenning.storage.metadata.access import SqlAccessLog
 from kenning.storage.metadata.permissions import SqlPermissionStore
+from kenning.storage.metadata.rungs import SqlOutputRungs
 from kenning.storage.metadata.session_records import SqlSessionRecords
 from kenning.storage.metadata.spend import SqlSpendLedger
 from kenning.storage.metadata.sql import SqlMetadataStore, migrate
@@ -198,8 +200,14 @@ class Wiring:
     @property
     def extractor(self) -> Extractor:
         return self._once(
-            "extractor", lambda: open_extractor(self.settings, self.limiter, self.spend, self.breakers)
+            "extractor",
+            lambda: open_extractor(self.settings, self.limiter, self.spend, self.breakers, self.output_rungs),
         )
+
+    @property
+    def output_rungs(self) -> OutputRungs:
+        """How each LLM endpoint and model takes structured output, as extraction found it."""
+        return self._once("output_rungs", lambda: SqlOutputRungs(self.engine))
 
     @property
     def completer(self) -> Completer:
@@ -411,12 +419,13 @@ def open_extractor(
     limiter: RateLimiter | None = None,
     ledger: SpendLedger | None = None,
     breakers: FailureTally | None = None,
+    rungs: OutputRungs | None = None,
 ) -> Extractor:
     if not settings.llm_url:
         return OfflineExtractor()
     from kenning.storage.inference.llm_openai import OpenAIExtractor
 
-    return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings), ledger, breakers)
+    return OpenAIExtractor(llm_config(settings), limiter, llm_limit_key(settings), ledger, breakers, rungs)
 
 
 def open_completer(
@@ -461,6 +470,8 @@ def llm_config(settings: Settings) -> Any:
         deadline_s=settings.llm_deadline_s,
         breaker_failures=settings.llm_breaker_failures,
         breaker_cooldown_s=settings.llm_breaker_cooldown_s,
+        structured=settings.llm_structured,
+        entity_types=settings.entity_types,
     )
 
 
