@@ -90,6 +90,12 @@ def charge_run(context: Context, session_id: str, run_id: str) -> None:
         log.warning("run %s not charged to session %r: %s", run_id, session_id, failed)
 
 
+def end(context: Context, session_id: str) -> None:
+    """Mark the caller's session ended; InputError when it has no record."""
+    if not context.wiring.session_records.end(context.session_key(session_id)):
+        raise InputError(f"no session {session_id!r}")
+
+
 def summaries(context: Context) -> list[SessionSummary]:
     """The caller's sessions, the most recently used first."""
     records = context.wiring.session_records.list(context.caller.tenant, context.caller.user)

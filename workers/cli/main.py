@@ -29,6 +29,7 @@ from kenning.workers.application.lifecycle import Message, Remembered
 from kenning.workers.cli.access import COMMANDS as ACCESS_COMMANDS
 from kenning.workers.cli.agent import COMMANDS as AGENT_COMMANDS
 from kenning.workers.cli.runs import COMMANDS as RUNS_COMMANDS
+from kenning.workers.cli.sessions import COMMANDS as SESSION_COMMANDS
 from kenning.workers.cli.show import DATASET_NAME, printable, safe
 from kenning.workers.control.runs import StallDetector, llm_breaker, mark_stalled
 from kenning.workers.memory import Kenning
@@ -351,40 +352,6 @@ def improve_command(dataset: str | None) -> None:
     click.echo(done.model_dump_json())
 
 
-@main.group("session")
-def session_group() -> None:
-    """Show a session, or rate one of its entries."""
-
-
-@session_group.command("show")
-@click.argument("session_id")
-@click.option("--last", "last_n", default=None, type=click.IntRange(1))
-def session_show(session_id: str, last_n: int | None) -> None:
-    with open_memory() as memory:
-        entries = memory.get_session(session_id, last_n)
-    for entry in entries:
-        click.echo(entry.model_dump_json())
-
-
-@session_group.command("feedback")
-@click.argument("session_id")
-@click.argument("entry_id")
-@click.option("--score", type=click.IntRange(1, 5), default=None, help="1 (useless) to 5 (exactly right).")
-@click.option("--text", default="")
-@click.option("--delete", is_flag=True, help="Remove the entry's feedback instead.")
-def session_feedback(session_id: str, entry_id: str, score: int | None, text: str, delete: bool) -> None:
-    with open_memory() as memory:
-        if delete:
-            found = memory.delete_feedback(session_id, entry_id)
-        elif score is None:
-            raise click.UsageError("give --score 1-5, or --delete")
-        else:
-            found = memory.add_feedback(session_id, entry_id, score, text)
-    if not found:
-        raise KenningError(f"session {session_id!r} has no entry {entry_id!r}")
-    click.echo("ok")
-
-
 @main.group("memory")
 def memory_group() -> None:
     """Memory records: each added item, with the nodes and edges it produced."""
@@ -552,6 +519,8 @@ for command in ACCESS_COMMANDS:
 for command in AGENT_COMMANDS:
     main.add_command(command)
 for command in RUNS_COMMANDS:
+    main.add_command(command)
+for command in SESSION_COMMANDS:
     main.add_command(command)
 
 
