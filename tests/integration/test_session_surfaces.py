@@ -13,15 +13,21 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from click.testing import CliRunner
+from fastapi.testclient import TestClient
 
 from kenning.pipeline.models import utcnow
+from kenning.pipeline.permission import Caller, Permission, User, issue_key
 from kenning.storage.metadata.session_records import SqlSessionRecords
+from kenning.workers.api import create_app
+from kenning.workers.application.sessions import summary
 from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from tests.integration.cluster import ROOT
+from tests.integration.test_mcp import call, connected, served
 from tests.simulator import Simulator
 
 TEXT = "Marie Curie won the Nobel Prize in Physics in 1903 with Pierre Curie."
@@ -124,7 +130,9 @@ def test_the_state_of_a_session_is_shown_as_it_is_now(home: Path) -> None:
         key = memory.session_key
         engine = memory.wiring.engine
         for session, ago in {"now": 1, "quiet": 10, "gone": 60, "done": 1}.items():
-            SqlSessionRecords(engine, clock=lambda ago=ago: utcnow() - timedelta(minutes=ago)).touch(key(session))
+            SqlSessionRecords(engine, clock=lambda ago=ago: utcnow() - timedelta(minutes=ago)).touch(
+                key(session)
+            )
     ended = CliRunner().invoke(main, ["session", "end", "done"], catch_exceptions=False)
     assert ended.exit_code == 0, ended.output
     # Then each is shown in its state
@@ -135,8 +143,80 @@ def test_the_state_of_a_session_is_shown_as_it_is_now(home: Path) -> None:
 def test_showing_or_ending_a_session_that_does_not_exist_is_an_error(home: Path) -> None:
     with Kenning(load_settings()) as memory:
         memory.add_text(TEXT, "science")
-    for args in (["session", "show", "nope"], ["session", "end", "nope"], ["session", "show", "nope", "--json"]):
+    for args in (
+        ["session", "show", "nope"],
+        ["session", "end", "nope"],
+        ["session", "show", "nope", "--json"],
+    ):
         done = command(*args)
         assert done.returncode != 0, done.stdout
         assert done.stdout == ""
         assert done.stderr.strip().count("\n") == 0 and "nope" in done.stderr, done.stderr
+
+
+def key_for(memory: Kenning, name: str) -> dict[str, str]:
+    store = memory.wiring.permissions
+    user = User(tenant=memory.settings.tenant, name=name)
+    store.add_user(user)
+    store.grant(user, "science", list(Permission))
+    token, key = issue_key(user)
+    store.add_key(key)
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_the_api_lists_a_callers_sessions_with_what_they_spent(home: Path, simulator: Simulator) -> None:
+    with Kenning(load_settings()) as memory, TestClient(create_app(memory)) as client:
+        ada, bob = key_for(memory, "ada"), key_for(memory, "bob")
+        memory.add_text(TEXT, "science")
+        memory.cognify("science")
+        # When ada searches with a session, and recalls with another from no dataset she may read
+        before = calls(simulator)
+        body = {"query": QUESTION, "type": "RAG_COMPLETION", "datasets": ["science"], "session_id": "s1"}
+        assert client.post("/v1/search", json=body, headers=ada).status_code == 200
+        spent = tuple(now - then for now, then in zip(calls(simulator), before, strict=True))
+        recall = {"query": "Curie", "datasets": ["nowhere"], "session_id": "s2"}
+        assert client.post("/v1/recall", json=recall, headers=ada).status_code == 200
+        # Then her sessions are listed, the search's with what the provider billed for it
+        listed = client.get("/v1/sessions", headers=ada).json()["sessions"]
+        assert [s["session_id"] for s in listed] == ["s2", "s1"]
+        s1 = listed[1]
+        assert (s1["llm_calls"], s1["tokens_in"], s1["tokens_out"]) == spent and spent[0] == 1
+        assert s1["state"] == "running" and s1["errors"] == 0
+        assert client.get("/v1/sessions/s1/record", headers=ada).json() == s1
+        # And bob sees none of them: his own list is empty, hers are not found for him
+        assert client.get("/v1/sessions", headers=bob).json() == {"sessions": []}
+        assert client.get("/v1/sessions/s1/record", headers=bob).status_code == 404
+        assert client.post("/v1/sessions/s1/end", headers=bob).status_code == 404
+        # And a session ended is shown ended
+        assert client.post("/v1/sessions/s1/end", headers=ada).json() == {"ok": True}
+        assert client.get("/v1/sessions/s1/record", headers=ada).json()["state"] == "ended"
+        missing = client.get("/v1/sessions/nope/record", headers=ada)
+        assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
+
+
+def test_mcp_searches_are_counted_and_its_recalls_recorded(home: Path, simulator: Simulator) -> None:
+    with Kenning(load_settings()) as memory:
+        token = key_for(memory, "ada")["Authorization"].removeprefix("Bearer ")
+        memory.add_text(TEXT, "science")
+        memory.cognify("science")
+        before = calls(simulator)
+
+        async def ask(url: str) -> dict[str, object]:
+            async with connected(url, token) as session:
+                await call(session, "recall", query="Curie", datasets=["science"], session_id="mcp")
+                return await call(
+                    session, "search", query=QUESTION, type="GRAPH_COMPLETION", datasets=["science"]
+                )
+
+        # When ada recalls in a session, then asks for an answer, over MCP
+        with served(create_app(memory)) as url:
+            answered = anyio.run(ask, url)
+        assert answered["answer"]
+        # Then the answer's request is the dataset's, as the provider billed it
+        spent = tuple(now - then for now, then in zip(calls(simulator), before, strict=True))
+        status = memory.status("science")[0]
+        assert spent[0] == 1 and status["spend"]["completion"]["llm_calls"] == 1
+        assert status["llm_calls"] == calls(simulator)[0]
+        # And her recall left a record of its session
+        ada = memory.as_caller(Caller(tenant=memory.settings.tenant, user="ada"))
+        assert summary(ada.context, "mcp").state == "running"

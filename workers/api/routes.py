@@ -54,9 +54,15 @@ from kenning.workers.api.schemas import (
     SearchIn,
     valid_name,
 )
+from kenning.workers.application import sessions
 from kenning.workers.application.lifecycle import Recalled, Recollection, Remembered
 from kenning.workers.application.records import PAGE_LIMIT, MemoryRecord, Page
-from kenning.workers.application.sessions import session_recollection, worth_recalling
+from kenning.workers.application.sessions import (
+    SessionList,
+    SessionSummary,
+    session_recollection,
+    worth_recalling,
+)
 from kenning.workers.control.graph_view import MAX_NODES, graph_html
 from kenning.workers.control.runs import cancel_run, retry_target
 
@@ -331,9 +337,10 @@ def recall(body: RecallIn, access: Caller) -> Recalled:
 def _from_session(access: Access, body: RecallIn) -> list[Recollection]:
     if body.session_id is None:
         return []
-    # The memory shows only the entries the caller may read every dataset of.
-    entries = [entry for entry in access.memory.get_session(body.session_id) if worth_recalling(entry)]
-    found = search_entries(entries, body.query, body.top_k)
+    with sessions.operation(access.memory.context, body.session_id):
+        # The memory shows only the entries the caller may read every dataset of.
+        entries = [entry for entry in access.memory.get_session(body.session_id) if worth_recalling(entry)]
+        found = search_entries(entries, body.query, body.top_k)
     return [session_recollection(entry, score) for entry, score in found]
 
 
@@ -345,6 +352,28 @@ def forget(body: ForgetIn, access: Caller) -> Forgotten:
 
 
 # Sessions
+
+
+@router.get("/sessions", tags=["sessions"], response_model=SessionList)
+def list_sessions(access: Caller) -> SessionList:
+    """The caller's own sessions, the most recently used first, each with its state now (running:
+    used in the last 5 minutes; idle; abandoned: unused for 30 minutes; ended), the LLM requests,
+    tokens and cost its operations (search, recall, remember) spent, per model, and its errors."""
+    return SessionList(sessions=sessions.summaries(access.memory.context))
+
+
+@router.get("/sessions/{session_id}/record", tags=["sessions"], response_model=SessionSummary)
+def get_session_record(session_id: IdPath, access: Caller) -> SessionSummary:
+    """One of the caller's sessions as `GET /v1/sessions` lists it; 404 when it has none."""
+    return sessions.summary(access.memory.context, session_id)
+
+
+@router.post("/sessions/{session_id}/end", tags=["sessions"], response_model=Done)
+def end_session(session_id: IdPath, access: Caller) -> Done:
+    """Mark one of the caller's sessions ended (a later operation with it starts it again); 404
+    when it has no record."""
+    sessions.end(access.memory.context, session_id)
+    return Done()
 
 
 @router.get("/sessions/{session_id}", tags=["sessions"], response_model=list[SessionEntry])

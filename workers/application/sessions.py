@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from kenning.pipeline.errors import ConfigError, InputError, StoreError
+from kenning.pipeline.errors import ConfigError, NotFound, StoreError
 from kenning.pipeline.estimate import price
 from kenning.pipeline.models import utcnow
 from kenning.pipeline.redact import safe_error_text
@@ -26,10 +26,11 @@ from kenning.pipeline.session import (
 )
 from kenning.pipeline.spend import Spend, in_session
 from kenning.retrieval.contract import Hit, SearchResult
+from kenning.retrieval.reference import lexical_score
 from kenning.workers.application import gate
 from kenning.workers.application.context import Context
 from kenning.workers.application.conversation import message_item_ids
-from kenning.workers.application.lifecycle import Message, Recollection
+from kenning.workers.application.lifecycle import Message, Recollection, said_by
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,12 @@ class SessionSummary(BaseModel):
     errors: int = 0
     last_error: str = ""
     models: dict[str, ModelUsage] = Field(default_factory=dict, description="The usage of each model")
+
+
+class SessionList(BaseModel):
+    """The caller's sessions, the most recently used first."""
+
+    sessions: list[SessionSummary]
 
 
 @contextmanager
@@ -91,9 +98,9 @@ def charge_run(context: Context, session_id: str, run_id: str) -> None:
 
 
 def end(context: Context, session_id: str) -> None:
-    """Mark the caller's session ended; InputError when it has no record."""
+    """Mark the caller's session ended; NotFound when it has no record."""
     if not context.wiring.session_records.end(context.session_key(session_id)):
-        raise InputError(f"no session {session_id!r}")
+        raise NotFound(f"no session {session_id!r}")
 
 
 def summaries(context: Context) -> list[SessionSummary]:
@@ -103,11 +110,11 @@ def summaries(context: Context) -> list[SessionSummary]:
 
 
 def summary(context: Context, session_id: str) -> SessionSummary:
-    """The caller's session; InputError when it has no record and no entry."""
+    """The caller's session; NotFound when it has no record and no entry."""
     key = context.session_key(session_id)
     record = context.wiring.session_records.get(key) or _record_of_entries(context, key)
     if record is None:
-        raise InputError(f"no session {session_id!r}")
+        raise NotFound(f"no session {session_id!r}")
     return summarized(context, [record])[0]
 
 
@@ -230,12 +237,13 @@ def keep_answer(context: Context, session_id: str, result: SearchResult, dataset
         result.notice = "; ".join(filter(None, (result.notice, f"session memory unavailable: {error}")))
 
 
-def session_recollection(entry: SessionEntry, score: float) -> Recollection:
+def session_recollection(entry: SessionEntry, bm25: float) -> Recollection:
+    """A session entry as recalled; its BM25 score as every recollection's, in [0, 1]."""
     text = entry.question if entry.kind == "message" else f"Q: {entry.question}\nA: {entry.answer}"
     return Recollection(
         source="session",
         text=text,
-        score=score,
+        score=lexical_score(bm25),
         kind=entry.kind,
         dataset=entry.dataset,
         data_id=entry.data_ids[0] if entry.data_ids else None,
@@ -271,13 +279,17 @@ def recalled_entry(query: str, graph: list[Recollection], context: str, datasets
 
 
 def graph_recollection(hit: Hit) -> Recollection:
+    """A search hit as recalled: a remembered message with its speaker and the time it was said."""
+    speaker, said_at = said_by(hit.text) if hit.kind == "chunk" else ("", None)
     return Recollection(
         source="graph",
         text=hit.text,
-        score=1.0 - hit.score,
+        score=hit.score,
         kind=hit.kind,
         dataset=hit.dataset,
         data_id=hit.data_id,
         document_id=hit.document_id,
         chunk_id=hit.chunk_id,
+        speaker=str(hit.extra.get("speaker") or speaker),
+        said_at=said_at,
     )
