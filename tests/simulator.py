@@ -24,7 +24,8 @@ simulator stops; set it back and new requests are answered again.
 default: all of them), `json_object` (llama-cpp-python: a `json_schema` request is answered 500
 with a validation error naming `response_format`) or `text` (a `json_object` request too).
 With `honor_max_tokens`, a reply longer than the request's `max_tokens` is cut there and ends
-with `finish_reason` "length".
+with `finish_reason` "length". With `unlisted_ends`, an extraction lists no node that is only a
+fact's target and names it in the fact instead, as small models do.
 
 `/stats` answers `calls` (per endpoint), `prompt_tokens`, `completion_tokens`,
 `rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `held` (never answered:
@@ -57,6 +58,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from kenning.pipeline.errors import ConfigError
+from kenning.pipeline.models import Extraction, KnowledgeGraph
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.storage.inference.llm_openai import unwrap_chunk
 
@@ -103,6 +105,7 @@ class Simulator:
     black_hole: bool = False
     accepts: Literal["json_schema", "json_object", "text"] = "json_schema"
     honor_max_tokens: bool = False
+    unlisted_ends: bool = False
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -162,7 +165,7 @@ class Simulator:
         self._stats.reset()
 
     def received(self) -> list[JSON]:
-        """The bodies of the latest chat requests, oldest first."""
+        """The bodies of the latest chat requests answered or refused for their format, oldest first."""
         with self._lock:
             return list(self._recent)
 
@@ -171,7 +174,7 @@ class Simulator:
     def chat_reply(self, body: JSON) -> _Reply:
         with self._lock:
             self._recent.append(body)
-        reply = chat_reply(body, self._extractor)
+        reply = chat_reply(body, self._extractor, self.unlisted_ends)
         limit = body.get("max_tokens")
         if self.honor_max_tokens and isinstance(limit, int) and reply.completion_tokens > limit:
             return reply.cut(limit)
@@ -184,6 +187,8 @@ class Simulator:
         taken = {"json_schema": ("json_schema", "json_object"), "json_object": ("json_object",), "text": ()}
         if kind in (None, "text") or kind in taken[self.accepts]:
             return None
+        with self._lock:
+            self._recent.append(body)
         allowed = " or ".join(repr(name) for name in ("text", *taken[self.accepts][-1:]))
         return (
             "1 validation error for CreateChatCompletionRequest\nresponse_format.type\n"
@@ -388,7 +393,7 @@ def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-def chat_reply(body: JSON, extractor: OfflineExtractor) -> _Reply:
+def chat_reply(body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = False) -> _Reply:
     """The deterministic answer to a chat.completions request."""
     messages = [message for message in body.get("messages", []) if isinstance(message, dict)]
     if not messages:
@@ -398,9 +403,11 @@ def chat_reply(body: JSON, extractor: OfflineExtractor) -> _Reply:
     # A repair request follows the chunk's message: the chunk is in the last message holding one.
     chunk = next((text for text in reversed(users) if unwrap_chunk(text) is not None), None)
     if _wants_schema(body):
-        content = _structured_answer(chunk or question, extractor)
+        content = _structured_answer(chunk or question, extractor, unlisted_ends)
     elif chunk is not None:
-        content = f"Here is the extraction:\n```json\n{_structured_answer(chunk, extractor)}\n```"
+        content = (
+            f"Here is the extraction:\n```json\n{_structured_answer(chunk, extractor, unlisted_ends)}\n```"
+        )
     else:
         content = _text_answer(question, extractor)
     prompt_tokens = sum(estimate_tokens(_text_of(message.get("content"))) for message in messages)
@@ -423,9 +430,28 @@ def _wants_schema(body: JSON) -> bool:
     return isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")
 
 
-def _structured_answer(question: str, extractor: OfflineExtractor) -> str:
+def _structured_answer(question: str, extractor: OfflineExtractor, unlisted_ends: bool = False) -> str:
     chunk = unwrap_chunk(question)
-    return extractor.extract(question if chunk is None else chunk).model_dump_json()
+    extraction = extractor.extract(question if chunk is None else chunk)
+    if unlisted_ends:
+        extraction = _without_target_nodes(extraction)
+    return extraction.model_dump_json()
+
+
+def _without_target_nodes(extraction: Extraction) -> Extraction:
+    """The extraction with each node that is only a fact's target left out, named in its facts."""
+    graph = extraction.graph
+    sources = {edge.source for edge in graph.edges}
+    names = {node.id: node.name for node in graph.nodes}
+    left_out = {edge.target for edge in graph.edges if edge.target not in sources}
+    edges = [
+        edge.model_copy(update={"target": names.get(edge.target, edge.target)})
+        if edge.target in left_out
+        else edge
+        for edge in graph.edges
+    ]
+    nodes = [node for node in graph.nodes if node.id not in left_out]
+    return extraction.model_copy(update={"graph": KnowledgeGraph(nodes=nodes, edges=edges)})
 
 
 def _text_answer(question: str, extractor: OfflineExtractor) -> str:
@@ -675,6 +701,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the richest response format taken; richer ones are answered 500 (as llama-cpp-python)",
     )
     parser.add_argument("--honor-max-tokens", action="store_true", help="cut replies at max_tokens")
+    parser.add_argument(
+        "--unlisted-ends", action="store_true", help="list no node that is only a fact's target"
+    )
     return parser.parse_args(argv)
 
 

@@ -321,7 +321,7 @@ class _Ladder:
         with self._lock:
             now = self._now or lower
             self._now = max(lower, now, key=LADDER.index)
-            log.warning("%s refused structured output %s, asking with %s: %s", where, rung, self._now, cause)
+            log.info("%s refused structured output %s, asking with %s: %s", where, rung, self._now, cause)
             return self._now
 
     def worked(self, rung: Rung) -> None:

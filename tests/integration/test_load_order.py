@@ -71,7 +71,12 @@ def extraction(item: str, chunk: int) -> Extraction:
     return Extraction(
         graph=KnowledgeGraph(
             nodes=[
-                KnowledgeNode(id="ada", name="Ada Lovelace", type="Person", description=f"Ada Lovelace, a writer, {said}"),
+                KnowledgeNode(
+                    id="ada",
+                    name="Ada Lovelace",
+                    type="Person",
+                    description=f"Ada Lovelace, a writer, {said}",
+                ),
                 KnowledgeNode(
                     id="cb", name="Charles Babbage", type="Person", description=f"Babbage, inventor, {said}"
                 ),

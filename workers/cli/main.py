@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kenning import __version__
+from kenning.pipeline.checks import CHECK_COUNTERS
 from kenning.pipeline.context import Job
 from kenning.pipeline.errors import InputError, KenningError, StoreError
 from kenning.pipeline.models import PipelineRun
@@ -441,13 +442,28 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
         for chunk in entry["failed_chunks"]:
             where = f"{entry['dataset']}/{chunk['item']} chunk {chunk['index']}"
             console.print(f"[red]failed[/red] {safe(where)}: {safe(chunk['error'])}")
+        print_checks(entry)
 
 
 def breaker_line(llm: dict[str, Any]) -> str:
-    line = f"llm: {llm['model']} at {llm['endpoint']}, circuit breaker {llm['breaker']}"
+    line = f"llm: {llm['model']} at {llm['endpoint']}, structured output {llm['structured_output']}"
+    line += f", circuit breaker {llm['breaker']}"
     if llm["breaker"] != "closed":
         line += f" since {llm['since']}: {llm['reason']}"
     return line
+
+
+def print_checks(entry: dict[str, Any]) -> None:
+    """A line saying what the dataset's last run repaired or dropped, if anything."""
+    checked = checks_line(entry["runs"][0]) if entry["runs"] else ""
+    if checked:
+        console.print(f"[yellow]checked[/yellow] {safe(entry['dataset'])} last run: {checked}")
+
+
+def checks_line(run: dict[str, Any]) -> str:
+    """What the run repaired or dropped of the model's replies, in words; "" when nothing."""
+    counted = [(name, run["stats"].get(name, 0)) for name in CHECK_COUNTERS]
+    return ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in counted if count)
 
 
 def watch_started(memory: Kenning, dataset: str | None, timeout_s: float) -> None:
