@@ -86,7 +86,9 @@ def test_ready_is_503_when_a_store_is_down_and_names_it(tmp_path: Path) -> None:
     assert body["stores"]["metadata"] == body["stores"]["vectors"] == "ok"
     assert body["stores"]["graph"].startswith("unreachable")
     # And the scrape has the LLM client's counters, none spent yet, and the breaker's state
-    assert "kenning_llm_calls_total 0.0" in scraped and "kenning_llm_rate_limited_total 0.0" in scraped
+    for purpose in ("extraction", "completion"):
+        assert f'kenning_llm_calls_total{{purpose="{purpose}"}} 0.0' in scraped
+        assert f'kenning_llm_rate_limited_total{{purpose="{purpose}"}} 0.0' in scraped
     assert sample(scraped, "kenning_llm_breaker", state="closed") == 1
 
 

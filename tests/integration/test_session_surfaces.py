@@ -27,6 +27,7 @@ from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from tests.integration.cluster import ROOT
+from tests.integration.test_api_operations import sample
 from tests.integration.test_mcp import call, connected, served
 from tests.simulator import Simulator
 
@@ -220,3 +221,24 @@ def test_mcp_searches_are_counted_and_its_recalls_recorded(home: Path, simulator
         # And her recall left a record of its session
         ada = memory.as_caller(Caller(tenant=memory.settings.tenant, user="ada"))
         assert summary(ada.context, "mcp").state == "running"
+
+
+def test_metrics_count_the_requests_of_searches_as_completions(home: Path, simulator: Simulator) -> None:
+    with Kenning(load_settings()) as memory, TestClient(create_app(memory)) as client:
+        auth = key_for(memory, "ada")
+        # When a dataset is cognified, then answered twice over HTTP
+        memory.add_text(TEXT, "science")
+        memory.cognify("science")
+        for search_type in ("RAG_COMPLETION", "GRAPH_COMPLETION"):
+            body = {"query": QUESTION, "type": search_type, "datasets": ["science"]}
+            assert client.post("/v1/search", json=body, headers=auth).status_code == 200
+        scraped = client.get("/metrics").text
+    # Then the scrape counts the extraction's requests and the two answers, as the provider did
+    extraction = sample(scraped, "kenning_llm_calls_total", purpose="extraction")
+    completion = sample(scraped, "kenning_llm_calls_total", purpose="completion")
+    assert (extraction, completion) == (1, 2) and extraction + completion == calls(simulator)[0]
+    tokens = sum(
+        sample(scraped, "kenning_llm_tokens_total", kind="prompt", purpose=purpose)
+        for purpose in ("extraction", "completion")
+    )
+    assert tokens == calls(simulator)[1]

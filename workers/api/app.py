@@ -33,7 +33,7 @@ from kenning.workers.api.runs import RunTracker
 from kenning.workers.api.schemas import Readiness, Status
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.heap import settle
-from kenning.workers.runtime.metrics import CONTENT_TYPE, LLMCounters, metrics
+from kenning.workers.runtime.metrics import CONTENT_TYPE, metrics, wiring_llm
 from kenning.workers.runtime.settings import load_settings
 from kenning.workers.runtime.wiring import Wiring
 
@@ -82,7 +82,7 @@ def create_app(
     app = FastAPI(title="kenning", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.kenning = ApiState(memory=memory, runs=runs, distributed=distributed)
     install_error_handlers(app)
-    metrics().watch_llm(lambda: _llm(memory)[0])
+    metrics().watch_llm(lambda: wiring_llm(memory.wiring, memory.settings.llm_url))
     app.add_middleware(BodyLimit, limit=memory.settings.api_max_upload_bytes)
     app.add_middleware(Timed)
     app.include_router(router)
@@ -106,7 +106,7 @@ def create_app(
         of the LLM circuit breaker (an open one is reported, not a reason to be unready)."""
         stores = {name: _probe(check) for name, check in _store_checks(memory).items()}
         ok = all(answer == "ok" for answer in stores.values())
-        body = Readiness(status="ready" if ok else "not_ready", stores=stores, llm_breaker=_llm(memory)[1])
+        body = Readiness(status="ready" if ok else "not_ready", stores=stores, llm_breaker=_breaker(memory))
         return body if ok else JSONResponse(body.model_dump(), status_code=503)
 
     @app.get(
@@ -178,15 +178,10 @@ def _probe(check: Callable[[], object]) -> str:
     return "ok"
 
 
-def _llm(memory: Kenning) -> tuple[tuple[LLMCounters, str] | None, str | None]:
-    """The LLM client's counters and breaker state; none without an LLM endpoint."""
-    if not memory.settings.llm_url:
-        return None, None
-    extractor = memory.wiring.extractor
-    usage, state = getattr(extractor, "usage", None), getattr(extractor, "breaker_state", None)
-    if usage is None or not isinstance(state, str):
-        return None, None
-    return (usage, state), state
+def _breaker(memory: Kenning) -> str | None:
+    """The LLM circuit breaker's state; none without an LLM endpoint."""
+    found = wiring_llm(memory.wiring, memory.settings.llm_url)
+    return found[1] if found else None
 
 
 class Timed:

@@ -61,7 +61,7 @@ from kenning.storage.coordination.redis_client import open_redis
 from kenning.storage.coordination.run_lock import Deliveries
 from kenning.workers.runtime import keys
 from kenning.workers.runtime.heap import settle
-from kenning.workers.runtime.metrics import metrics, serve_worker_metrics
+from kenning.workers.runtime.metrics import metrics, serve_worker_metrics, wiring_llm
 from kenning.workers.runtime.schedule import beat_schedule
 from kenning.workers.runtime.settings import Settings, in_mode, load_settings
 from kenning.workers.runtime.wiring import Wiring, open_run_lock
@@ -366,7 +366,11 @@ def _on_process_start(**_: object) -> None:
 
 
 def _serve_metrics(settings: Settings) -> None:
-    if serve_worker_metrics(settings.metrics_port) is None or not settings.broker_url.startswith("redis"):
+    if serve_worker_metrics(settings.metrics_port) is None:
+        return
+    # This process's LLM requests: the extractions of its chunks and the completions of its searches.
+    metrics().watch_llm(lambda: wiring_llm(app.resources().wiring, settings.llm_url))
+    if not settings.broker_url.startswith("redis"):
         return
     client = open_redis(settings.broker_url)
     queues = [queue_name(settings, kind) for kind in keys.QUEUE_KINDS]

@@ -1,5 +1,6 @@
 """Prometheus metrics of one process: runs and their steps, run counters (chunks, items, ...),
-Celery tasks, search latency per type, HTTP latency per route, LLM calls, tokens and retries.
+Celery tasks, search latency per type, HTTP latency per route, LLM calls, tokens and retries by
+purpose (`extraction`: the extractor's; `completion`: the completer's, every search's).
 
 `metrics()` is this process's set, made on first use; without `prometheus_client` (the `api` and
 `server` extras install it) it is `NoMetrics`, which records nothing, so the embedded install
@@ -45,6 +46,32 @@ class LLMCounters(Protocol):
     def rate_limited(self) -> int: ...
 
 
+LLMRead = Callable[[], "tuple[Mapping[str, LLMCounters], str] | None"]
+
+
+class LLMPorts(Protocol):
+    """What `wiring_llm` reads of a `Wiring`: its settings' endpoint and its two LLM clients."""
+
+    @property
+    def extractor(self) -> object: ...
+    @property
+    def completer(self) -> object: ...
+
+
+def wiring_llm(wiring: LLMPorts, llm_url: str) -> tuple[dict[str, LLMCounters], str] | None:
+    """The counters of the wiring's LLM clients by purpose, and its breaker's state; None without an
+    LLM endpoint (or with clients that count nothing, as test doubles)."""
+    if not llm_url:
+        return None
+    extractor = wiring.extractor
+    state = getattr(extractor, "breaker_state", None)
+    if not isinstance(state, str):
+        return None
+    clients = {"extraction": extractor, "completion": wiring.completer}
+    counted = {purpose: getattr(client, "usage", None) for purpose, client in clients.items()}
+    return {purpose: usage for purpose, usage in counted.items() if usage is not None}, state
+
+
 class NoMetrics:
     """Records nothing: the set without `prometheus_client`."""
 
@@ -60,9 +87,9 @@ class NoMetrics:
     def task_ran(self, task: str, outcome: str, seconds: float) -> None:
         """A Celery task ended (`succeeded`, `failed` or `retried`)."""
 
-    def watch_llm(self, read: Callable[[], tuple[LLMCounters, str] | None]) -> None:
-        """Report the LLM counters and breaker state that `read` gives, at each scrape (instead
-        of those of an earlier `read`)."""
+    def watch_llm(self, read: LLMRead) -> None:
+        """Report the LLM counters (by purpose) and breaker state that `read` gives, at each scrape
+        (instead of those of an earlier `read`)."""
 
     def watch_queues(self, read: Callable[[], Mapping[str, int]]) -> None:
         """Report the queue depths that `read` gives, at each scrape (none while it fails;
@@ -134,7 +161,7 @@ class Metrics(NoMetrics):
     def task_ran(self, task: str, outcome: str, seconds: float) -> None:
         self.task_seconds.labels(task, outcome).observe(seconds)
 
-    def watch_llm(self, read: Callable[[], tuple[LLMCounters, str] | None]) -> None:
+    def watch_llm(self, read: LLMRead) -> None:
         # One LLM client per process: a later app's replaces an earlier one's.
         with self._mutex:
             if self._llm is not None:
@@ -162,9 +189,9 @@ class Metrics(NoMetrics):
 
 
 class LLMCollector:
-    """The LLM client's own counters, read at scrape time (they are cumulative already)."""
+    """The LLM clients' own counters, by purpose, read at scrape time (they are cumulative already)."""
 
-    def __init__(self, read: Callable[[], tuple[LLMCounters, str] | None]) -> None:
+    def __init__(self, read: LLMRead) -> None:
         self.read = read
 
     def describe(self) -> Iterable[Metric]:
@@ -176,15 +203,22 @@ class LLMCollector:
         found = self.read()
         if found is None:
             return
-        usage, breaker = found
-        yield CounterMetricFamily("kenning_llm_calls", "LLM requests sent", value=usage.calls)
-        yield CounterMetricFamily("kenning_llm_retries", "LLM requests retried", value=usage.retries)
-        yield CounterMetricFamily(
-            "kenning_llm_rate_limited", "LLM requests refused (429)", value=usage.rate_limited
-        )
-        tokens = CounterMetricFamily("kenning_llm_tokens", "LLM tokens billed", labels=["kind"])
-        tokens.add_metric(["prompt"], usage.prompt_tokens)
-        tokens.add_metric(["completion"], usage.completion_tokens)
+        usages, breaker = found
+        families = {
+            "calls": CounterMetricFamily("kenning_llm_calls", "LLM requests sent", labels=["purpose"]),
+            "retries": CounterMetricFamily("kenning_llm_retries", "LLM requests retried", labels=["purpose"]),
+            "rate_limited": CounterMetricFamily(
+                "kenning_llm_rate_limited", "LLM requests refused (429)", labels=["purpose"]
+            ),
+        }
+        tokens = CounterMetricFamily("kenning_llm_tokens", "LLM tokens billed", labels=["purpose", "kind"])
+        for purpose, usage in sorted(usages.items()):
+            families["calls"].add_metric([purpose], usage.calls)
+            families["retries"].add_metric([purpose], usage.retries)
+            families["rate_limited"].add_metric([purpose], usage.rate_limited)
+            tokens.add_metric([purpose, "prompt"], usage.prompt_tokens)
+            tokens.add_metric([purpose, "completion"], usage.completion_tokens)
+        yield from families.values()
         yield tokens
         state = GaugeMetricFamily(
             "kenning_llm_breaker", "LLM circuit breaker: 1 in its state", labels=["state"]
