@@ -3,6 +3,10 @@ what the provider (the simulator) saw, for every search type, on every surface."
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,7 @@ from kenning.retrieval.contract import SearchType
 from kenning.workers.application.sessions import summary
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
+from tests.integration.cluster import ROOT
 from tests.simulator import Simulator
 
 TEXT = (
@@ -123,3 +128,60 @@ def test_a_natural_language_query_counts_the_requests_that_wrote_its_cypher(
         assert made >= 1
         assert memory.status("nl")[0]["llm_calls"] - status_before == made
         assert summary(memory.context, "nl").llm_calls == made
+
+
+QUERY_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    from kenning.workers.celery.app import app
+    from kenning.workers.memory import Kenning
+    from kenning.workers.runtime.settings import load_settings
+    from kenning.workers.services import tasks
+
+    home, redis_url, prefix, llm_url, question = sys.argv[1:6]
+    base = dict(home=home, embedding_provider="hash", llm_url=llm_url, llm_api_key="test")
+    with Kenning(load_settings(**base)) as memory:
+        memory.add_text("Marie Curie won the Nobel Prize in Physics in 1903.", "worker")
+        memory.cognify("worker")
+    app.use_settings(load_settings(**base, redis_url=redis_url, broker_url=redis_url, queue_prefix=prefix))
+    answered = tasks.search_task({"query": question, "type": "GRAPH_COMPLETION_COT", "datasets": ["worker"]})
+    app.close_resources()
+    with Kenning(load_settings(**base)) as memory:
+        status = memory.status("worker")[0]
+    print(json.dumps({"answer": answered["answer"], "status": status}))
+    """
+)
+
+
+@pytest.mark.redis
+def test_a_query_worker_counts_the_requests_of_its_searches(
+    tmp_path: Path, simulator: Simulator, redis_url: str, key_prefix: str
+) -> None:
+    # Given a dataset cognified, and a query worker on its home
+    script = tmp_path / "worker.py"
+    script.write_text(QUERY_WORKER)
+    before = billed(simulator)
+    # When the worker answers a search sent by name (its chain of thought makes several requests)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(tmp_path / "home"),
+            redis_url,
+            key_prefix,
+            simulator.base_url,
+            QUESTION,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    # Then the dataset's status shows every request the provider saw, its completions apart
+    assert found["answer"]
+    made = tuple(now - then for now, then in zip(billed(simulator), before, strict=True))
+    status = found["status"]
+    assert (status["llm_calls"], status["tokens"]["prompt"], status["tokens"]["completion"]) == made
+    assert status["spend"]["completion"]["llm_calls"] >= 2

@@ -242,3 +242,21 @@ def test_metrics_count_the_requests_of_searches_as_completions(home: Path, simul
         for purpose in ("extraction", "completion")
     )
     assert tokens == calls(simulator)[1]
+
+
+def test_the_command_lines_status_counts_its_searches_answers(home: Path, simulator: Simulator) -> None:
+    # Given a dataset added and cognified from the command line
+    folder = home.parent / "corpus"
+    folder.mkdir()
+    (folder / "curie.txt").write_text(TEXT)
+    for args in (["add", str(folder), "--dataset", "science"], ["cognify", "--dataset", "science"]):
+        assert CliRunner().invoke(main, args, catch_exceptions=False).exit_code == 0
+    # When it answers a question twice, by two search types
+    for search_type in ("RAG_COMPLETION", "GRAPH_COMPLETION_DECOMPOSITION"):
+        cli("search", QUESTION, "--type", search_type, "--dataset", "science")
+    # Then status shows what the provider billed, requests and tokens, the answers' apart
+    status = cli("status", "--dataset", "science")["datasets"][0]
+    assert (status["llm_calls"], status["tokens"]["prompt"], status["tokens"]["completion"]) == calls(
+        simulator
+    )
+    assert status["spend"]["completion"]["llm_calls"] >= 3
