@@ -9,9 +9,14 @@ Without an LLM each of them gives the first retrieval's context (and says so).
 
 from __future__ import annotations
 
+import logging
+
+from kenning.pipeline.checks import follow_up_question
 from kenning.pipeline.errors import NoLLMConfigured
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.graph_completion import GraphCompletionRetriever
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 3
 MAX_ROUNDS = 8
@@ -23,7 +28,8 @@ SUMMARY_SYSTEM = (
 )
 MISSING_SYSTEM = (
     "You are given a question, the facts found so far and a draft answer. Write ONE short "
-    "search query for the information still missing. Reply with the query only."
+    "follow-up question for the information still missing, ending with a question mark. "
+    "Reply with the question only."
 )
 DECOMPOSE_SYSTEM = (
     "Split the question into at most five simple sub-questions that together answer it, "
@@ -96,7 +102,12 @@ class ChainOfThoughtRetriever(_IterativeRetriever):
         draft = self.llm("Answer from the facts; be brief.", f"Facts:\n{facts}\n\nQuestion: {request.query}")
         if draft is None:
             return None
-        return self.llm(MISSING_SYSTEM, f"Question: {request.query}\nFacts:\n{facts}\nDraft answer: {draft}")
+        reply = self.llm(MISSING_SYSTEM, f"Question: {request.query}\nFacts:\n{facts}\nDraft answer: {draft}")
+        question = follow_up_question(reply or "")
+        if reply and question is None:
+            # A name or a statement is no follow-up question: searching with it drifts off the question.
+            log.warning("the follow-up step's reply is not a question, no further search: %r", reply[:200])
+        return question
 
 
 class ContextExtensionRetriever(_IterativeRetriever):
@@ -109,7 +120,14 @@ class DecompositionRetriever(_GraphVariant):
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
         hits = self.graph_search(request, request.query)
         plan = self.llm(DECOMPOSE_SYSTEM, request.query)
-        questions = [line.strip(" -•\t") for line in (plan or "").splitlines() if line.strip(" -•\t")]
+        lines = [line.strip(" -•\t") for line in (plan or "").splitlines() if line.strip(" -•\t")]
+        questions = [question for question in map(follow_up_question, lines) if question]
+        if len(questions) < len(lines):
+            log.warning(
+                "%d of the %d sub-questions replied are not questions, left out",
+                len(lines) - len(questions),
+                len(lines),
+            )
         for question in questions[:MAX_SUBQUESTIONS]:
             hits = merge_hits(hits, self.graph_search(request, question))
         return hits

@@ -7,9 +7,11 @@ few tools or answers; the loop ends after a fixed number of steps.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 
+from kenning.pipeline.checks import one_of
 from kenning.pipeline.errors import NoLLMConfigured
 from kenning.retrieval.contract import (
     Hit,
@@ -19,6 +21,8 @@ from kenning.retrieval.contract import (
     SearchType,
     answer_from_context,
 )
+
+log = logging.getLogger(__name__)
 
 Dispatch = Callable[[SearchPorts, SearchRequest], SearchResult]
 
@@ -58,15 +62,17 @@ def rule_route(query: str) -> SearchType:
 
 
 def llm_route(ports: SearchPorts, query: str) -> SearchType | None:
+    """The type the LLM picks; None without an LLM, or when its reply names not exactly one type."""
     choices = "\n".join(f"{name}: {use}" for name, use in ROUTES.items())
     try:
         answer = ports.completer.complete(_ROUTER_SYSTEM, f"Types:\n{choices}\n\nQuestion: {query}")
     except NoLLMConfigured:
         return None
-    for word in re.findall(r"[A-Z_]{5,}", answer.upper()):
-        if word in ROUTES:
-            return SearchType[word]
-    return None
+    picked = one_of(answer, ROUTES)
+    if picked is None:
+        log.warning("the router's reply names no one search type, routed by rules: %r", answer[:200])
+        return None
+    return SearchType[picked]
 
 
 class FeelingLuckyRetriever:

@@ -96,7 +96,7 @@ def test_decomposition_retrieves_for_each_sub_question(memory: TwinServices) -> 
 
 def test_chain_of_thought_searches_again_for_what_is_missing(memory: TwinServices) -> None:
     def answer(system: str, prompt: str) -> str:
-        return "Bletchley Park Alan Turing" if "missing" in system else "Grace Hopper built it."
+        return "Where did Alan Turing work?" if "missing" in system else "Grace Hopper built it."
 
     completer = ScriptedCompleter(answer)
     first = run(memory, SearchType.GRAPH_COMPLETION, "Who built the first compiler?", only_context=True)
@@ -108,6 +108,50 @@ def test_chain_of_thought_searches_again_for_what_is_missing(memory: TwinService
         rounds=2,
     )
     assert len(result.results) > len(first.results) and "Bletchley" in result.context
+
+
+def test_chain_of_thought_goes_on_only_with_a_follow_up_question(memory: TwinServices) -> None:
+    # Given a model that answers the follow-up step with a name, not a question
+    def answer(system: str, prompt: str) -> str:
+        return "Bletchley Park Alan Turing" if "missing" in system else "Grace Hopper built it."
+
+    completer = ScriptedCompleter(answer)
+    first = run(memory, SearchType.GRAPH_COMPLETION, "Who built the first compiler?", only_context=True)
+    # When chain of thought runs
+    result = run(
+        with_completer(memory, completer),
+        SearchType.GRAPH_COMPLETION_COT,
+        "Who built the first compiler?",
+        only_context=True,
+        rounds=3,
+    )
+    # Then the name is not searched as a question: the context is the first search's
+    assert result.context == first.context
+    assert sum("missing" in system for system, _ in completer.calls) == 1
+
+
+def test_decomposition_leaves_out_lines_that_are_not_questions(memory: TwinServices) -> None:
+    def decomposed(plan: str) -> SearchResult:
+        completer = ScriptedCompleter(lambda system, prompt: plan if "sub-questions" in system else "x")
+        services = with_completer(memory, completer)
+        return run(services, SearchType.GRAPH_COMPLETION_DECOMPOSITION, "Two pioneers?", only_context=True)
+
+    with_a_name = decomposed("Remington Rand\nWhat did Ada Lovelace publish?")
+    questions_only = decomposed("What did Ada Lovelace publish?")
+    assert with_a_name.context == questions_only.context
+    assert with_a_name.context != decomposed("What is Remington Rand?\nWhat did Ada Lovelace publish?").context
+
+
+def test_feeling_lucky_routes_by_rules_when_the_reply_names_no_one_type(memory: TwinServices) -> None:
+    for reply in ("CHUNKS or GRAPH_COMPLETION", "Henry-Lepaute", "I would search the passages."):
+        completer = ScriptedCompleter(lambda system, prompt, reply=reply: reply)
+        picked = run(
+            with_completer(memory, completer),
+            SearchType.FEELING_LUCKY,
+            "What happened in 1950?",
+            only_context=True,
+        )
+        assert picked.results[0].extra["routed_to"] == "TEMPORAL", reply
 
 
 def test_graph_summary_uses_the_llm_summary_as_context(memory: TwinServices) -> None:
