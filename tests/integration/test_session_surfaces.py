@@ -8,8 +8,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +125,19 @@ def test_an_operation_that_failed_is_counted_as_an_error_of_its_session(
     assert record["llm_calls"] == 1
 
 
+def stopped_at(moment: datetime) -> Callable[[], datetime]:
+    """A clock that always reads `moment`."""
+    return lambda: moment
+
+
 def test_the_state_of_a_session_is_shown_as_it_is_now(home: Path) -> None:
     # Given sessions last used a minute, 10 minutes and an hour ago, and one ended
     with Kenning(load_settings()) as memory:
         key = memory.session_key
         engine = memory.wiring.engine
         for session, ago in {"now": 1, "quiet": 10, "gone": 60, "done": 1}.items():
-            SqlSessionRecords(engine, clock=lambda ago=ago: utcnow() - timedelta(minutes=ago)).touch(
-                key(session)
-            )
+            then = utcnow() - timedelta(minutes=ago)
+            SqlSessionRecords(engine, clock=stopped_at(then)).touch(key(session))
     ended = CliRunner().invoke(main, ["session", "end", "done"], catch_exceptions=False)
     assert ended.exit_code == 0, ended.output
     # Then each is shown in its state
