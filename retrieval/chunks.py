@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kenning.pipeline.collection import CHUNKS
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from kenning.retrieval.reference import weighted_score
+from kenning.retrieval.reference import best_first, weighted_score
 
 
 class ChunksRetriever:
@@ -28,7 +28,7 @@ class ChunksRetriever:
                         chunk_id=point.id,
                     )
                 )
-        return sorted(hits, key=lambda hit: hit.score)[: request.top_k]
+        return best_first(hits, request.top_k)
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
         return "\n\n".join(hit.text for hit in objects)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from kenning.retrieval.reference import best_first, point_hit
+from kenning.retrieval.reference import best_first, lexical_score, point_hit
 
 
 class ChunksLexicalRetriever:
-    """Chunks ranked by BM25; `score` is the index's distance 1 / (1 + bm25), `extra["bm25"]` the score."""
+    """Chunks ranked by BM25; `score` is bm25 / (1 + bm25), `extra["bm25"]` the BM25 score."""
 
     def __init__(self, ports: SearchPorts) -> None:
         self._ports = ports
@@ -19,6 +19,7 @@ class ChunksLexicalRetriever:
                 hit = point_hit(scope, point, "chunk", {})
                 hit.chunk_id = point.id
                 hit.extra["bm25"] = point.payload.get("bm25")
+                hit.score = lexical_score(float(point.payload.get("bm25") or 0.0))
                 hits.append(hit)
         return best_first(hits, request.top_k)
 

@@ -14,6 +14,8 @@ from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
 
 
 class SearchType(enum.StrEnum):
+    # Each dataset searched as what it holds serves: messages, documents or both (retrieval/choice.py)
+    AUTO = "AUTO"
     CHUNKS = "CHUNKS"
     CHUNKS_LEXICAL = "CHUNKS_LEXICAL"
     SUMMARIES = "SUMMARIES"
@@ -65,7 +67,7 @@ class Principal(BaseModel):
 
 class SearchRequest(BaseModel):
     query: str
-    type: SearchType = SearchType.HYBRID_COMPLETION
+    type: SearchType = SearchType.AUTO
     scopes: list[Scope] = Field(default_factory=lambda: [Scope()])
     principal: Principal = Principal()
     top_k: int = Field(default=10, ge=1, le=1000)
@@ -81,7 +83,9 @@ class Hit(BaseModel):
     """One retrieved object, with references to the sources it came from."""
 
     text: str
-    score: float = Field(description="A distance: lower is closer")
+    score: float = Field(
+        ge=0.0, le=1.0, description="How well it matches, in [0, 1]: higher is better, 1 the best possible"
+    )
     kind: str
     dataset: str = ""
     data_id: str | None = None
@@ -93,6 +97,9 @@ class Hit(BaseModel):
 class SearchResult(BaseModel):
     query: str
     type: SearchType
+    searched: list[SearchType] = Field(
+        default_factory=list, description="The search types run: the type asked, or those AUTO chose"
+    )
     results: list[Hit]
     context: str
     answer: str | None = None

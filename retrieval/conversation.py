@@ -9,12 +9,19 @@ before and after it in the same remembered conversation.
 A query is ranked in four lanes fused by reciprocal rank with a small k (a few strong
 lanes agreeing should win): the turns' context vectors, the messages' own vectors
 (CHUNKS), BM25 over the messages, and BM25 read in context (a message's score plus a
-share of the score of the turn before it). Two more lanes join when the query names them:
-the turns said on a day or in a month it names ("on 1 February, 2023"), and the turns of
-the one speaker it names; each ranks those turns by how close they are to the query. A
-share of each fused score then goes to the turns beside it in its conversation: an answer
-often sits next to the words the question shares. Every hit is one message and cites that
-message's own item, never a neighbour's.
+share of the score of the turn before it). More lanes join when the query calls for them
+(time words are read by `kenning.retrieval.when`, relative ones against the last day the
+conversation was spoken on):
+- dated: it names days ("on 1 February, 2023", "last week", "two months ago", "since
+  June"): the turns said then, or whose own words speak of then ("yesterday", said the day after);
+- timed: it asks for a time ("when did...", "how long..."): the turns that say a time;
+- ordered: it asks for an order ("the first time", "most recently"): the turns closest to it,
+  earliest or latest said first;
+- speaker: it names exactly one of the speakers: that speaker's turns.
+Each ranks its turns by how close they are to the query. A share of each fused score then
+goes to the turns beside it in its conversation: an answer often sits next to the words the
+question shares. Every hit is one message and cites that message's own item, never a
+neighbour's, with its speaker, the time it was said and the days its words speak of.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -32,14 +39,16 @@ from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
 from kenning.pipeline.ports import Embedder, VectorStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import Weight, known_lanes, reciprocal_rank_fusion
-from kenning.retrieval.reference import first
-from kenning.retrieval.when import Span, named_spans, within
+from kenning.retrieval.graph_ppr import WalkConfig, walk
+from kenning.retrieval.reference import best_first, first, relevance
+from kenning.retrieval.when import Asked, Span, asked, overlaps, timed, told, within
 
 TURNS = "ConversationTurn_text"
 TURN_FIELDS = ("text", "data_ids", "document_id", "previous", "next", "speaker", "said_at")
-LANES = ("turns", "chunks", "lexical", "lexical_context", "dated", "speaker")
+LANES = ("turns", "chunks", "lexical", "lexical_context", "dated", "timed", "ordered", "speaker", "graph")
 # The lanes a query opens by naming a day or a speaker count double: few turns qualify.
 NAMED_LANE_WEIGHT = 2.0
+ASKED_LANES = ("dated", "timed", "ordered", "speaker")
 LINKS = ("previous", "next")
 TIME = re.compile(r"^\[[^\]]*\] ")  # the `[time] ` a message's text starts with
 
@@ -57,9 +66,15 @@ class ConversationConfig(BaseModel):
         description="Each lane's weight; a lane left out of a given dict is off",
         default_factory=lambda: {
             **dict.fromkeys(LANES, 1.0),
+            # GRAPH_PPR's walk over the graph of the chat: off, it added nothing on the dev half
+            # of LoCoMo (bench/locomo.py); a graph of chat built by an LLM may do better.
+            "graph": 0.0,
             "dated": NAMED_LANE_WEIGHT,
             "speaker": NAMED_LANE_WEIGHT,
         },
+    )
+    order_pool: int = Field(
+        default=10, ge=1, le=1000, description="The closest turns the ordered lane puts in time order"
     )
     depth: int = Field(default=50, ge=1, le=1000, description="Hits taken from each lane")
     context_share: float = Field(
@@ -236,7 +251,7 @@ class ConversationRetriever:
         hits: list[Hit] = []
         for scope in request.scopes:
             hits += self._scope_hits(scope, request, config, vector)
-        return sorted(hits, key=lambda hit: hit.score)[: request.top_k]
+        return best_first(hits, request.top_k)
 
     def _scope_hits(
         self, scope: Scope, request: SearchRequest, config: ConversationConfig, vector: list[float]
@@ -254,11 +269,14 @@ class ConversationRetriever:
             "lexical": [point.id for point in lexical],
             "lexical_context": ranked(in_context(bm25, previous, config.context_share))[: config.depth],
         }
-        spans, speaker = named_spans(request.query), named_speaker(turns, request.query)
-        if spans or speaker:
+        if config.weight("graph") > 0:
+            walking = WalkConfig.model_validate(request.options)
+            walked = walk(ports, scope, request.query, walking, vector, chunks)
+            lanes["graph"] = [entry.chunk_id for entry in walked.ranked[: config.depth]]
+        ask, speaker = asked(request.query, last_day(turns)), named_speaker(turns, request.query)
+        if ask.spans or ask.when or ask.order or speaker:
             close = closeness(turns, chunks, bm25)
-            lanes["dated"] = dated(turns, spans, close)[: config.depth]
-            lanes["speaker"] = spoken_by(turns, speaker, close)[: config.depth]
+            lanes.update(asked_lanes(turns, ask, speaker, close, config))
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
         neighbours = {
             item: [other for other in (c.previous, c.next) if other and other in candidates]
@@ -268,8 +286,8 @@ class ConversationRetriever:
         best = best_possible(config, [lane for lane, found in lanes.items() if found])
         hits = []
         for item in ranked(scores)[: request.top_k]:
-            hit = _hit(scope, candidates[item].point)
-            hit.score = max(0.0, 1.0 - scores[item] / best)
+            hit = _hit(scope, candidates[item].point, ask)
+            hit.score = relevance(scores[item] / best)
             hit.extra["fused"] = scores[item]
             hits.append(hit)
         return hits
@@ -294,11 +312,59 @@ def closeness(
     }
 
 
+def asked_lanes(
+    turns: Sequence[ScoredPoint],
+    ask: Asked,
+    speaker: str | None,
+    close: Mapping[str, float],
+    config: ConversationConfig,
+) -> dict[str, list[str]]:
+    """The lanes the query's words open (see the module's docstring), each at most `depth` deep."""
+    lanes = {
+        "dated": dated(turns, list(ask.spans), close),
+        "timed": timed_turns(turns, close) if ask.when else [],
+        "ordered": in_order(turns, close, ask.order, config.order_pool),
+        "speaker": spoken_by(turns, speaker, close),
+    }
+    return {lane: found[: config.depth] for lane, found in lanes.items()}
+
+
 def dated(turns: Sequence[ScoredPoint], spans: list[Span], close: Mapping[str, float]) -> list[str]:
-    """The turns said on a day the query names, closest first; none if it names no day."""
+    """The turns said in the spans, or whose words speak of a day in them, closest first."""
     if not spans:
         return []
-    return _closest([p.id for p in turns if (day := said_on(p.payload)) and within(day, spans)], close)
+    return _closest([p.id for p in turns if _dated(p.payload, spans)], close)
+
+
+def _dated(payload: Mapping[str, Any], spans: list[Span]) -> bool:
+    day = said_on(payload)
+    if day is None:
+        return False
+    return within(day, spans) or overlaps(told(_words(payload), day), spans)
+
+
+def timed_turns(turns: Sequence[ScoredPoint], close: Mapping[str, float]) -> list[str]:
+    """The turns whose words say a time or a length of time, closest first."""
+    return _closest([point.id for point in turns if timed(_words(point.payload))], close)
+
+
+def in_order(turns: Sequence[ScoredPoint], close: Mapping[str, float], order: int, pool: int) -> list[str]:
+    """The `pool` turns closest to the query, earliest said first (order 1) or latest first (-1)."""
+    if not order:
+        return []
+    dated_turns = [(point.id, day) for point in turns if (day := said_on(point.payload))]
+    closest = sorted(dated_turns, key=lambda pair: -close[pair[0]])[:pool]
+    return [item for item, _ in sorted(closest, key=lambda pair: pair[1], reverse=order < 0)]
+
+
+def last_day(turns: Sequence[ScoredPoint]) -> date | None:
+    """The last day any of the turns was said: "last week" in a question is read against it."""
+    return max((day for point in turns if (day := said_on(point.payload))), default=None)
+
+
+def _words(payload: Mapping[str, Any]) -> str:
+    """A turn's own words, without the time its text starts with (read as a date it names)."""
+    return TIME.sub("", str(payload.get("text", "")), count=1)
 
 
 def named_speaker(turns: Sequence[ScoredPoint], query: str) -> str | None:
@@ -357,17 +423,36 @@ def _candidates(
     return found
 
 
-def _hit(scope: Scope, point: ScoredPoint) -> Hit:
-    document_id = point.payload.get("document_id")
+def _hit(scope: Scope, point: ScoredPoint, ask: Asked) -> Hit:
+    """The message of a turn, with its speaker, when it was said, and (asked when) the days its
+    words speak of, as ISO dates or ranges."""
+    payload = point.payload
+    document_id = payload.get("document_id")
+    extra: dict[str, Any] = {
+        "speaker": str(payload.get("speaker") or ""),
+        "said_at": str(payload.get("said_at") or ""),
+    }
+    day = said_on(payload)
+    if day is not None and (ask.when or ask.spans or ask.order):
+        extra["speaks_of"] = [_iso(span) for span in told(_words(payload), day)]
     return Hit(
-        text=str(point.payload.get("text", "")),
+        text=str(payload.get("text", "")),
         score=1.0,
         kind="chunk",
         dataset=scope.dataset,
-        data_id=first(point.payload.get("data_ids")),
+        data_id=first(payload.get("data_ids")),
         document_id=str(document_id) if document_id else None,
         chunk_id=point.id,
+        extra=extra,
     )
+
+
+def _iso(span: Span) -> str:
+    start, end = span
+    if end - start == timedelta(days=1):
+        return start.isoformat()
+    last = "" if end == date.max else (end - timedelta(days=1)).isoformat()
+    return f"{'' if start == date.min else start.isoformat()}..{last}"
 
 
 def _link(value: object) -> str | None:

@@ -140,7 +140,7 @@ class CypherRetriever:
             for row in read(reader, scope, checked, request.principal.cypher_budget):
                 text = json.dumps(row, ensure_ascii=False, default=str)
                 hits.append(
-                    Hit(text=text, score=0.0, kind="row", dataset=scope.dataset, extra={"query": checked})
+                    Hit(text=text, score=1.0, kind="row", dataset=scope.dataset, extra={"query": checked})
                 )
         return hits[: request.top_k] if request.options.get("limit_rows") else hits
 

@@ -17,7 +17,7 @@ from kenning.pipeline.models import Chunk, EdgeShape, GraphEdge, GraphNode, Scop
 from kenning.pipeline.ports import GraphStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
-from kenning.retrieval.reference import chunk_nodes, first
+from kenning.retrieval.reference import best_first, chunk_nodes, first
 
 TOP_EDGES = 15
 NODE_TEXT_CHARS = 300
@@ -75,7 +75,7 @@ class GraphCompletionRetriever:
             ranked = self._whole(scope, in_rounds(fragment, chunks, ended)[:top])
             self._add_nodes(scope, fragment, chunks, [edge for edge, _ in ranked])
             hits += [self._hit(scope, fragment, edge, score) for edge, score in ranked]
-        return sorted(hits, key=lambda hit: hit.score)[:top]
+        return best_first(hits, min(top, request.top_k))
 
     def _project(self, scope: Scope, chunks: list[str]) -> Fragment:
         """The `contains` edges of the chunks, as shapes (all that ranking them reads), and the
@@ -129,7 +129,7 @@ class GraphCompletionRetriever:
         document_id = chunk.properties.get("document_id") if chunk else None
         return Hit(
             text=render_triplet(fragment, edge),
-            score=score,
+            score=1.0 / (1.0 + score),  # its place in the rounds, as a score in (0, 1]
             kind="edge",
             dataset=scope.dataset,
             data_id=first(chunk.data_ids) if chunk else None,

@@ -26,7 +26,7 @@ from kenning.pipeline.models import EdgeShape, Entity, GraphEdge, Scope, ScoredP
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
-from kenning.retrieval.reference import best_first, chunk_hit
+from kenning.retrieval.reference import best_first, chunk_hit, relevance
 
 CONTAINS = "contains"
 _WORD = re.compile(r"\w[\w'’-]*")
@@ -84,7 +84,7 @@ class Walk:
 
 
 class GraphPprRetriever:
-    """Chunks by walk score. `score` is 1 - walk score / the best chunk's: lower is closer.
+    """Chunks by walk score. `score` is the walk score over the best chunk's, in (0, 1].
     `extra["ppr"]` holds the walk score."""
 
     def __init__(self, ports: SearchPorts) -> None:
@@ -101,7 +101,7 @@ class GraphPprRetriever:
             for entry in ranked:
                 node = nodes.get(entry.chunk_id)
                 if node is not None:
-                    hit = chunk_hit(scope, node, 1.0 - entry.score / best)
+                    hit = chunk_hit(scope, node, relevance(entry.score / best))
                     hit.extra["ppr"] = entry.score
                     hits.append(hit)
         return best_first(hits, request.top_k)

@@ -45,9 +45,9 @@ def merge_hits(ranked: list[Hit], more: list[Hit]) -> list[Hit]:
     """Union by text, keeping each fact's best score, best first."""
     best = {hit.text: hit for hit in ranked}
     for hit in more:
-        if hit.text not in best or hit.score < best[hit.text].score:
+        if hit.text not in best or hit.score > best[hit.text].score:
             best[hit.text] = hit
-    return sorted(best.values(), key=lambda hit: hit.score)
+    return sorted(best.values(), key=lambda hit: -hit.score)
 
 
 class _GraphVariant(GraphCompletionRetriever):

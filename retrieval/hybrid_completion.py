@@ -23,7 +23,7 @@ from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
-from kenning.retrieval.reference import best_first, chunk_hit, point_hit
+from kenning.retrieval.reference import best_first, chunk_hit, point_hit, relevance
 
 # A chunk holds several facts: the facts lane reads this many edge hits per chunk it ranks.
 FACTS_PER_CHUNK = 8
@@ -33,8 +33,8 @@ FACT_FIELDS = ("chunk_id", "source_id", "target_id", "relationship", "text")
 
 
 class HybridCompletionRetriever:
-    """Chunks by fused rank. `score` is 1 - fused / best possible fused score, in [0, 1):
-    lower is closer. `extra` holds the fused score (`rrf`), the chunk's rank in each lane
+    """Chunks by fused rank. `score` is the fused score over the best possible one, in (0, 1].
+    `extra` holds the fused score (`rrf`), the chunk's rank in each lane
     (`lanes`) and the best edge facts drawn from it (`facts`: rank and text)."""
 
     def __init__(self, ports: SearchPorts) -> None:
@@ -160,7 +160,7 @@ class HybridCompletionRetriever:
         points: dict[str, ScoredPoint],
         config: FusionConfig,
     ) -> Hit | None:
-        score = 1.0 - entry.score / config.best_score() if config.best_score() > 0 else 1.0
+        score = relevance(entry.score / config.best_score()) if config.best_score() > 0 else 0.0
         node = nodes.get(entry.id)
         if node is not None:
             hit = chunk_hit(scope, node, score)

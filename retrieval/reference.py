@@ -14,12 +14,27 @@ CHUNK_TYPE = "DocumentChunk"
 WEIGHT_EFFECT = 0.2
 
 
+def relevance(value: float) -> float:
+    """A score within [0, 1], the range of every hit's score (higher is better)."""
+    return min(1.0, max(0.0, value))
+
+
+def similarity(distance: float) -> float:
+    """A vector hit's score: its cosine similarity 1 - distance, within [0, 1]."""
+    return relevance(1.0 - distance)
+
+
+def lexical_score(bm25: float) -> float:
+    """A BM25 score as a hit's: bm25 / (1 + bm25), in [0, 1); the index's distance is 1 minus it."""
+    return relevance(bm25 / (1.0 + bm25)) if bm25 > 0 else 0.0
+
+
 def weighted_score(point: ScoredPoint) -> float:
-    """The point's distance, moved by the feedback weight that `improve` wrote into its payload."""
+    """The point's similarity, moved by the feedback weight that `improve` wrote into its payload."""
     weight = point.payload.get("weight")
     if not isinstance(weight, int | float):
-        return point.score
-    return point.score - WEIGHT_EFFECT * (float(weight) - NEUTRAL_WEIGHT)
+        return similarity(point.score)
+    return similarity(point.score - WEIGHT_EFFECT * (float(weight) - NEUTRAL_WEIGHT))
 
 
 def chunk_nodes(
@@ -69,5 +84,5 @@ def first(values: Sequence[str] | None) -> str | None:
 
 
 def best_first(hits: list[Hit], limit: int) -> list[Hit]:
-    """The `limit` closest hits over every scope searched."""
-    return sorted(hits, key=lambda hit: hit.score)[:limit]
+    """The `limit` best hits over every scope searched, highest score first; ties keep their order."""
+    return sorted(hits, key=lambda hit: -hit.score)[:limit]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from kenning.pipeline.errors import NoLLMConfigured
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
+from kenning.retrieval.choice import AutoRetriever
 from kenning.retrieval.chunks import ChunksRetriever
 from kenning.retrieval.chunks_lexical import ChunksLexicalRetriever
 from kenning.retrieval.coding_rules import CodingRulesRetriever
@@ -32,6 +33,7 @@ from kenning.retrieval.triplet_completion import TripletCompletionRetriever
 RetrieverFactory = Callable[[SearchPorts], Retriever]
 
 REGISTRY: dict[SearchType, RetrieverFactory] = {
+    SearchType.AUTO: lambda ports: AutoRetriever(ports, search),
     SearchType.CHUNKS: ChunksRetriever,
     SearchType.CHUNKS_LEXICAL: ChunksLexicalRetriever,
     SearchType.SUMMARIES: SummariesRetriever,
@@ -102,7 +104,10 @@ def search(ports: SearchPorts, request: SearchRequest) -> SearchResult:
     retriever = REGISTRY[request.type](WithHistory(ports, request.history) if request.history else ports)
     objects = retriever.get_retrieved_objects(request)
     context = retriever.get_context_from_objects(request, objects)
-    result = SearchResult(query=request.query, type=request.type, results=objects, context=context)
+    searched = retriever.searched if isinstance(retriever, AutoRetriever) else [request.type]
+    result = SearchResult(
+        query=request.query, type=request.type, searched=searched, results=objects, context=context
+    )
     if request.only_context:
         return result
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kenning.pipeline.collection import EVENTS
 from kenning.pipeline.temporal import question_range
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.reference import best_first, similarity
 
 WIDE_TOP_K = 400
 
@@ -32,7 +33,7 @@ class TemporalRetriever:
                 hits.append(
                     Hit(
                         text=f"[{point.payload.get('label', '')}] {point.payload.get('text', '')}",
-                        score=point.score,
+                        score=similarity(point.score),
                         kind="event",
                         dataset=scope.dataset,
                         data_id=data_ids[0],
@@ -41,7 +42,7 @@ class TemporalRetriever:
                         extra={"time_from": start, "time_to": end},
                     )
                 )
-        return sorted(hits, key=lambda hit: hit.score)[: request.top_k]
+        return best_first(hits, request.top_k)
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
         return "\n".join(hit.text for hit in objects)

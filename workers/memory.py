@@ -209,11 +209,13 @@ class Kenning:
         query: str,
         datasets: Sequence[str] | None = None,
         session_id: str | None = None,
-        type: str | SearchType = SearchType.CHUNKS,
+        type: str | SearchType = SearchType.AUTO,
         top_k: int = 10,
         options: Mapping[str, Any] | None = None,
     ) -> Recalled:
-        """The session memory first (BM25 over its entries), then the graph; each result says which.
+        """The `top_k` best of the session's entries (BM25) and the datasets' memory (by `type`; AUTO:
+        the search what each dataset holds calls for), best first; each result says its source. Every
+        score is in [0, 1], higher is better, and a remembered message has its speaker and time.
 
         With a session, the query and what the graph gave are appended to it as an entry
         (`Recalled.entry_id`): rate it with `add_feedback`, and `improve` moves those nodes' weights.
@@ -251,7 +253,8 @@ class Kenning:
             )
         graph = [sessions.graph_recollection(hit) for hit in result.results[:top_k]]
         notice = "; ".join(text for text in (unavailable, result.notice or "") if text)
-        recalled = Recalled(query=query, results=found + graph, notice=notice)
+        best = sorted(found + graph, key=lambda recollection: -recollection.score)[:top_k]
+        recalled = Recalled(query=query, results=best, searched=result.searched, notice=notice)
         if session_id is not None:
             read = search.readable(self.context, datasets)
             entry = sessions.recalled_entry(query, graph, result.context, read)
@@ -312,7 +315,7 @@ class Kenning:
     def search(
         self,
         query: str,
-        type: str | SearchType = SearchType.HYBRID_COMPLETION,
+        type: str | SearchType = SearchType.AUTO,
         *,
         datasets: Sequence[str] | None = None,
         top_k: int = 10,

@@ -147,9 +147,9 @@ def test_graph_ppr_follows_entities_from_the_question_to_the_chunks_beyond(servi
     assert "turing.txt" not in names and "lovelace.txt" not in names
     # And every hit is a chunk with its references, best first, in the context
     assert all(hit.kind == "chunk" and hit.chunk_id and hit.data_id for hit in result.results)
-    assert [hit.score for hit in result.results] == sorted(hit.score for hit in result.results)
+    assert [hit.score for hit in result.results] == sorted((h.score for h in result.results), reverse=True)
     assert all(hit.text in result.context and hit.extra["ppr"] > 0 for hit in result.results)
-    assert result.results[0].score == 0.0
+    assert result.results[0].score == 1.0
 
 
 def test_graph_ppr_links_question_names_to_entities_by_normalised_name(services: TwinServices) -> None:

@@ -79,7 +79,7 @@ def run(services: TwinServices, kind: SearchType, query: str, **fields: object) 
 
 def test_every_search_type_is_registered() -> None:
     assert set(REGISTRY) == set(SearchType)
-    assert SearchRequest(query="q").type == SearchType.HYBRID_COMPLETION
+    assert SearchRequest(query="q").type == SearchType.AUTO
 
 
 def test_load_indexes_chunk_text_lexically_with_the_vector_payload(services: TwinServices) -> None:
@@ -138,7 +138,7 @@ def test_each_type_finds_the_source_and_cites_it(
     assert chunk.type == "DocumentChunk" and chunk.properties["document_id"] == hopper.id
     # And every hit carries its references, best first, and appears in the context
     assert all(hit.chunk_id and hit.document_id and hit.data_id for hit in result.results)
-    assert [hit.score for hit in result.results] == sorted(hit.score for hit in result.results)
+    assert [hit.score for hit in result.results] == sorted((h.score for h in result.results), reverse=True)
     assert all(hit.text in result.context for hit in result.results)
     assert result.answer is None and result.notice is None
 
@@ -242,7 +242,7 @@ def test_lexical_hits_carry_their_bm25_score(services: TwinServices) -> None:
     result = run(services, SearchType.CHUNKS_LEXICAL, "Alan Turing Bletchley", only_context=True)
     assert [hit.kind for hit in result.results] == ["chunk"]
     top = result.results[0]
-    assert top.extra["bm25"] > 0 and top.score == pytest.approx(1 / (1 + top.extra["bm25"]))
+    assert top.extra["bm25"] > 0 and top.score == pytest.approx(1 - 1 / (1 + top.extra["bm25"]))
     assert run(services, SearchType.CHUNKS_LEXICAL, "the of and", only_context=True).results == []
 
 
@@ -250,7 +250,7 @@ def test_hybrid_context_is_the_chunks_then_their_facts(services: TwinServices) -
     result = run(services, SearchType.HYBRID_COMPLETION, "Grace Hopper compiler", only_context=True, top_k=3)
     assert len(result.results) == 3 and {hit.kind for hit in result.results} == {"chunk"}
     top = result.results[0]
-    assert "Grace Hopper" in top.text and 0 <= top.score < 1
+    assert "Grace Hopper" in top.text and 0 < top.score <= 1
     assert set(top.extra["lanes"]) <= set(LANES)
     assert len(top.extra["lanes"]) >= 3 and top.extra["rrf"] > 0
     chunks, facts = result.context.split("\n\nFacts:\n")

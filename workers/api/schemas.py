@@ -152,7 +152,7 @@ class CancelIn(Strict):
 
 class SearchIn(Strict):
     query: Text
-    type: SearchType = SearchType.HYBRID_COMPLETION
+    type: SearchType = SearchType.AUTO
     datasets: list[DatasetName] | None = Field(
         default=None, max_length=100, description="Default: every dataset the caller may read"
     )
@@ -175,7 +175,7 @@ class RecallIn(Strict):
     query: Text
     datasets: list[DatasetName] | None = Field(default=None, max_length=100)
     session_id: Identifier | None = None
-    type: SearchType = SearchType.CHUNKS
+    type: SearchType = SearchType.AUTO
     top_k: int = Field(default=10, ge=1, le=1000)
 
 

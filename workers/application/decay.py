@@ -48,7 +48,7 @@ def fade(
     metadata: MetadataStore,
     config: DecayConfig,
 ) -> SearchResult:
-    """The result with each hit's distance moved by how far its chunk has faded, best first."""
+    """The result with each hit's score lowered by how far its chunk has faded, best first."""
     if config.half_life_days <= 0 or not result.results:
         return result
     now = utcnow()
@@ -60,7 +60,7 @@ def fade(
         last, count = seen.get((hit.dataset, hit.chunk_id or "")) or (added.get(hit.data_id or ""), 0)
         factor = decay_factor(last, count, now, config.half_life_days) if last else 1.0
         hits.append(hit.model_copy(update={"score": decayed(hit.score, factor, config.weight)}))
-    return result.model_copy(update={"results": sorted(hits, key=lambda hit: hit.score)})
+    return result.model_copy(update={"results": sorted(hits, key=lambda hit: -hit.score)})
 
 
 def _accesses(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from kenning.pipeline.permission import Caller, Permission
 from kenning.pipeline.ports import MetadataStore
 from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
+from kenning.retrieval.contract import SearchType
 from kenning.retrieval.conversation import mend_turns, turns_of
 from kenning.workers.application import gate
 from kenning.workers.application.context import Context
@@ -226,6 +228,21 @@ class Message(BaseModel):
         return f"{when}{who}{self.text}"
 
 
+_SAID = re.compile(r"^\[(?P<time>[0-9][0-9T:.+-]{9,40})\] (?:(?P<speaker>[^:\n\]]{1,200}): )?")
+
+
+def said_by(text: str) -> tuple[str, datetime | None]:
+    """The speaker and time a remembered message's text starts with (`Message.as_text`); ("", None)
+    for a text that does not start with a time, such as a document's."""
+    found = _SAID.match(text)
+    if found is None:
+        return "", None
+    try:
+        return found.group("speaker") or "", datetime.fromisoformat(found.group("time"))
+    except ValueError:
+        return "", None
+
+
 class Remembered(BaseModel):
     """What remember did: the items added, the run that made them memory, and its status."""
 
@@ -240,7 +257,12 @@ class Recollection(BaseModel):
 
     source: Literal["session", "graph"]
     text: str
-    score: float = Field(description="Higher is better within a source: BM25 (session), 1 - distance (graph)")
+    score: float = Field(
+        ge=0.0,
+        le=1.0,
+        description="How well it matches, in [0, 1], higher is better, as for a search's hits: a session "
+        "entry's BM25 as bm25 / (1 + bm25), a memory's the score its search type gave",
+    )
     kind: str
     dataset: str = ""
     data_id: str | None = None
@@ -253,6 +275,9 @@ class Recollection(BaseModel):
 
 class Recalled(BaseModel):
     query: str
+    searched: list[SearchType] = Field(
+        default_factory=list, description="The search types the datasets were searched with"
+    )
     results: list[Recollection]
     answer: str | None = None
     notice: str = ""

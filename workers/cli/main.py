@@ -184,8 +184,9 @@ def print_run(run: PipelineRun) -> None:
     "--type",
     "search_type",
     type=click.Choice([t.value for t in SearchType], case_sensitive=False),
-    default=SearchType.HYBRID_COMPLETION.value,
+    default=SearchType.AUTO.value,
     show_default=True,
+    help="AUTO: the search each dataset's contents call for (messages, documents or both).",
 )
 @click.option(
     "--dataset", "datasets", multiple=True, type=DATASET_NAME, help="Dataset(s) to search (repeatable)."
@@ -229,6 +230,8 @@ def search_command(
 def print_search(result: SearchResult) -> None:
     for number, hit in enumerate(result.results, 1):
         click.echo(f"{number:>2}. [{hit.score:.3f}] {printable(hit.text[:300])}")
+    if result.type is SearchType.AUTO and result.searched:
+        click.echo(f"searched with {', '.join(result.searched)}")
     if result.answer is not None:
         click.echo(f"\nanswer: {printable(result.answer)}")
     elif result.notice:
@@ -273,13 +276,20 @@ def read_text(path: str, limit: int) -> str:
 @click.argument("query")
 @click.option("--dataset", "datasets", multiple=True, type=DATASET_NAME)
 @click.option("--session", "session_id", default=None)
-@click.option("--type", "search_type", default=SearchType.CHUNKS.value, show_default=True)
+@click.option(
+    "--type",
+    "search_type",
+    default=SearchType.AUTO.value,
+    show_default=True,
+    help="AUTO: the search each dataset's contents call for (messages, documents or both).",
+)
 @click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True)
 def recall_command(
     query: str, datasets: tuple[str, ...], session_id: str | None, search_type: str, top_k: int, as_json: bool
 ) -> None:
-    """The session's entries first, then the graph; each result says where it came from."""
+    """The best of the session's entries and of the memory, best first (scores in [0, 1], higher is
+    better); each result says where it came from."""
     with open_memory() as memory:
         recalled = memory.recall(query, list(datasets) or None, session_id, search_type.upper(), top_k)
     if as_json:
@@ -287,7 +297,9 @@ def recall_command(
         return
     for number, hit in enumerate(recalled.results, 1):
         cited = hit.entry_id or hit.chunk_id or hit.data_id or ""
-        click.echo(printable(f"{number:>2}. ({hit.source} {cited[:8]}) {hit.text[:300]}"))
+        click.echo(printable(f"{number:>2}. [{hit.score:.3f}] ({hit.source} {cited[:8]}) {hit.text[:300]}"))
+    if recalled.searched:
+        click.echo(f"searched with {', '.join(recalled.searched)}")
 
 
 # What the erasure after a forget counts, by place (see kenning.workers.application.erasure).

@@ -188,7 +188,9 @@ class Tools:
         query: Annotated[str, Field(min_length=1, description="What to recall")],
         datasets: DatasetsArg = None,
         session_id: SessionArg = None,
-        type: Annotated[SearchType, Field(description="How to search the graph")] = SearchType.CHUNKS,
+        type: Annotated[
+            SearchType, Field(description="How to search; AUTO: as each dataset's contents call for")
+        ] = SearchType.AUTO,
         top_k: TopK = 10,
     ) -> Recalled:
         """What memory holds about a query: the session's entries first (with a session id), then
@@ -209,7 +211,7 @@ class Tools:
         query: Annotated[str, Field(min_length=1)],
         type: Annotated[
             SearchType, Field(description="Search type; completion types need an LLM endpoint")
-        ] = SearchType.HYBRID_COMPLETION,
+        ] = SearchType.AUTO,
         datasets: DatasetsArg = None,
         top_k: TopK = 10,
         only_context: Annotated[bool, Field(description="Stop before the LLM: hits and context")] = False,
