@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kenning.pipeline.errors import KenningError
+from kenning.pipeline.spend import Charge
 from kenning.retrieval.contract import SearchType
 from kenning.workers.application.sessions import summary
 from kenning.workers.memory import Kenning
@@ -185,3 +186,22 @@ def test_a_query_worker_counts_the_requests_of_its_searches(
     status = found["status"]
     assert (status["llm_calls"], status["tokens"]["prompt"], status["tokens"]["completion"]) == made
     assert status["spend"]["completion"]["llm_calls"] >= 2
+
+
+def test_a_run_recorded_before_the_ledger_counts_by_its_own_counters(tmp_path: Path) -> None:
+    # Given a run whose requests the ledger never saw (it was made before it), and a search's
+    settings = load_settings(home=tmp_path / "home", embedding_provider="hash")
+    with Kenning(settings) as memory:
+        memory.add_text(TEXT, "old")
+        run = memory.cognify("old")
+        stats = {**run.stats, "llm_calls": 3, "prompt_tokens": 300, "completion_tokens": 30}
+        memory.wiring.metadata.save_run(run.model_copy(update={"stats": stats}))
+        dataset = memory.dataset("old")
+        memory.wiring.spend.sent("a1", Charge("search-1", dataset.id, "completion"), "m", 10, 0)
+        memory.wiring.spend.answered("a1", 10, 2)
+        # Then status counts the run by its counters, as an extraction, and the search apart
+        status = memory.status("old")[0]
+    assert status["runs"][0]["llm_calls"] == 3
+    assert status["spend"]["extraction"]["llm_calls"] == 3
+    assert status["spend"]["completion"]["llm_calls"] == 1
+    assert (status["llm_calls"], status["tokens"]) == (4, {"prompt": 310, "completion": 32})

@@ -38,8 +38,9 @@ def dataset_status(context: Context, dataset: Dataset) -> dict[str, Any]:
     items = metadata.list_items(dataset.id)
     runs = sorted(metadata.list_runs(dataset.id), key=lambda r: r.started_at, reverse=True)
     nodes, edges = context.wiring.graph.counts(dataset.scope)
-    spent = spent_by_run(context, runs)
-    kinds = spent_by_kind(context, dataset, runs, spent)
+    in_ledger = context.wiring.spend.totals([run.id for run in runs])
+    spent = spent_by_run(runs, in_ledger)
+    kinds = spent_by_kind(context, dataset, [run for run in runs if run.id not in in_ledger], spent)
     total: Counter[str] = Counter()
     for counted in kinds.values():
         total.update(counted)
@@ -67,10 +68,10 @@ def dataset_status(context: Context, dataset: Dataset) -> dict[str, Any]:
     }
 
 
-def spent_by_run(context: Context, runs: Sequence[PipelineRun]) -> dict[str, dict[str, int]]:
-    """Each run's LLM calls and tokens: every attempt recorded in the spend ledger (retries, and
-    calls of tasks that were killed, included); the run's own counters for runs made before it."""
-    ledger = context.wiring.spend.totals([run.id for run in runs])
+def spent_by_run(runs: Sequence[PipelineRun], ledger: Mapping[str, Spend]) -> dict[str, dict[str, int]]:
+    """Each run's LLM calls and tokens: every attempt recorded in the spend ledger (`ledger`, its
+    totals: retries, and calls of tasks that were killed, included); the run's own counters for
+    runs made before it."""
     return {
         run.id: _counters(ledger[run.id])
         if run.id in ledger
@@ -80,17 +81,15 @@ def spent_by_run(context: Context, runs: Sequence[PipelineRun]) -> dict[str, dic
 
 
 def spent_by_kind(
-    context: Context, dataset: Dataset, runs: Sequence[PipelineRun], by_run: dict[str, dict[str, int]]
+    context: Context, dataset: Dataset, unknown: Sequence[PipelineRun], by_run: dict[str, dict[str, int]]
 ) -> dict[str, Counter[str]]:
     """The dataset's LLM calls and tokens by kind: its runs' extractions and the completions of the
-    searches charged to it, from the ledger; and the runs it does not know (made before it), by
-    their own counters."""
+    searches charged to it, from the ledger; and the runs it does not know (`unknown`, made before
+    it), by their own counters."""
     ledger = context.wiring.spend.by_dataset([dataset.id]).get(dataset.id, {})
     counted: dict[str, Counter[str]] = {kind: Counter(_counters(ledger.get(kind, Spend()))) for kind in KINDS}
-    known = context.wiring.spend.totals([run.id for run in runs])
-    for run in runs:
-        if run.id not in known:
-            counted["extraction"].update(by_run[run.id])
+    for run in unknown:
+        counted["extraction"].update(by_run[run.id])
     return counted
 
 
