@@ -7,6 +7,14 @@ one sentence only where a verb or preposition phrase stands between them, and is
 named by it; "X, also known as Y" and "X (Y)" make Y an alias of X. A text that
 opens with a title is about it: a pronoun ("He directed Y") stands for the title's
 entity. The sentence is the description of its relations.
+
+A remembered message (`[time] Speaker: words`, as kenning writes one) is read as chat: its
+speaker is its topic, and "I", "my" and "we" stand for the speaker. Chat opens sentences with
+words that are no names ("Wow", "Yeah", "Thanks Mel", "I'm", "How"): a capitalised word that
+opens a sentence is a name only when it is no interjection, pronoun, contraction or question
+word, those words are cut from the front of a longer name, and a token with digits in it (a
+message or dialog id) names nothing. A relation of chat reads as a fact: a verb joins its two
+ends (a preposition alone, as in "Paris with Tom", does not), and a question states none.
 """
 
 from __future__ import annotations
@@ -215,6 +223,24 @@ _CLAUSE_OPENERS = {
     "nevertheless", "having", "very", "moreover", "furthermore", "thereafter", "afterwards", "being",
 }  # fmt: skip
 _SUBJECT_PRONOUNS = {"he", "she", "it", "they", "his", "her", "its", "their"}
+# In chat, the speaker's own words: they stand for the speaker, the message's topic.
+_FIRST_PERSON = {"i", "i'm", "i've", "i'd", "i'll", "my", "me", "we", "we're", "we've", "our", "us"}
+_MESSAGE = re.compile(r"^\[[0-9][0-9T:.+-]{9,40}\] (?:(?P<speaker>[^:\n\]]{1,200}): )?")
+# Words chat opens a sentence with that are no names: interjections, greetings, replies, question
+# words, and the everyday words a reply starts with.
+_CHAT_OPENERS = {
+    "yeah", "yes", "yep", "yup", "no", "nope", "nah", "wow", "whoa", "oh", "ooh", "ah", "aw", "aww",
+    "hey", "hi", "hello", "bye", "goodbye", "thanks", "thank", "cheers", "okay", "ok", "sure", "well",
+    "haha", "hah", "lol", "omg", "hmm", "um", "uh", "yay", "cool", "great", "nice", "awesome",
+    "amazing", "congrats", "congratulations", "sorry", "please", "right", "true", "exactly",
+    "totally", "absolutely", "definitely", "indeed", "wait", "look", "anyway", "good", "glad",
+    "sounds", "love", "how", "why", "what", "where", "when", "who", "which", "whose", "can", "could",
+    "would", "will", "do", "does", "did", "is", "are", "was", "have", "has", "had", "let", "let's",
+    "just", "really", "honestly", "seriously", "maybe", "perhaps", "actually", "anyways", "btw",
+    "hope", "happy", "best", "take", "keep", "enjoy", "see", "talk", "catch", "bless", "same",
+    "me", "you", "your", "you're", "we", "us", "i", "i'm", "i've", "i'd", "i'll", "it's", "that's",
+    "there's", "here's", "what's", "he's", "she's", "they're", "we're", "don't", "can't", "won't",
+}  # fmt: skip
 _ANAPHORS = {"the", "this"}
 # "The film", "This album": at a sentence's start, the text's topic.
 _KINDS = {
@@ -262,14 +288,28 @@ class OfflineExtractor:
     """Deterministic extraction: the same text always gives the same graph."""
 
     model = "offline"
-    prompt_version = "offline-2"
+    prompt_version = "offline-3"
 
     def extract(self, text: str) -> Extraction:
+        message = _MESSAGE.match(text)
+        if message is not None:
+            return self._chat(text[message.end() :], message.group("speaker") or "")
         title = document_title(text)
         graph = _Graph(topic=_title_node(title, text) if title else None)
         for sentence in _joined_sentences(_body(text, title)):
             graph.add_sentence(sentence)
         return Extraction(graph=graph.knowledge_graph(), summary=summarize(text))
+
+    def _chat(self, words: str, speaker: str) -> Extraction:
+        """A message's graph: its names and facts, the speaker standing for "I" (see the docstring)."""
+        name = canonical_name(speaker) if speaker.strip() else ""
+        said = _clip(words, _DESCRIPTION_CHARS)
+        key = normalize_name(name)
+        topic = KnowledgeNode(id=key, name=name, type="Person", description=said) if key else None
+        graph = _Graph(topic=topic, chat=True)
+        for sentence in _joined_sentences(words):
+            graph.add_sentence(sentence)
+        return Extraction(graph=graph.knowledge_graph(), summary=summarize(words))
 
 
 def summarize(text: str) -> str:
@@ -340,8 +380,9 @@ class _Mention(NamedTuple):
 class _Graph:
     """The nodes and edges of one text, sentence by sentence; aliases hold for the whole text."""
 
-    def __init__(self, topic: KnowledgeNode | None) -> None:
+    def __init__(self, topic: KnowledgeNode | None, chat: bool = False) -> None:
         self.topic = topic
+        self.chat = chat
         self.nodes: dict[str, KnowledgeNode] = {topic.id: topic} if topic else {}
         self.edges: dict[tuple[str, str, str], KnowledgeEdge] = {}
         self.aliases: dict[str, str] = {}
@@ -356,6 +397,8 @@ class _Graph:
     def add_sentence(self, sentence: str) -> None:
         words = _words(sentence)
         mentions = list(_mentions(words))
+        if self.chat:
+            mentions = [named for mention in mentions if (named := _chat_name(words, mention)) is not None]
         description = _clip(sentence, _DESCRIPTION_CHARS)
         for mention in mentions:
             full = self.short_names.get(mention.key, mention.key) if mention.kind != "Date" else mention.key
@@ -370,7 +413,10 @@ class _Graph:
             self._add_edge(name.key, ALIAS_RELATIONSHIP, alias.key, description)
         resolved = [m._replace(key=self._resolve(m.key)) for m in mentions]
         subject = self._topic_reference(words, resolved)
-        for source, relationship, target in _relations(words, resolved, subject)[:_MAX_EDGES_PER_SENTENCE]:
+        found = _relations(words, resolved, subject)
+        if self.chat:
+            found = [] if sentence.rstrip().endswith("?") else [r for r in found if _states_fact(r[1])]
+        for source, relationship, target in found[:_MAX_EDGES_PER_SENTENCE]:
             self._add_edge(source, relationship, target, description)
 
     def _remember_short_name(self, key: str) -> None:
@@ -399,13 +445,47 @@ class _Graph:
         if self.topic is None:
             return None
         first = next((m.start for m in mentions if m.kind != "Date"), len(words))
-        lowered = [w.lower() for w in words[:first]]
-        pronoun = next((i for i, w in enumerate(lowered) if w in _SUBJECT_PRONOUNS), None)
+        lowered = [w.lower().replace("’", "'") for w in words[:first]]
+        pronouns = _FIRST_PERSON if self.chat else _SUBJECT_PRONOUNS
+        pronoun = next((i for i, w in enumerate(lowered) if w in pronouns), None)
         if pronoun is None and len(lowered) >= 2 and lowered[0] in _ANAPHORS and lowered[1] in _KINDS:
             pronoun = 1
         if pronoun is None:
             return None
         return _Mention(self.topic.name, self.topic.id, self.topic.type, pronoun, pronoun + 1)
+
+
+def _chat_name(words: list[str], mention: _Mention) -> _Mention | None:
+    """The mention as a name of chat: words chat opens with cut from its front when it opens the
+    sentence (or follows a comma), and none when nothing is left or it holds digits (an id)."""
+    if mention.kind == "Date":
+        return mention
+    parts = words[mention.start : mention.end]
+    start = mention.start
+    opens = start == 0 or words[start - 1] in {",", ":", ";", "("}
+    while opens and parts and parts[0].lower().replace("’", "'") in _CHAT_OPENERS:
+        parts, start = parts[1:], start + 1
+    if not parts or any(ch.isdigit() for part in parts for ch in part) or _contraction(parts[0]):
+        return None
+    if start == mention.start:
+        return mention
+    name = canonical_name(" ".join(parts))
+    key = normalize_name(name)
+    if not key or key in _STOP:
+        return None
+    return mention._replace(name=name, key=key, start=start, kind=_guess_type(name, ""))
+
+
+def _contraction(word: str) -> bool:
+    """A word such as "I'm" or "That's": a pronoun or a determiner with its verb, no name."""
+    head = word.lower().replace("’", "'").split("'", 1)
+    return len(head) == 2 and (head[0] in _STOP or head[0] in _CHAT_OPENERS)
+
+
+def _states_fact(relationship: str) -> bool:
+    """Whether a relation name has a word besides prepositions and auxiliaries (its verb): a
+    preposition alone ("with", "in") states no fact in chat."""
+    return any(word not in _PREPOSITIONS | _AUXILIARIES for word in relationship.split("_"))
 
 
 def _words(sentence: str) -> list[str]:

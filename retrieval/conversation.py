@@ -358,8 +358,14 @@ def in_order(turns: Sequence[ScoredPoint], close: Mapping[str, float], order: in
 
 
 def last_day(turns: Sequence[ScoredPoint]) -> date | None:
-    """The last day any of the turns was said: "last week" in a question is read against it."""
-    return max((day for point in turns if (day := said_on(point.payload))), default=None)
+    """The last day any of the turns was said: "last week" in a question is read against it. The
+    latest ISO time is the greatest string: one is read as a date, not every turn's."""
+    latest = max((point for point in turns if point.payload.get("said_at")), default=None, key=_said_at)
+    return said_on(latest.payload) if latest else None
+
+
+def _said_at(point: ScoredPoint) -> str:
+    return str(point.payload.get("said_at"))
 
 
 def _words(payload: Mapping[str, Any]) -> str:

@@ -1,0 +1,37 @@
+"""The LoCoMo benchmark reports `recall`'s default beside every type, per category and per half."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.locomo import DEFAULT, conversation_of, grid, option_label, report, run_conversation, split, table
+from kenning.workers.memory import Kenning
+from kenning.workers.runtime.settings import load_settings
+from tests.integration.test_bench_locomo import record
+
+
+def test_the_default_is_reported_beside_each_type_for_both_halves(tmp_path: Path) -> None:
+    # Given the tiny conversation, its questions drawn into halves
+    [conversation] = split([conversation_of(record())])
+    settings = load_settings(home=tmp_path, embedding_provider="hash", llm_url="")
+
+    # When its questions are recalled with the default and with CHUNKS
+    with Kenning(settings) as memory:
+        _, rows = run_conversation(memory, conversation, [DEFAULT, "CHUNKS"])
+    results = {kind: report(found) for kind, found in rows.items()}
+
+    # Then the default ran the conversation search, and each figure is there for both halves
+    assert results[DEFAULT]["searched"] == {"CONVERSATION": 2}
+    assert results["CHUNKS"]["searched"] == {"CHUNKS": 2}
+    halves = {q.split for q in conversation.questions if q.category != 5}
+    for half in halves:
+        assert results[DEFAULT][f"per_category_{half}"]["4 single-hop"]["recall@10"] == 1.0
+    shown = table(results).splitlines()
+    assert shown[0].startswith("| type | dev | test | 4 single-hop dev/test")
+    assert [line.split(" | ")[0] for line in shown[2:]] == [f"| {DEFAULT}", "| CHUNKS"]
+
+
+def test_the_tuning_grid_tries_the_time_and_graph_lanes() -> None:
+    labels = [option_label(options) for options in grid()]
+    assert "timed=0,ordered=0,graph=0" in labels and "timed=2,ordered=1,graph=1" in labels
+    assert all(options["weights"]["dated"] == 2.0 for options in grid())
