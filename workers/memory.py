@@ -24,6 +24,7 @@ from kenning.workers.application.context import Context
 from kenning.workers.application.decay import AccessBuffer
 from kenning.workers.application.lifecycle import Message, Recalled, Recollection, Remembered, find_dataset
 from kenning.workers.application.records import Records
+from kenning.workers.application.sessions import SessionSummary
 from kenning.workers.runtime.extras import needs_extra
 from kenning.workers.runtime.local_runner import ProgressCallback, no_progress
 from kenning.workers.runtime.settings import Settings, in_mode, load_settings
@@ -273,6 +274,16 @@ class Kenning:
         """The caller's session, oldest first: only the entries it may read every dataset of, now
         (`last_n`: of the newest n entries)."""
         return sessions.entries(self.context, session_id, last_n)
+
+    def list_sessions(self) -> list[SessionSummary]:
+        """The caller's sessions, the most recently used first: each with its state now, the LLM
+        requests, tokens and cost its operations spent (per model, from the spend ledger) and its
+        errors."""
+        return sessions.summaries(self.context)
+
+    def session_summary(self, session_id: str) -> SessionSummary:
+        """One of the caller's sessions as `list_sessions` shows it; NotFound when it has none."""
+        return sessions.summary(self.context, session_id)
 
     def session_key(self, session_id: str) -> SessionKey:
         return self.context.session_key(session_id)

@@ -16,7 +16,6 @@ import pytest
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.spend import Charge
 from kenning.retrieval.contract import SearchType
-from kenning.workers.application.sessions import summary
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from tests.integration.cluster import ROOT
@@ -85,7 +84,7 @@ def test_status_and_the_session_count_every_request_of_a_search(
     after = billed(simulator)
     assert shown(memory) == after
     # And the session's record holds exactly this search's requests
-    record = summary(memory.context, session)
+    record = memory.session_summary(session)
     calls, prompt, completion = (now - then for now, then in zip(after, before, strict=True))
     assert (record.llm_calls, record.tokens_in, record.tokens_out) == (calls, prompt, completion)
     assert sum(usage.calls for usage in record.models.values()) == calls
@@ -128,7 +127,7 @@ def test_a_natural_language_query_counts_the_requests_that_wrote_its_cypher(
         made = billed(simulator)[0] - before
         assert made >= 1
         assert memory.status("nl")[0]["llm_calls"] - status_before == made
-        assert summary(memory.context, "nl").llm_calls == made
+        assert memory.session_summary("nl").llm_calls == made
 
 
 QUERY_WORKER = textwrap.dedent(

@@ -22,7 +22,6 @@ from kenning.pipeline.models import utcnow
 from kenning.pipeline.permission import Caller, Permission, User, issue_key
 from kenning.storage.metadata.session_records import SqlSessionRecords
 from kenning.workers.api import create_app
-from kenning.workers.application.sessions import summary
 from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
@@ -224,7 +223,7 @@ def test_mcp_searches_are_counted_and_its_recalls_recorded(home: Path, simulator
         assert status["llm_calls"] == calls(simulator)[0]
         # And her recall left a record of its session
         ada = memory.as_caller(Caller(tenant=memory.settings.tenant, user="ada"))
-        assert summary(ada.context, "mcp").state == "running"
+        assert ada.session_summary("mcp").state == "running"
 
 
 def test_metrics_count_the_requests_of_searches_as_completions(home: Path, simulator: Simulator) -> None:
