@@ -24,6 +24,7 @@ from kenning.pipeline.models import (
     utcnow,
 )
 from kenning.pipeline.spend import charged_to
+from kenning.pipeline.tasks import Writing
 
 
 class StepResult(BaseModel):
@@ -34,6 +35,7 @@ class StepResult(BaseModel):
 
 
 StepFunction = Callable[[Services, Job, Sequence[str]], StepResult]
+PartFunction = Callable[[Services, Job, Sequence[str], Writing], StepResult]
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class Step:
     streams: bool = False
     # What a streamed step does once before its first pass, while the fan-out's first calls are out.
     prepare: Callable[[Services, Job], None] | None = None
+    # A streamed step's work on what one batch of the fan-out before it finished: on the workers,
+    # each batch is followed by its part, on any worker, while the other batches go on.
+    part: PartFunction | None = None
 
     def batch_size(self, config: PipelineConfig) -> int:
         return config.extract_batch if self.fan_out else 1
@@ -53,9 +58,19 @@ class Step:
     def run(self, services: Services, job: Job, items: Sequence[str]) -> StepResult:
         """The step's result; its counters include `ms_<name>`, the milliseconds it ran here. The step
         writes through `fenced_services`: none of its writes happens once the fence is lost."""
+        return self._timed(lambda fenced: self.function(fenced, job, items), services, job)
+
+    def run_part(self, services: Services, job: Job, items: Sequence[str], writing: Writing) -> StepResult:
+        """The step's `part` over the fan-out's batch `items`, as `run` runs the step."""
+        part = self.part
+        if part is None:
+            raise ValueError(f"step {self.name} has no part")
+        return self._timed(lambda fenced: part(fenced, job, items, writing), services, job)
+
+    def _timed(self, work: Callable[[Services], StepResult], services: Services, job: Job) -> StepResult:
         started = time.perf_counter()
         with charged_to(job.run_id, job.dataset_id):  # every LLM request is recorded as the run's spend
-            result = self.function(fenced_services(services), job, items)
+            result = work(fenced_services(services))
         key = f"ms_{self.name}"
         result.counts[key] = result.counts.get(key, 0) + round((time.perf_counter() - started) * 1000)
         return result
@@ -80,6 +95,10 @@ def _load(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
     return StepResult(counts=tasks.load(services, job))
 
 
+def _load_part(services: Services, job: Job, items: Sequence[str], writing: Writing) -> StepResult:
+    return StepResult(counts=tasks.load_part(services, job, items, writing))
+
+
 def _prepare_load(services: Services, _job: Job) -> None:
     tasks.ensure_collections(services)
 
@@ -95,7 +114,7 @@ PLAN: tuple[Step, ...] = (
     Step("classify", _classify),
     Step("chunk", _chunk),
     Step("extract", _extract, fan_out=True),
-    Step("load", _load, streams=True, prepare=_prepare_load),
+    Step("load", _load, streams=True, prepare=_prepare_load, part=_load_part),
     Step("fk_edges", _fk_edges),
 )
 STEPS = {step.name: step for step in PLAN}

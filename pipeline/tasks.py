@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import copy_context
 from dataclasses import dataclass
 
@@ -43,6 +44,10 @@ from kenning.pipeline.structured import Table, foreign_key_graph
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_item, unit_text, units_of
 
 log = logging.getLogger(__name__)
+
+# Around each write of a load batch: lets one write of the dataset at a time through, where
+# load parts run at once (a no-op where one writer does all the writes).
+Writing = Callable[[], AbstractContextManager[object]]
 
 STRUCTURED_KINDS = frozenset({"csv", "json"})
 # Documents chunked between two writes of their chunks (one transaction for their chunks, one
@@ -264,16 +269,43 @@ NO_EXTRACTION = (
 )
 
 
-def load(services: Services, job: Job) -> dict[str, int]:
-    """Extracted chunks -> graph (nodes, then edges) and vector points, batch by batch.
+def load(services: Services, job: Job, writing: Writing = nullcontext) -> dict[str, int]:
+    """Extracted chunks -> graph (nodes, then edges) and vector points, batch by batch; the
+    items superseded by newer versions forgotten first, and items whose chunks are all loaded done.
 
     Batches are pipelined: while one thread writes batch k to the stores, the caller's
     thread assembles and embeds batch k+1. Writes stay in batch order, and a batch's
     chunks are marked loaded only once it is written. Progress counts the chunks written.
+    Each batch is written inside `writing()`: where load parts run at once (`load_part`), it
+    holds the others' writes of the dataset off.
     """
     forgotten = forget_superseded(services, job)
     chunk_ids = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
-    totals: Counter[str] = Counter(superseded_items=len(forgotten.items))
+    totals = _load_chunks(services, job, chunk_ids, writing)
+    totals.update(superseded_items=len(forgotten.items))
+    _mark_items_done(services, job)
+    return dict(totals)
+
+
+def load_part(
+    services: Services, job: Job, items: Sequence[str], writing: Writing = nullcontext
+) -> dict[str, int]:
+    """Load the chunks of the extraction units `items` that are extracted, as `load` would, while
+    the rest of the run is still extracted: the run's `load` then does what is left.
+
+    Parts may run at once, on any workers: each writes its batches inside `writing()`, which
+    must let one write of the dataset at a time through (a node or fact that several parts
+    produce is merged with what is stored, a read then a write). Assembly and embeddings run
+    outside it, in parallel."""
+    records = services.chunks.get_chunks(chunk_ids_of(items))
+    extracted = [record.id for record in records if record.status == ChunkStatus.EXTRACTED]
+    totals = _load_chunks(services, job, extracted, writing)
+    totals.update(streamed_chunks=len(extracted))
+    return dict(totals)
+
+
+def _load_chunks(services: Services, job: Job, chunk_ids: list[str], writing: Writing) -> Counter[str]:
+    totals: Counter[str] = Counter()
     if chunk_ids:
         ensure_collections(services)
     written = 0
@@ -289,14 +321,15 @@ def load(services: Services, job: Job) -> dict[str, int]:
                 written += pending[1]
                 report("load", written, len(chunk_ids))
             # In this context: the writer thread reports and checks the fence as this one would.
-            write = writer.submit(copy_context().run, _write_batch, services, job, batch, assembly, indexed)
+            write = writer.submit(
+                copy_context().run, _write_batch, services, job, batch, assembly, indexed, writing
+            )
             pending = write, len(batch)
         if pending is not None:
             totals.update(pending[0].result())
             written += pending[1]
             report("load", written, len(chunk_ids))
-    _mark_items_done(services, job)
-    return dict(totals)
+    return totals
 
 
 def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assembly:
@@ -356,11 +389,12 @@ def _embed(services: Services, assembly: Assembly) -> Indexed:
 
 
 def _write_batch(
-    services: Services, job: Job, chunk_ids: list[str], assembly: Assembly, indexed: Indexed
+    services: Services, job: Job, chunk_ids: list[str], assembly: Assembly, indexed: Indexed, writing: Writing
 ) -> Counter[str]:
     """Write the batch and mark its chunks loaded; a chunk the assembly has no extraction for
     (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
-    counts = _write(services, job, assembly, indexed)
+    with writing():
+        counts = _write(services, job, assembly, indexed)
     built = assembly.chunk_ids
     missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
     services.chunks.set_chunk_status([i for i in chunk_ids if i in built], ChunkStatus.LOADED)

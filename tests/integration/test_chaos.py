@@ -39,7 +39,8 @@ from tests.simulator import Simulator
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 LATENCY_MS = 250  # long enough for a kill to land while a chunk's extraction is in flight
-CONCURRENCY = 2  # per worker; each task of it has at most one LLM call in flight
+CONCURRENCY = 2  # tasks at once per worker
+EXTRACT_BATCH = 2  # units to an extraction task, whose calls are in flight together
 VISIBILITY_S = 20  # the broker redelivers a dead worker's tasks after this
 LOCK_TTL_S = 10  # shorter than VISIBILITY_S: a redelivered load finds the lock expired
 LOAD_BATCH = 8  # the load of the whole corpus takes well under VISIBILITY_S
@@ -92,7 +93,9 @@ def write_corpus(folder: Path, documents: int, sentences: int) -> Path:
 @pytest.fixture
 def shared() -> dict[str, str]:
     """Small chunks, so that a modest corpus makes many of them; the embedded run uses the same."""
-    return small_chunks(load_batch=str(LOAD_BATCH), extraction_unit_tokens=str(UNIT_TOKENS))
+    return small_chunks(
+        load_batch=str(LOAD_BATCH), extraction_unit_tokens=str(UNIT_TOKENS), extract_batch=str(EXTRACT_BATCH)
+    )
 
 
 @pytest.fixture
@@ -232,8 +235,10 @@ def wait_for_moment(
     memory: Kenning, dataset: str, phase: str, extracted: float, loaded: int, run: subprocess.Popen[bytes]
 ) -> str:
     """Poll the chunk statuses until the run is in `phase`: extraction with more than a share
-    `extracted` of the chunks extracted, or load with more than `loaded` chunks loaded. When
-    extraction ends first, the moment is one in load. Returns the phase of the moment."""
+    `extracted` of the chunks extracted, or load with more than `loaded` chunks loaded and some
+    extracted ones still to load (each extraction batch's load part follows it, so load goes on
+    during extraction too). When extraction ends first, the moment is one in load. Returns the
+    phase of the moment."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     counts: dict[ChunkStatus, int] = {}
     for _ in range(int(RUN_TIMEOUT_S / POLL_S)):
@@ -241,7 +246,7 @@ def wait_for_moment(
         total, pending = sum(counts.values()), counts[ChunkStatus.PENDING]
         if phase == "extraction" and total and pending and total - pending > extracted * total:
             return "extraction"
-        if total and not pending and counts[ChunkStatus.EXTRACTED] and counts[ChunkStatus.LOADED] > loaded:
+        if total and counts[ChunkStatus.EXTRACTED] and counts[ChunkStatus.LOADED] > loaded:
             return "load"
         if run.poll() is not None or time.monotonic() >= deadline:
             break
@@ -316,13 +321,15 @@ def test_a_run_survives_workers_killed_during_extraction_and_load(
     # And a redelivered task found the lock expired and took it again for its run: a larger token
     assert fencing_token(chaos, "killed") >= 2
     # And every unit of chunks was paid for once, but for the calls in flight when a worker died
-    # (an interruption can cut short the calls in flight on both workers)
-    in_flight = KILLS * CONCURRENCY + len(before) * 2 * CONCURRENCY
+    # (an interruption can cut short the calls in flight on both workers): at most a batch's
+    # units a task
+    in_flight = (KILLS + len(before) * 2) * CONCURRENCY * EXTRACT_BATCH
     units = len(units_in(chunks))
     assert units < len(chunks)
     assert units <= chat_calls <= units + in_flight, (
         f"{chat_calls} LLM calls for {units} units: at most {in_flight} more were allowed, "
-        f"one per task in flight ({CONCURRENCY} per worker) at each of the {KILLS} kills "
+        f"one per unit in flight ({CONCURRENCY} tasks of {EXTRACT_BATCH} a worker) "
+        f"at each of the {KILLS} kills "
         f"and {len(before)} interruptions"
     )
     # And the memory is the one an undisturbed embedded run builds
@@ -396,7 +403,7 @@ def test_a_run_survives_a_restart_of_its_redis(
     assert {item.status for item in items} == {ItemStatus.DONE}
     assert lock_released(chaos, "restarted")
     # And no unit of chunks was paid for twice, but for those in flight when Redis went away
-    in_flight = len(Workers.TWO) * CONCURRENCY
+    in_flight = len(Workers.TWO) * CONCURRENCY * EXTRACT_BATCH
     units = len(units_in(chunks))
     assert units <= chat_calls <= units + in_flight, (
         f"{chat_calls} LLM calls for {units} units; at most {in_flight} more were allowed"

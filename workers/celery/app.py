@@ -53,12 +53,16 @@ from celery import Celery
 from celery.signals import before_task_publish, worker_process_init, worker_process_shutdown, worker_shutdown
 
 from kenning.pipeline.errors import ConfigError
+from kenning.pipeline.locking import lock_name
+from kenning.pipeline.models import Scope
 from kenning.pipeline.pacing import Metered, Pacer, Slots
 from kenning.pipeline.ports import RunLock
+from kenning.pipeline.tasks import Writing
 from kenning.storage.coordination.lease_redis import RedisLeases
 from kenning.storage.coordination.queue_depth import queue_depths, waiting_with
 from kenning.storage.coordination.redis_client import open_redis
 from kenning.storage.coordination.run_lock import Deliveries
+from kenning.storage.coordination.write_lock import one_writer
 from kenning.workers.runtime import keys
 from kenning.workers.runtime.heap import settle
 from kenning.workers.runtime.metrics import metrics, serve_worker_metrics, wiring_llm
@@ -120,6 +124,13 @@ class Resources:
                 prefix = keys.lease_prefix(self.settings.queue_prefix)
                 self._leases = RedisLeases(self._redis(), prefix)
             return self._leases
+
+    def writing(self, scope: Scope) -> Writing:
+        """The guard around each load write of the dataset: one at a time, across every worker."""
+        name = keys.write_lock_prefix(self.settings.queue_prefix) + lock_name(scope)
+        with self._mutex:
+            client = self._redis()
+        return lambda: one_writer(client, name)
 
     def waiting(self, run_id: str) -> int:
         """How many of the run's tasks wait in the broker's queues (0 if the broker is not Redis)."""

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from celery import Task, chord
+from celery import Task, chain, chord
 from celery.exceptions import CPendingDeprecationWarning
 from pydantic import BaseModel, Field
 
@@ -157,6 +157,8 @@ def register_step(step: Step) -> None:
 
         app.task(run_batch, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
         return
+    if step.part is not None:
+        register_part(step)
 
     def run_step(self: Any, state: dict[str, Any]) -> dict[str, Any]:
         message, resources = Message.model_validate(state), app.resources()
@@ -173,6 +175,32 @@ def register_step(step: Step) -> None:
         return done
 
     app.task(run_step, bind=True, name=f"kenning.{step.name}", base=RunTask, **RETRY)
+
+
+def register_part(step: Step) -> None:
+    """`kenning.<name>_part`: the step's part over one batch of the fan-out before it, chained
+    after that batch; it passes on the batch's counters, with its own added."""
+
+    def run_part(self: Any, done: dict[str, int], state: dict[str, Any], items: list[str]) -> dict[str, int]:
+        message, resources = Message.model_validate(state), app.resources()
+        unit = f"{step.name}_part:{items[0] if items else ''}"
+        writing = resources.writing(message.job.scope)
+
+        def work() -> dict[str, int]:
+            with holding(resources, message, unit):
+                return step.run_part(resources.wiring, message.job, items, writing).counts
+
+        counts = riding_out(resources, unit, work)
+        return merge_counts([StepResult(counts=done), StepResult(counts=counts)])
+
+    app.task(run_part, bind=True, name=f"kenning.{step.name}_part", base=RunTask, **RETRY)
+
+
+def streamed_after(step: str) -> Step | None:
+    """The step after the fan-out `step` that has a part to stream over its batches, if any."""
+    index = [each.name for each in PLAN].index(step)
+    following = PLAN[index + 1] if index + 1 < len(PLAN) else None
+    return following if following is not None and following.streams and following.part else None
 
 
 def fan_out(self: Any, state: dict[str, Any], step: str) -> Any:
@@ -192,7 +220,17 @@ def fan_out(self: Any, state: dict[str, Any], step: str) -> Any:
     # Each batch task has the error callback itself: when one fails, the chord does not call
     # the callbacks of the rest of the chain, which it runs as its body.
     errback = app.signature("kenning.fail", args=(message.job.model_dump(mode="json"),))
-    header = [app.signature(f"kenning.{step}", args=(carried, batch)).on_error(errback) for batch in batches]
+    streamed = streamed_after(step)
+
+    def member(batch: list[str]) -> Any:
+        """The batch's task, then the part of the streamed step over what it finished, if any."""
+        batch_task = app.signature(f"kenning.{step}", args=(carried, batch)).on_error(errback)
+        if streamed is None:
+            return batch_task
+        part = app.signature(f"kenning.{streamed.name}_part", args=(carried, batch)).on_error(errback)
+        return chain(batch_task, part)
+
+    header = [member(batch) for batch in batches]
     body = app.signature("kenning.gather", args=(carried,), kwargs={"step": step})
     with warnings.catch_warnings():
         # The chain's error callbacks move to the chord's body, as wanted; Celery warns that

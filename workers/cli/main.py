@@ -32,7 +32,7 @@ from kenning.workers.cli.agent import COMMANDS as AGENT_COMMANDS
 from kenning.workers.cli.runs import COMMANDS as RUNS_COMMANDS
 from kenning.workers.cli.sessions import COMMANDS as SESSION_COMMANDS
 from kenning.workers.cli.show import DATASET_NAME, printable, safe
-from kenning.workers.control.runs import StallDetector, llm_breaker, mark_stalled
+from kenning.workers.control.runs import StallDetector, llm_breaker, load_placement, mark_stalled
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
 from kenning.workers.runtime.settings import load_settings
@@ -420,13 +420,14 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
         status = memory.status(dataset)
         mark_stalled(memory, status)
         llm = llm_breaker(memory)
+        load = load_placement(memory)
         home = str(memory.settings.home.resolve())
     if as_json:
-        click.echo(json.dumps({"home": home, "llm": llm, "datasets": status}, ensure_ascii=False))
+        click.echo(
+            json.dumps({"home": home, "llm": llm, "load": load, "datasets": status}, ensure_ascii=False)
+        )
         return
-    click.echo(printable(f"home: {home}"))
-    if llm is not None:
-        click.echo(printable(breaker_line(llm)))
+    print_deployment(home, llm, load)
     table = Table("dataset", "items", "graph", "last run", "llm calls", "tokens", "cost")
     for entry in status:
         items = ", ".join(f"{k} {v}" for k, v in sorted(entry["items"].items())) or "-"
@@ -455,6 +456,15 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
             where = f"{entry['dataset']}/{chunk['item']} chunk {chunk['index']}"
             console.print(f"[red]failed[/red] {safe(where)}: {safe(chunk['error'])}")
         print_checks(entry)
+
+
+def print_deployment(home: str, llm: dict[str, Any] | None, load: dict[str, str] | None) -> None:
+    """Status's first lines: the home, where load workers may run, the LLM's breaker."""
+    click.echo(printable(f"home: {home}"))
+    if load is not None:
+        click.echo(printable(f"load workers: {load['load_workers']} (vectors: {load['vectors']})"))
+    if llm is not None:
+        click.echo(printable(breaker_line(llm)))
 
 
 def breaker_line(llm: dict[str, Any]) -> str:

@@ -328,3 +328,19 @@ def llm_breaker(memory: Kenning) -> dict[str, Any] | None:
     state = found.now(utcnow())
     reason = found.reason if state != "closed" else ""
     return {**view, "breaker": state, "reason": reason, "since": found.changed_at.isoformat()}
+
+
+def load_placement(memory: Kenning) -> dict[str, str] | None:
+    """Where a distributed deployment's load workers may run (`status`): anywhere with a Qdrant
+    server; with Qdrant Edge, only on the machine whose disk holds the vectors, sharing its home.
+    None in embedded mode."""
+    settings = memory.settings
+    if settings.mode != "distributed":
+        return None
+    if settings.qdrant_url:
+        return {"vectors": "qdrant", "load_workers": "any host"}
+    where = str((settings.home / "vectors").resolve())
+    return {
+        "vectors": f"qdrant edge at {where}",
+        "load_workers": "only on this machine, sharing KENNING_HOME: the vectors are on its disk",
+    }

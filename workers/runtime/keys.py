@@ -11,6 +11,7 @@ QUEUE_KINDS = ("pipeline", "extract", "load", "query")
 TASK_QUEUES = {
     "kenning.extract": "extract",
     "kenning.load": "load",
+    "kenning.load_part": "load",
     "kenning.fk_edges": "load",
     "kenning.forget": "load",
     "kenning.improve": "load",
@@ -26,6 +27,11 @@ def queue_name(prefix: str, kind: str) -> str:
 def lock_prefix(prefix: str) -> str:
     """Keys of the dataset run locks."""
     return f"{prefix}:lock:"
+
+
+def write_lock_prefix(prefix: str) -> str:
+    """Keys of the locks that let one load write of a dataset at a time through."""
+    return f"{prefix}:writes:"
 
 
 def deliveries_prefix(prefix: str) -> str:
