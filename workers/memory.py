@@ -163,26 +163,36 @@ class Kenning:
         data: str | Sequence[Message | dict[str, Any]],
         dataset: str | None = None,
         session_id: str | None = None,
+        *,
+        progress: ProgressCallback = no_progress,
+        detached: bool = False,
     ) -> Remembered:
-        """Make text or conversation messages memory. Without a session: add, then cognify, now.
-        With one: written to the session at once, and into the graph by a background cognify."""
+        """Make text or conversation messages memory. Without a session: add, then cognify, now
+        (`progress` called as it advances). With one: written to the session at once, and into
+        the graph by a background cognify on a thread of this process; `detached`: added now,
+        and the rest (`make_memory`) left to the caller, to run in another process, say. Either
+        way `item_ids` are the ids of the items the messages are, or become."""
         if isinstance(data, str):
             data = [Message(text=data)]
         messages = [Message.model_validate(message) for message in data]
         if session_id is None:
             added = self.add_messages(messages, dataset)
-            run = self.cognify(dataset)
+            run = self.cognify(dataset, progress)
             self.index_turns(messages, added, dataset)
             return Remembered(item_ids=[i.id for i in added], run_id=run.id, status=run.status.value)
         gate.require_write(self.caller, self.scope(dataset))
         with sessions.operation(self.context, session_id):
             entries = self.session_messages(messages, dataset, session_id)
-        bridge = threading.Thread(
-            target=self._bridge, args=(messages, dataset, session_id), name="kenning-remember"
-        )
-        bridge.start()
-        self._bridges.append(bridge)
-        return Remembered(status="queued", session_entries=entries)
+            item_ids = conversation.message_item_ids(self.context, messages, dataset)
+            if detached:
+                self.add_messages(messages, dataset)
+        if not detached:
+            bridge = threading.Thread(
+                target=self.make_memory, args=(messages, dataset, session_id), name="kenning-remember"
+            )
+            bridge.start()
+            self._bridges.append(bridge)
+        return Remembered(status="queued", item_ids=item_ids, session_entries=entries)
 
     def add_messages(self, messages: Sequence[Message], dataset: str | None) -> list[DataItem]:
         return conversation.add_messages(self.context, messages, dataset)
@@ -196,7 +206,9 @@ class Kenning:
     ) -> list[str]:
         return sessions.write_messages(self.context, messages, dataset, session_id)
 
-    def _bridge(self, messages: Sequence[Message], dataset: str | None, session_id: str) -> None:
+    def make_memory(self, messages: Sequence[Message], dataset: str | None, session_id: str) -> None:
+        """What a remember with a session does after it returns: add the messages (again changes
+        nothing), cognify, and index them as the turns of one conversation."""
         added = self.add_messages(messages, dataset)
         run = self.cognify(dataset)
         # The run this remember started is the session's spend; a failed one, its error.
@@ -221,8 +233,9 @@ class Kenning:
         With a session, the query and what the graph gave are appended to it as an entry
         (`Recalled.entry_id`): rate it with `add_feedback`, and `improve` moves those nodes' weights.
         """
+        kind = search_type(type)
         with sessions.operation(self.context, session_id):
-            return self._recall(query, datasets, session_id, type, top_k, options)
+            return self._recall(query, datasets, session_id, kind, top_k, options)
 
     def _recall(
         self,
@@ -246,7 +259,7 @@ class Kenning:
                 query, type, datasets=datasets, top_k=top_k, only_context=True, options=options
             )
         except InputError as error:
-            if session_id is None:
+            if not found:
                 raise
             # The session answers while the background cognify has not made its dataset yet.
             result = SearchResult(
@@ -319,6 +332,10 @@ class Kenning:
     ) -> Forgotten:
         """Forget the items not used (nor added) within `older_than_days`, or whose decay factor fell
         below `below` (needs KENNING_DECAY_HALF_LIFE_DAYS): cascading exactly like forget."""
+        if below is not None and self.settings.decay.half_life_days <= 0:
+            raise ConfigError(
+                "pruning below a decay factor needs decay on: set KENNING_DECAY_HALF_LIFE_DAYS (now 0, off)"
+            )
         return lifecycle.prune(self.context, self._accessed, dataset, older_than_days, below)
 
     # Search and status
@@ -340,7 +357,7 @@ class Kenning:
             self.context,
             self._accessed,
             query,
-            type,
+            search_type(type),
             datasets=datasets,
             top_k=top_k,
             only_context=only_context,
@@ -378,3 +395,12 @@ class Kenning:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def search_type(value: str | SearchType) -> SearchType:
+    """The search type named (in any case); InputError listing the types there are otherwise."""
+    try:
+        return SearchType(str(value).upper())
+    except ValueError:
+        known = ", ".join(t.value for t in SearchType)
+        raise InputError(f"no search type {str(value)!r} (types: {known})") from None

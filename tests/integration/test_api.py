@@ -321,9 +321,11 @@ def test_sessions_records_and_feedback(memory: Kenning, client: TestClient) -> N
     record_id = created.json()["id"]
     assert client.get(f"/v1/records/{record_id}", headers=auth).json()["node_ids"]
     updated = client.put(f"/v1/records/{record_id}", headers=auth, json={"text": "Oliver Reed is the CEO."})
-    assert updated.status_code == 200 and updated.json()["id"] != record_id
-    assert client.delete(f"/v1/records/{updated.json()['id']}", headers=auth).json() == {"ok": True}
-    assert client.get(f"/v1/records/{updated.json()['id']}", headers=auth).status_code == 404
+    # The record keeps its id: the URL updated answers with the new text
+    assert updated.status_code == 200 and updated.json()["id"] == record_id
+    assert client.get(f"/v1/records/{record_id}", headers=auth).json()["text"] == "Oliver Reed is the CEO."
+    assert client.delete(f"/v1/records/{record_id}", headers=auth).json() == {"ok": True}
+    assert client.get(f"/v1/records/{record_id}", headers=auth).status_code == 404
 
 
 def start_serve(*options: str) -> tuple[subprocess.Popen[bytes], str]:

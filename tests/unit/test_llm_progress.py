@@ -11,7 +11,7 @@ from kenning.pipeline.context import Job
 from kenning.pipeline.models import ChunkStatus, PipelineRun, RunStatus
 from kenning.pipeline.spend import Charge, Spend, charged_to
 from kenning.storage.metadata.spend import MemorySpendLedger
-from kenning.workers.cli.main import progress_bars
+from kenning.workers.cli.progress import progress_bars
 
 canvas = pytest.importorskip("kenning.workers.celery.canvas")
 

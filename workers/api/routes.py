@@ -441,11 +441,11 @@ def delete_record(record_id: IdPath, access: Caller) -> Done:
 
 def _record_dataset(access: Access, record_id: str, permission: Permission) -> str:
     """The record's dataset name; one NotFound for a record missing and one the caller may not read."""
-    items = access.memory.wiring.metadata.get_items([record_id])
+    dataset_id = access.memory.records.dataset_id_of(record_id)
     try:
-        if not items:
+        if dataset_id is None:
             raise NotFound("no such record")
-        dataset = access.dataset_by_id(items[0].dataset_id, *Permission)
+        dataset = access.dataset_by_id(dataset_id, *Permission)
     except NotFound:
         raise NotFound(f"no memory record {record_id!r}") from None
     access.caller.check(permission, dataset.name)

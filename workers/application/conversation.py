@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from datetime import datetime
 
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
+
+from kenning.pipeline.errors import InputError
 from kenning.pipeline.ingest import Source, text_source
 from kenning.pipeline.models import ChunkRecord, DataItem, Dataset
 from kenning.retrieval.conversation import TURNS, Turn, context_text, turn_points
@@ -79,3 +84,64 @@ def spoken(message: Message) -> str:
 def message_source(message: Message, position: int) -> Source:
     """A message as a source: under its id when it has one (a new text under it replaces it)."""
     return text_source(message.as_text(), name=message.id or f"message {position}", external_id=message.id)
+
+
+class MessageIn(BaseModel):
+    """A message as a conversation's JSON holds it: a chat API's `role` and `content`, or kenning's
+    `speaker` and `text`; `time` an ISO 8601 string. Strings stay strings (nothing is coerced)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    speaker: StrictStr = Field(default="", validation_alias=AliasChoices("speaker", "role"))
+    text: StrictStr = Field(min_length=1, validation_alias=AliasChoices("text", "content"))
+    time: StrictStr | None = None
+    id: StrictStr = ""
+
+    def message(self) -> Message:
+        return Message(speaker=self.speaker, text=self.text, time=_when(self.time), id=self.id)
+
+
+_CONVERSATION = TypeAdapter(list[MessageIn])
+
+
+def messages_from_json(raw: str, name: str) -> list[Message]:
+    """The messages of a conversation given as a JSON list (see `MessageIn`); InputError naming
+    `name`, the message and the field at the first thing wrong."""
+    try:
+        found = _CONVERSATION.validate_python(json.loads(raw))
+    except json.JSONDecodeError as error:
+        raise InputError(f"{name}: not JSON: {error.msg} at line {error.lineno}") from None
+    except ValidationError as error:
+        raise InputError(f"{name}: {_first_problem(error)}") from None
+    if not found:
+        raise InputError(f"{name}: no messages (a JSON list of {{speaker, text, time}})")
+    messages = []
+    for number, message in enumerate(found, 1):
+        try:
+            messages.append(message.message())
+        except ValueError as error:
+            raise InputError(f"{name}: message {number}: {error}") from None
+    return messages
+
+
+def _first_problem(error: ValidationError) -> str:
+    problem = error.errors()[0]
+    where = list(problem["loc"])
+    if not where:
+        return "expected a JSON list of messages ({speaker, text, time})"
+    at = f"message {int(where[0]) + 1}" if isinstance(where[0], int) else "the list"
+    field = {"speaker": "speaker (or role)", "text": "text (or content)"}.get(str(where[-1]), str(where[-1]))
+    if problem["type"] == "missing":
+        return f"{at}: no {field}"
+    if len(where) == 1:
+        return f"{at}: expected an object with speaker, text and time"
+    return f"{at}: {field}: {problem['msg']}"
+
+
+def _when(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"time {value!r} is not an ISO 8601 date and time") from None

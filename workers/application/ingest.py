@@ -31,8 +31,9 @@ def add_paths(
     gate.require_write(context.caller, context.scope(dataset))
     errors: dict[str, str] = {}
     local = [path for path in paths if not path.startswith("s3://")]
-    found = path_sources(local, errors, context.settings.max_document_bytes)
-    result = add_sources(context, list(found), dataset, node_sets)
+    found = list(path_sources(local, errors, context.settings.max_document_bytes))
+    # Nothing read makes no dataset: a typo in a path must not leave an empty dataset behind.
+    result = add_sources(context, found, dataset, node_sets) if found else AddResult()
     result.errors.update(errors)
     for uri in (path for path in paths if path.startswith("s3://")):
         add_bucket(context, uri, dataset, result, node_sets)

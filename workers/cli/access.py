@@ -20,9 +20,10 @@ from kenning.pipeline.permission import (
     issue_key,
     key_id_of,
 )
+from kenning.workers.cli.home import settings_for
 from kenning.workers.cli.show import DATASET_NAME, USER_NAME, printable, safe
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.settings import Settings, load_settings
+from kenning.workers.runtime.settings import Settings
 from kenning.workers.runtime.wiring import Wiring
 
 console = Console(stderr=True)
@@ -31,8 +32,8 @@ TENANT = click.option("--tenant", default=None, help="Default: KENNING_TENANT.")
 
 
 @contextmanager
-def permission_store() -> Iterator[tuple[PermissionStore, Settings]]:
-    settings = load_settings()
+def permission_store(*, makes_home: bool = False) -> Iterator[tuple[PermissionStore, Settings]]:
+    settings = settings_for(makes_home=makes_home)
     wiring = Wiring(settings)
     try:
         yield wiring.permissions, settings
@@ -68,7 +69,7 @@ def serve_command(host: str, port: int, distributed: bool, workers: int) -> None
     if workers > 1:
         serve_workers(host, port, workers, distributed=distributed)
         return
-    settings = load_settings()
+    settings = settings_for(makes_home=True)
     with Kenning(settings, Wiring(settings, distributed=distributed)) as memory:
         serve(memory, host, port, distributed=distributed)
 
@@ -83,7 +84,7 @@ def user_group() -> None:
 @TENANT
 @click.option("--admin", is_flag=True, help="Every permission on every dataset of the tenant.")
 def user_create(name: str, tenant: str | None, admin: bool) -> None:
-    with permission_store() as (store, settings):
+    with permission_store(makes_home=True) as (store, settings):
         user = User(tenant=tenant or settings.tenant, name=name, admin=admin)
         store.add_user(user)
     click.echo(printable(f"user {name} created in tenant {user.tenant}{' (admin)' if admin else ''}"))

@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from kenning.workers.cli.home import settings_for
 from kenning.workers.cli.show import DATASET_NAME, safe
 from kenning.workers.control.graph_view import MAX_NODES, graph_html
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.settings import load_settings
 
 console = Console(stderr=True)
 
@@ -35,7 +35,7 @@ def mcp_command(transport: str, host: str, port: int) -> None:
     with needs_extra("kenning mcp"):
         from kenning.workers.mcp.server import serve_http, serve_stdio
 
-    with Kenning(load_settings()) as memory:
+    with Kenning(settings_for(makes_home=True)) as memory:
         if transport == "stdio":
             serve_stdio(memory)
         else:
@@ -57,7 +57,7 @@ def mcp_command(transport: str, host: str, port: int) -> None:
 )
 def visualize_command(dataset: str | None, out: Path, max_nodes: int) -> None:
     """Write the dataset's graph as one HTML page that opens offline: search, details, sources."""
-    with Kenning(load_settings()) as memory:
+    with Kenning(settings_for()) as memory:
         page = graph_html(memory, dataset, max_nodes)
     out.write_text(page, encoding="utf-8")
     console.print(f"wrote {safe(out)} ({len(page.encode()) // 1024} KiB)")

@@ -5,37 +5,35 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from kenning import __version__
 from kenning.pipeline.checks import CHECK_COUNTERS
 from kenning.pipeline.context import Job
-from kenning.pipeline.errors import InputError, KenningError, StoreError
+from kenning.pipeline.errors import InputError, KenningError
 from kenning.pipeline.models import PipelineRun
-from kenning.pipeline.spend import SpendLedger, current_charge
 from kenning.retrieval.contract import SearchResult, SearchType
-from kenning.workers.application.lifecycle import Message, Remembered
+from kenning.workers.application.lifecycle import deletable_dataset
 from kenning.workers.cli.access import COMMANDS as ACCESS_COMMANDS
 from kenning.workers.cli.agent import COMMANDS as AGENT_COMMANDS
+from kenning.workers.cli.home import settings_for
+from kenning.workers.cli.progress import cognify_drawn, print_run, progress_bars
+from kenning.workers.cli.records import COMMANDS as RECORD_COMMANDS
+from kenning.workers.cli.remember import COMMANDS as REMEMBER_COMMANDS
 from kenning.workers.cli.runs import COMMANDS as RUNS_COMMANDS
 from kenning.workers.cli.sessions import COMMANDS as SESSION_COMMANDS
 from kenning.workers.cli.show import DATASET_NAME, printable, safe
 from kenning.workers.control.runs import StallDetector, llm_breaker, load_placement, mark_stalled
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.settings import load_settings
 
 console = Console(stderr=True)
 SAMPLES = Path(__file__).parent.parent / "samples"
@@ -47,71 +45,9 @@ DEMO_QUESTIONS = (
 )
 
 
-def open_memory(**overrides: Any) -> Kenning:
-    return Kenning(load_settings(**overrides))
-
-
-@contextmanager
-def progress_bars(
-    ledger: SpendLedger | None = None, output: Console | None = None
-) -> Iterator[Callable[[str, int, int], None]]:
-    """A progress callback drawing one bar per pipeline step; with a `ledger`, one more for the
-    run's LLM requests (`LLMBar`), its failed ones (retried unless their call gave up) named."""
-    columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=output or console, transient=False) as bars:
-        tasks: dict[str, Any] = {}
-        llm = LLMBar(bars, ledger)
-
-        def advance(step: str, done: int, total: int) -> None:
-            if step not in tasks:
-                tasks[step] = bars.add_task(step, total=max(total, 1))
-            bars.update(tasks[step], completed=done if total else 1, total=max(total, 1))
-            llm.update()
-
-        yield advance
-        llm.finish()
-
-
-class LLMBar:
-    """The LLM requests of the run a step reports for (its charge), from the spend ledger: those
-    not failed of those sent, and how many failed. Read at most every `every_s`; a ledger that
-    is away is skipped."""
-
-    def __init__(self, bars: Progress, ledger: SpendLedger | None, every_s: float = 0.5) -> None:
-        self._bars, self._ledger, self._every_s = bars, ledger, every_s
-        self._task: TaskID | None = None
-        self._run_id = ""
-        self._next = 0.0
-        self._lock = threading.Lock()
-
-    def update(self) -> None:
-        charge = current_charge()
-        with self._lock:
-            if charge is None or time.monotonic() < self._next:
-                return
-            self._next = time.monotonic() + self._every_s
-            self._run_id = charge.run_id
-            self._draw()
-
-    def finish(self) -> None:
-        """Draw the run's last figures, however recently it was read."""
-        with self._lock:
-            self._draw()
-
-    def _draw(self) -> None:
-        if self._ledger is None or not self._run_id:
-            return
-        try:
-            spent = self._ledger.totals([self._run_id]).get(self._run_id)
-        except StoreError:
-            return
-        if spent is None:
-            return
-        if self._task is None:
-            self._task = self._bars.add_task("LLM", total=None)
-        self._bars.update(
-            self._task, description=safe(spent.label), completed=spent.answered, total=spent.calls
-        )
+def open_memory(*, makes_home: bool = False, **overrides: Any) -> Kenning:
+    """The memory of the home the settings name: one there already, unless `makes_home`."""
+    return Kenning(settings_for(makes_home=makes_home, **overrides))
 
 
 @click.group()
@@ -131,7 +67,7 @@ def main() -> None:
 @click.option("--node-set", "node_sets", multiple=True, help="A named subset the data joins (repeatable).")
 def add_command(paths: tuple[str, ...], dataset: str | None, node_sets: tuple[str, ...]) -> None:
     """Add files, directories, - (stdin) or s3://bucket/prefix to a dataset."""
-    with open_memory() as memory:
+    with open_memory(makes_home=True) as memory:
         result = memory.add_paths(list(paths), dataset, node_sets=list(node_sets))
     for path, error in result.errors.items():
         console.print(f"[red]error[/red] {safe(path)}: {safe(error)}")
@@ -157,25 +93,16 @@ def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, tempo
     """Build the knowledge graph and vector index of a dataset: in this process (embedded mode),
     or on the Celery workers (distributed mode, `KENNING_MODE` or `--distributed`)."""
     overrides: dict[str, Any] = {"temporal": True} if temporal else {}
-    with open_memory(**overrides, **({"mode": "distributed"} if distributed else {})) as memory:
+    if distributed:
+        overrides["mode"] = "distributed"
+    with open_memory(**overrides) as memory:
         if dry_run:
             click.echo(json.dumps(memory.estimate(dataset).model_dump(mode="json")))
             return
-        if memory.wiring.distributed:  # the workers' progress is drawn as the run is followed
-            run = memory.cognify(dataset, console=console)
-        else:
-            with progress_bars(memory.wiring.spend) as advance:
-                run = memory.cognify(dataset, progress=advance)
+        run = cognify_drawn(memory, dataset)
     print_run(run)
     if run.status.value != "completed":
         sys.exit(1)
-
-
-def print_run(run: PipelineRun) -> None:
-    figures = ", ".join(f"{name} {value}" for name, value in sorted(run.stats.items()))
-    console.print(f"run {run.id[:8]} {run.status.value}: {safe(figures)}")
-    if run.error:
-        console.print(f"[red]{safe(run.error)}[/red]")
 
 
 @main.command("search")
@@ -238,40 +165,6 @@ def print_search(result: SearchResult) -> None:
         console.print(f"[yellow]{safe(result.notice)}[/yellow]")
 
 
-@main.command("remember")
-@click.argument("paths", nargs=-1, required=True)
-@click.option("--dataset", default=None, type=DATASET_NAME)
-@click.option("--session", "session_id", default=None, help="Into this session now, the graph later.")
-@click.option("--json", "as_json", is_flag=True)
-def remember_command(
-    paths: tuple[str, ...], dataset: str | None, session_id: str | None, as_json: bool
-) -> None:
-    """Make files (or - for stdin) memory: add and cognify, or write to a session first."""
-    with open_memory() as memory:
-        if session_id is None:
-            added = memory.add_paths(list(paths), dataset)
-            run = memory.cognify(dataset)
-            ids = [item.id for item in added.added + added.unchanged]
-            done = Remembered(item_ids=ids, run_id=run.id, status=run.status.value)
-        else:
-            limit = memory.settings.max_document_bytes
-            texts = [sys.stdin.read(limit) if path == "-" else read_text(path, limit) for path in paths]
-            done = memory.remember([Message(text=text) for text in texts], dataset, session_id)
-    click.echo(done.model_dump_json() if as_json else f"remembered {len(done.item_ids)} items: {done.status}")
-    if done.status not in ("completed", "queued"):
-        sys.exit(1)
-
-
-def read_text(path: str, limit: int) -> str:
-    """A regular file's text, at most `limit` bytes: never a device or a pipe, which may not end."""
-    file = Path(path)
-    if not file.is_file():
-        raise InputError(f"{path}: not a regular file")
-    if file.stat().st_size > limit:
-        raise InputError(f"{path}: {file.stat().st_size} bytes is over the limit of {limit} bytes")
-    return file.read_text(errors="replace")
-
-
 @main.command("recall")
 @click.argument("query")
 @click.option("--dataset", "datasets", multiple=True, type=DATASET_NAME)
@@ -279,6 +172,7 @@ def read_text(path: str, limit: int) -> str:
 @click.option(
     "--type",
     "search_type",
+    type=click.Choice([t.value for t in SearchType], case_sensitive=False),
     default=SearchType.AUTO.value,
     show_default=True,
     help="AUTO: the search each dataset's contents call for (messages, documents or both).",
@@ -300,6 +194,10 @@ def recall_command(
         click.echo(printable(f"{number:>2}. [{hit.score:.3f}] ({hit.source} {cited[:8]}) {hit.text[:300]}"))
     if recalled.searched:
         click.echo(f"searched with {', '.join(recalled.searched)}")
+    if recalled.notice:
+        console.print(f"[yellow]{safe(recalled.notice)}[/yellow]")
+    if not recalled.results:
+        console.print("nothing recalled")
 
 
 # What the erasure after a forget counts, by place (see kenning.workers.application.erasure).
@@ -330,7 +228,11 @@ def forget_command(
     if not yes:
         click.confirm(printable(f"forget {what}?"), abort=True)
     with open_memory() as memory:
+        if data_ids:
+            require_items(memory, dataset, data_ids)
         done = memory.forget(dataset, list(data_ids) or None, everything=everything, memory_only=memory_only)
+    if not done:
+        raise InputError("nothing to forget: the tenant has no dataset")
     items = sum(len(f.items) for f in done)
     nodes, edges = sum(f.nodes for f in done), sum(f.edges for f in done)
     console.print(f"forgot {items} items: {nodes} nodes, {edges} edges")
@@ -342,6 +244,16 @@ def forget_command(
         console.print(f"erased from disk and servers: {wiped}")
 
 
+def require_items(memory: Kenning, dataset: str | None, data_ids: Sequence[str]) -> None:
+    """InputError naming the first id that is no item of the dataset (or one the caller may not
+    see: the same answer), before anything is forgotten."""
+    target = deletable_dataset(memory.context, dataset)
+    found = {item.id for item in memory.wiring.metadata.get_items(data_ids) if item.dataset_id == target.id}
+    for data_id in data_ids:
+        if data_id not in found:
+            raise InputError(f"no item {data_id!r} in dataset {target.name!r}")
+
+
 @main.command("prune")
 @click.option("--dataset", default=None, type=DATASET_NAME)
 @click.option("--older-than-days", type=click.FloatRange(0), default=None, help="Not used nor added since.")
@@ -349,10 +261,15 @@ def forget_command(
 @click.option("--yes", is_flag=True)
 def prune_command(dataset: str | None, older_than_days: float | None, below: float | None, yes: bool) -> None:
     """Forget what faded: items unused for a while, or whose decay factor fell below a floor."""
+    if older_than_days is None and below is None:
+        raise click.UsageError("say what to prune: --older-than-days DAYS, --below FACTOR or both")
     if not yes:
         click.confirm("forget every item that matches?", abort=True)
     with open_memory() as memory:
         done = memory.prune(dataset, older_than_days, below)
+        name = memory.dataset(dataset).name if not done.items else ""
+    if not done.items:
+        raise InputError(f"nothing to prune: no item of dataset {name!r} matched")
     console.print(f"pruned {len(done.items)} items: {done.nodes} nodes, {done.edges} edges")
 
 
@@ -363,48 +280,6 @@ def improve_command(dataset: str | None) -> None:
     with open_memory() as memory:
         done = memory.improve(dataset)
     click.echo(done.model_dump_json())
-
-
-@main.group("memory")
-def memory_group() -> None:
-    """Memory records: each added item, with the nodes and edges it produced."""
-
-
-@memory_group.command("list")
-@click.option("--dataset", default=None, type=DATASET_NAME)
-@click.option("--offset", default=0, show_default=True, type=click.IntRange(0))
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
-def memory_list(dataset: str | None, offset: int, limit: int) -> None:
-    with open_memory() as memory:
-        click.echo(memory.records.list(dataset, offset, limit).model_dump_json())
-
-
-@memory_group.command("get")
-@click.argument("record_id")
-@click.option("--dataset", default=None, type=DATASET_NAME)
-def memory_get(record_id: str, dataset: str | None) -> None:
-    with open_memory() as memory:
-        click.echo(memory.records.get(record_id, dataset).model_dump_json())
-
-
-@memory_group.command("update")
-@click.argument("record_id")
-@click.argument("path")
-@click.option("--dataset", default=None, type=DATASET_NAME)
-def memory_update(record_id: str, path: str, dataset: str | None) -> None:
-    """Replace a record's text with PATH's (or - for stdin), cognify, and forget what is stale."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    with open_memory() as memory:
-        click.echo(memory.records.update(record_id, text, dataset).model_dump_json())
-
-
-@memory_group.command("delete")
-@click.argument("record_id")
-@click.option("--dataset", default=None, type=DATASET_NAME)
-def memory_delete(record_id: str, dataset: str | None) -> None:
-    with open_memory() as memory:
-        memory.records.delete(record_id, dataset)
-    click.echo("deleted")
 
 
 @main.command("status")
@@ -508,7 +383,7 @@ def watch_started(memory: Kenning, dataset: str | None, timeout_s: float) -> Non
 @click.option("--home", default=None, help="Where to keep the demo's data (default: KENNING_HOME).")
 def demo_command(home: str | None) -> None:
     """Ingest the bundled sample corpus and answer a few questions, offline."""
-    with open_memory(**({"home": Path(home)} if home else {})) as memory:
+    with open_memory(makes_home=True, **({"home": Path(home)} if home else {})) as memory:
         added = memory.add_paths([str(SAMPLES)], "demo")
         console.print(f"added {len(added.added)} sample documents ({len(added.unchanged)} already there)")
         with progress_bars() as advance:
@@ -560,13 +435,34 @@ for command in RUNS_COMMANDS:
     main.add_command(command)
 for command in SESSION_COMMANDS:
     main.add_command(command)
+for command in (*REMEMBER_COMMANDS, *RECORD_COMMANDS):
+    main.add_command(command)
 
 
 def run() -> None:
+    """The console script: exit status 0 only when the command did what it was asked, and every
+    error one line on stderr (`error: ...`), never a traceback."""
     try:
-        main(standalone_mode=True)
+        code = main(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as error:  # `kenning` alone, or a group alone
+        error.show()
+        sys.exit(error.exit_code)
+    except click.UsageError as error:
+        where = f" (see '{error.ctx.command_path} --help')" if error.ctx else ""
+        fail(f"{error.format_message()}{where}", error.exit_code)
+    except click.ClickException as error:
+        fail(error.format_message(), error.exit_code)
+    except click.Abort:  # a confirmation answered no, or Ctrl-C
+        fail("stopped", 1)
     except KenningError as error:
-        # One line, never wrapped, the message taken literally (it may hold brackets).
-        line = printable(" ".join(str(error).split()))
-        console.print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True)
-        sys.exit(2)
+        fail(str(error), 2)
+    except Exception as error:  # a fault of kenning's own: still one line, never a traceback
+        fail(f"unexpected {type(error).__name__}: {error}", 1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    # One line, never wrapped, the message taken literally (it may hold brackets).
+    line = printable(" ".join(message.split()))
+    console.print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True)
+    sys.exit(code)

@@ -10,11 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from kenning.pipeline.models import Dataset
+from kenning.workers.cli.home import settings_for
 from kenning.workers.cli.show import DATASET_NAME, safe
 from kenning.workers.control.runs import cancel_run, list_runs, retry_run
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
-from kenning.workers.runtime.settings import in_mode, load_settings
+from kenning.workers.runtime.settings import in_mode
 
 console = Console(stderr=True)
 
@@ -32,7 +33,7 @@ def runs_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def list_command(dataset: str | None, limit: int, as_json: bool) -> None:
     """The most recent runs, newest first."""
-    with Kenning(load_settings()) as memory:
+    with Kenning(settings_for()) as memory:
         runs = list_runs(memory, dataset, limit)
     if as_json:
         click.echo(json.dumps({"runs": [run.model_dump(mode="json") for run in runs]}))
@@ -52,7 +53,7 @@ def list_command(dataset: str | None, limit: int, as_json: bool) -> None:
 def cancel_command(run_id: str, reason: str) -> None:
     """End a run that has not ended: it is marked cancelled, its dataset lock released, and its
     tasks in flight stop at their next write. RUN_ID may be a unique prefix."""
-    with needs_extra("kenning runs cancel"), Kenning(load_settings()) as memory:
+    with needs_extra("kenning runs cancel"), Kenning(settings_for()) as memory:
         run = cancel_run(memory, run_id, reason)
     console.print(f"run {safe(run.id)} of dataset {safe(repr(run.dataset))} {run.status}: {safe(run.error)}")
 
@@ -62,7 +63,7 @@ def cancel_command(run_id: str, reason: str) -> None:
 @click.option("--distributed", is_flag=True, help="Send the new run to the Celery workers and follow it.")
 def retry_command(run_id: str, distributed: bool) -> None:
     """Start a new run of an ended run's dataset, which redoes only what is not done."""
-    settings = load_settings()
+    settings = settings_for()
     with Kenning(in_mode(settings, "distributed") if distributed else settings) as memory:
 
         def start(dataset: Dataset) -> str:
