@@ -73,7 +73,7 @@ BASE_WEIGHTS = {
     "dated": 2.0,
     "speaker": 2.0,
 }
-GRID = {"timed": (0.0, 1.0, 2.0), "ordered": (0.0, 1.0), "graph": (0.0, 1.0)}
+GRID = {"timed": (1.0, 2.0, 3.0), "ordered": (1.0,), "graph": (0.0, 1.0)}
 SPLIT_SEED = 8
 DEV_SHARE = 0.5
 CUTOFFS = (5, 10)

@@ -40,7 +40,7 @@ from kenning.pipeline.ports import Embedder, VectorStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import Weight, known_lanes, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
-from kenning.retrieval.reference import best_first, first, relevance
+from kenning.retrieval.reference import best_first, by_feedback, feedback, first, relevance
 from kenning.retrieval.when import Asked, Span, asked, overlaps, timed, told, within
 
 TURNS = "ConversationTurn_text"
@@ -71,6 +71,8 @@ class ConversationConfig(BaseModel):
             "graph": 0.0,
             "dated": NAMED_LANE_WEIGHT,
             "speaker": NAMED_LANE_WEIGHT,
+            # Chosen on LoCoMo's dev half (bench/locomo.py): 2 over 1 and 0 (off).
+            "timed": NAMED_LANE_WEIGHT,
         },
     )
     order_pool: int = Field(
@@ -258,7 +260,7 @@ class ConversationRetriever:
     ) -> list[Hit]:
         ports = self._ports
         turns = ports.vectors.search(scope, TURNS, vector, config.max_turns, TURN_FIELDS)
-        chunks = ports.vectors.search(scope, CHUNKS, vector, config.depth)
+        chunks = by_feedback(ports.vectors.search(scope, CHUNKS, vector, config.depth))
         lexical = ports.lexical.search(scope, request.query, config.depth)
         candidates = _candidates(turns, chunks, lexical)
         previous = {item: c.previous for item, c in candidates.items()}
@@ -284,10 +286,12 @@ class ConversationRetriever:
         }
         scores = spread({entry.id: entry.score for entry in fused}, neighbours, config.neighbour_share)
         best = best_possible(config, [lane for lane, found in lanes.items() if found])
+        moved = feedback(chunks)
+        shares = {item: score / best + moved.get(item, 0.0) for item, score in scores.items()}
         hits = []
-        for item in ranked(scores)[: request.top_k]:
+        for item in ranked(shares)[: request.top_k]:
             hit = _hit(scope, candidates[item].point, ask)
-            hit.score = relevance(scores[item] / best)
+            hit.score = relevance(shares[item])
             hit.extra["fused"] = scores[item]
             hits.append(hit)
         return hits

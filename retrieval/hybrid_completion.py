@@ -23,12 +23,13 @@ from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
-from kenning.retrieval.reference import best_first, chunk_hit, point_hit, relevance
+from kenning.retrieval.reference import best_first, by_feedback, chunk_hit, feedback, point_hit, relevance
 
 # A chunk holds several facts: the facts lane reads this many edge hits per chunk it ranks.
 FACTS_PER_CHUNK = 8
 # The payload fields each lane reads: fewer fields, less to copy out of the vector engine.
 CHUNK_OF = ("chunk_id",)
+WEIGHT_OF = ("weight",)
 FACT_FIELDS = ("chunk_id", "source_id", "target_id", "relationship", "text")
 
 
@@ -61,8 +62,13 @@ class HybridCompletionRetriever:
     def _scope_hits(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
     ) -> list[Hit]:
-        lanes, facts = self._lanes(scope, request, vector, config)
-        fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)[: request.top_k]
+        lanes, facts, moved = self._lanes(scope, request, vector, config)
+        best = config.best_score() or 1.0
+        fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
+        rrf = {entry.id: entry.score for entry in fused}
+        for entry in fused:  # the score as a share of the best possible, moved by feedback
+            entry.score = entry.score / best + moved.get(entry.id, 0.0)
+        fused = sorted(fused, key=lambda entry: -entry.score)[: request.top_k]
         top_facts = facts[: config.facts]
         chunk_ids = [entry.id for entry in fused]
         endpoints = {str(p.payload.get(key, "")) for p in top_facts for key in ("source_id", "target_id")}
@@ -72,18 +78,22 @@ class HybridCompletionRetriever:
         # Chunks the lanes that search the chunks' own text found, but the graph lacks.
         searched = {*lanes["chunks"], *lanes["lexical"]}
         points = self._indexed(scope, [e.id for e in fused if e.id in searched and e.id not in nodes])
-        hits = [self._hit(scope, entry, nodes, points, config) for entry in fused]
+        hits = [self._hit(scope, entry, nodes, points, rrf[entry.id]) for entry in fused]
         found = [hit for hit in hits if hit is not None]
         _attach_facts(found, top_facts, nodes)
         return found
 
     def _lanes(
         self, scope: Scope, request: SearchRequest, vector: Sequence[float], config: FusionConfig
-    ) -> tuple[dict[str, list[str]], list[ScoredPoint]]:
-        """(chunk ids ranked by each lane, the edge-fact hits). The chunks' payloads are not read:
-        their text comes from the graph."""
+    ) -> tuple[dict[str, list[str]], list[ScoredPoint], dict[str, float]]:
+        """(chunk ids ranked by each lane, the edge-fact hits, feedback by chunk). The chunks'
+        payloads are not read (their text comes from the graph), but for their feedback weight."""
         search, on, depth, query = self._ports.vectors.search, config.weight, config.depth, request.query
-        chunks = search(scope, collection.CHUNKS, vector, depth("chunks"), ()) if on("chunks") > 0 else []
+        chunks = (
+            by_feedback(search(scope, collection.CHUNKS, vector, depth("chunks"), WEIGHT_OF))
+            if on("chunks") > 0
+            else []
+        )
         lexical = (
             self._ports.lexical.search(scope, query, depth("lexical"), payloads=False)
             if on("lexical") > 0
@@ -104,7 +114,7 @@ class HybridCompletionRetriever:
             "facts": _chunk_ids(facts)[: depth("facts")],
             "graph": self._graph_lane(scope, request, vector, chunks, config) if on("graph") > 0 else [],
         }
-        return lanes, facts
+        return lanes, facts, feedback(chunks)
 
     def _graph_lane(
         self,
@@ -158,9 +168,9 @@ class HybridCompletionRetriever:
         entry: Fused,
         nodes: dict[str, GraphNode],
         points: dict[str, ScoredPoint],
-        config: FusionConfig,
+        rrf: float,
     ) -> Hit | None:
-        score = relevance(entry.score / config.best_score()) if config.best_score() > 0 else 0.0
+        score = relevance(entry.score)
         node = nodes.get(entry.id)
         if node is not None:
             hit = chunk_hit(scope, node, score)
@@ -170,7 +180,7 @@ class HybridCompletionRetriever:
             hit.score, hit.chunk_id = score, entry.id
         else:
             return None
-        hit.extra.update(rrf=entry.score, lanes=entry.ranks)
+        hit.extra.update(rrf=rrf, lanes=entry.ranks)
         return hit
 
 

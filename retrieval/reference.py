@@ -37,6 +37,22 @@ def weighted_score(point: ScoredPoint) -> float:
     return similarity(point.score - WEIGHT_EFFECT * (float(weight) - NEUTRAL_WEIGHT))
 
 
+def by_feedback(points: list[ScoredPoint]) -> list[ScoredPoint]:
+    """Vector hits ordered by their similarity moved by feedback (`weighted_score`), best first."""
+    return sorted(points, key=lambda point: -weighted_score(point))
+
+
+def feedback(points: Iterable[ScoredPoint]) -> dict[str, float]:
+    """How far feedback moves each rated point's score (up to WEIGHT_EFFECT / 2 either way), by id:
+    a fused search adds it to its own score, so a rating counts whichever search ranks the chunk."""
+    found = {}
+    for point in points:
+        weight = point.payload.get("weight")
+        if isinstance(weight, int | float):
+            found[point.id] = WEIGHT_EFFECT * (float(weight) - NEUTRAL_WEIGHT)
+    return found
+
+
 def chunk_nodes(
     graph: GraphStore, scope: Scope, chunk_ids: Iterable[str | None], *, provenance: bool = True
 ) -> dict[str, GraphNode]:

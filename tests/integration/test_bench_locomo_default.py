@@ -33,5 +33,5 @@ def test_the_default_is_reported_beside_each_type_for_both_halves(tmp_path: Path
 
 def test_the_tuning_grid_tries_the_time_and_graph_lanes() -> None:
     labels = [option_label(options) for options in grid()]
-    assert "timed=0,ordered=0,graph=0" in labels and "timed=2,ordered=1,graph=1" in labels
+    assert "timed=1,ordered=1,graph=0" in labels and "timed=3,ordered=1,graph=1" in labels
     assert all(options["weights"]["dated"] == 2.0 for options in grid())
