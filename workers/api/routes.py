@@ -325,7 +325,8 @@ def remember(body: RememberIn, access: Caller) -> Remembered:
 
 @router.post("/recall", tags=["memory"], response_model=Recalled)
 def recall(body: RecallIn, access: Caller) -> Recalled:
-    """The session's entries first (with a session), then the graph; every result cites its source."""
+    """The `top_k` best of the session's entries (with a session) and the memory, best first, scores in
+    [0, 1]; every result cites its source."""
     datasets = access.readable(body.datasets)
     if not datasets:  # no graph to search: the session's entries alone, if any
         return Recalled(query=body.query, results=_from_session(access, body))

@@ -193,9 +193,11 @@ class Tools:
         ] = SearchType.AUTO,
         top_k: TopK = 10,
     ) -> Recalled:
-        """What memory holds about a query: the session's entries first (with a session id), then
-        the graph. Each result cites its source: `entry_id` (session), or `data_id`, `document_id`
-        and `chunk_id` (graph). With a session id, the recall is added to the session."""
+        """What memory holds about a query: the `top_k` best of the session's entries (with a session
+        id) and of the datasets' memory, in one list, best first (scores in [0, 1], higher is better;
+        `searched` says how the datasets were searched). Each result cites its source: `entry_id`
+        (session), or `data_id`, `document_id` and `chunk_id` (graph); a remembered message has its
+        `speaker` and `said_at`. With a session id, the recall is added to the session."""
         with ToolErrors():
             access = self.scoped(ctx)
             names = access.readable(datasets)
