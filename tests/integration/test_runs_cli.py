@@ -245,8 +245,8 @@ def test_runs_over_http_list_retry_cancel_and_show_a_stalled_run(home: Path) -> 
         assert client.post(f"/v1/runs/{first.id}/retry", headers=reader).status_code == 403
         retried = client.post(f"/v1/runs/{first.id}/retry", headers=writer)
         assert retried.status_code == 202 and retried.json()["id"] != first.id, retried.text
-        # And an ended run cannot be cancelled (400), an unknown one is not found (404)
-        assert client.post(f"/v1/runs/{first.id}/cancel", headers=writer).status_code == 400
+        # And an ended run cannot be cancelled (409, a conflict), an unknown one is not found (404)
+        assert client.post(f"/v1/runs/{first.id}/cancel", headers=writer).status_code == 409
         assert client.post("/v1/runs/nope/cancel", headers=writer).status_code == 404
         # Given a run sent to workers, none of which consumes this deployment's queues
         sent = start_run(memory.wiring, memory.scope("notes"))

@@ -27,6 +27,7 @@ from kenning import __version__
 from kenning.pipeline.errors import ConfigError, KenningError
 from kenning.pipeline.models import Scope as DataScope
 from kenning.workers.api.access import ApiState
+from kenning.workers.api.docs import install_docs
 from kenning.workers.api.errors import error_response, install_error_handlers
 from kenning.workers.api.routes import router
 from kenning.workers.api.runs import RunTracker
@@ -79,7 +80,15 @@ def create_app(
                 if owned:
                     await run_in_threadpool(memory.close)
 
-    app = FastAPI(title="kenning", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="kenning",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_docs(app)
     app.state.kenning = ApiState(memory=memory, runs=runs, distributed=distributed)
     install_error_handlers(app)
     metrics().watch_llm(lambda: wiring_llm(memory.wiring, memory.settings.llm_url))
@@ -218,7 +227,8 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimit:
-    """At most `limit` bytes of request body: refused up front by Content-Length, else while read."""
+    """At most `limit` bytes of request body: refused up front by Content-Length, else while read.
+    Either way the answer is the API's 413, also on a mounted app (MCP) that reads the body itself."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -230,21 +240,43 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
-            response = error_response(413, "too_large", str(BodyTooLarge(self.limit).detail))
-            await response(scope, receive, send)
+            await self.refuse(scope, receive, send)
             return
-        received = 0
+        metered = MeteredBody(self.limit, receive, send)
+        try:
+            await self.app(scope, metered.receive, metered.send)
+        except BodyTooLarge:
+            if metered.started:
+                raise
+        if metered.refused and not metered.started:
+            await self.refuse(scope, receive, send)
 
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise BodyTooLarge(self.limit)
-            return message
+    async def refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_response(413, "too_large", str(BodyTooLarge(self.limit).detail))(scope, receive, send)
 
-        await self.app(scope, limited, send)
+
+class MeteredBody:
+    """One request's body, counted as it is read: past the limit, reading raises `BodyTooLarge`,
+    and what the app answers then is held back (unless it had started answering before)."""
+
+    def __init__(self, limit: int, receive: Receive, send: Send) -> None:
+        self.limit, self._receive, self._send = limit, receive, send
+        self.received, self.refused, self.started = 0, False, False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.limit:
+                self.refused = True
+                raise BodyTooLarge(self.limit)
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.refused and not self.started:
+            return  # whatever the app made of a body cut short: the 413 is the answer
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
 
 
 def serve_workers(host: str, port: int, workers: int, *, distributed: bool = False) -> None:

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 
 from kenning.pipeline.errors import (
     ConfigError,
@@ -25,6 +26,7 @@ from kenning.pipeline.errors import (
     StoreError,
 )
 from kenning.pipeline.locking import LockBusy
+from kenning.retrieval.cypher import QueryRejected
 
 log = logging.getLogger("kenning.api")
 
@@ -50,6 +52,7 @@ class ApiError(Exception):
 MAPPED: tuple[tuple[type[KenningError], int, str], ...] = (
     (NotFound, 404, "not_found"),
     (Forbidden, 403, "forbidden"),
+    (QueryRejected, 403, "query_rejected"),
     (Conflict, 409, "conflict"),
     (LockBusy, 409, "dataset_busy"),
     (LockLost, 409, "dataset_busy"),
@@ -60,6 +63,7 @@ MAPPED: tuple[tuple[type[KenningError], int, str], ...] = (
     (ConfigError, 400, "not_configured"),
     (InputError, 400, "invalid_input"),
 )
+METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 CODE_OF_STATUS = {
     400: "bad_request",
     401: "unauthorized",
@@ -75,7 +79,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, description in (
         (400, "Invalid input, or a feature that is not configured"),
         (401, "No API key, or an unknown or revoked one"),
-        (403, "The dataset is readable but the action needs another permission"),
+        (403, "The action needs another permission, or a Cypher query is refused (off, or not read-only)"),
         (404, "No such object, or none the caller may read"),
         (409, "A conflict: the object exists, or the dataset is busy"),
         (413, "The request body is over the size limit"),
@@ -123,10 +127,29 @@ async def _invalid_request(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_request", problems or "the request does not match its schema")
 
 
-async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = CODE_OF_STATUS.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    message = str(exc.detail)
+    if exc.status_code == 405:
+        # The router names the methods of the first route that matched the path; a path served
+        # by several routes (one per method) allows all of theirs.
+        allowed = allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        message = f"{request.method} is not allowed here; allowed: {', '.join(allowed)}"
+    return error_response(exc.status_code, code, message, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method that some route of the app answers at the request's path (each asked as the
+    router would, so routes of included routers count too)."""
+    routes = request.app.routes
+    return [method for method in METHODS if any(_answers(route, request, method) for route in routes)]
+
+
+def _answers(route: BaseRoute, request: Request, method: str) -> bool:
+    return route.matches({**request.scope, "method": method})[0] is Match.FULL
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

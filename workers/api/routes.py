@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import mimetypes
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, StreamingResponse
@@ -27,6 +28,7 @@ from kenning.pipeline.session import SessionEntry, search_entries
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.api.access import Access, authorized
 from kenning.workers.api.errors import ERROR_RESPONSES, ApiError, ErrorBody, ErrorDetail
+from kenning.workers.api.media import JsonRoute, is_json
 from kenning.workers.api.runs import FINISHED, POLL_S
 from kenning.workers.api.schemas import (
     NAME_PATTERN,
@@ -52,6 +54,7 @@ from kenning.workers.api.schemas import (
     RunList,
     RunView,
     SearchIn,
+    SessionId,
     valid_name,
 )
 from kenning.workers.application import sessions
@@ -68,36 +71,41 @@ from kenning.workers.control.runs import cancel_run, retry_target
 
 READ, WRITE, DELETE, SHARE = Permission
 KEEPALIVE_S = 15.0
+T = TypeVar("T")
 Caller = Annotated[Access, Depends(authorized)]
-DATASET_PATTERN = NAME_PATTERN
 DatasetPath = Annotated[
     str,
-    Path(min_length=1, max_length=MAX_NAME_CHARS, pattern=DATASET_PATTERN),
+    Path(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN),
     AfterValidator(valid_name("dataset")),
 ]
 DatasetQuery = Annotated[
     str | None,
-    Query(min_length=1, max_length=MAX_NAME_CHARS, pattern=DATASET_PATTERN),
+    Query(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN),
     AfterValidator(lambda value: value if value is None else valid_name("dataset")(value)),
 ]
 UserPath = Annotated[
     str,
-    Path(min_length=1, max_length=MAX_NAME_CHARS, pattern=DATASET_PATTERN),
+    Path(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN),
     AfterValidator(valid_name("user")),
 ]
 IdPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
+SessionPath = Annotated[SessionId, Path()]
 
-router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES, route_class=JsonRoute)
 
 
 # Adding and cognifying
 
+DATASET_FIELD: TypeAdapter[str] = TypeAdapter(DatasetName)
+NODE_SET_FIELD: TypeAdapter[list[str]] = TypeAdapter(list[Identifier])
+NODE_SET = TypeAdapter(Identifier).json_schema()
+# A form field is text: one `node_sets` field is one node set, repeated fields are several.
 MULTIPART_SCHEMA = {
     "type": "object",
     "properties": {
         "files": {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1},
-        "dataset": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": DATASET_PATTERN},
-        "node_sets": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 255}},
+        "dataset": DATASET_FIELD.json_schema(),
+        "node_sets": {"anyOf": [NODE_SET, {"type": "array", "items": NODE_SET, "maxItems": 100}]},
     },
     "required": ["files"],
 }
@@ -110,8 +118,6 @@ ADD_BODY = {
         },
     }
 }
-DATASET_FIELD: TypeAdapter[str] = TypeAdapter(DatasetName)
-NODE_SET_FIELD: TypeAdapter[list[str]] = TypeAdapter(list[Identifier])
 
 
 @router.post(
@@ -128,7 +134,7 @@ async def add(request: Request, access: Caller) -> Added:
     if kind == "multipart/form-data":
         dataset, node_sets, sources = await _uploaded(request)
         uris: list[str] = []
-    elif kind in ("application/json", ""):
+    elif not kind or is_json(kind):
         try:
             body = AddText.model_validate_json(await request.body())
         except ValidationError as error:
@@ -151,12 +157,11 @@ async def add(request: Request, access: Caller) -> Added:
 
 async def _uploaded(request: Request) -> tuple[str | None, list[str], list[Source]]:
     async with request.form() as form:
-        try:
-            raw = form.get("dataset")
-            dataset = DATASET_FIELD.validate_python(raw) if raw is not None else None
-            node_sets = NODE_SET_FIELD.validate_python(form.getlist("node_sets"))
-        except ValidationError as error:
-            raise ApiError(422, "invalid_request", _problems(error)) from error
+        named = form.getlist("dataset")
+        if len(named) > 1:
+            raise ApiError(422, "invalid_request", "dataset: name one dataset, not several")
+        dataset = _form_field(DATASET_FIELD, "dataset", named[0]) if named else None
+        node_sets = _form_field(NODE_SET_FIELD, "node_sets", form.getlist("node_sets"))
         files = [part for part in form.getlist("files") if isinstance(part, UploadFile)]
         if not files:
             raise ApiError(422, "invalid_request", "files: upload at least one file")
@@ -166,6 +171,14 @@ async def _uploaded(request: Request) -> tuple[str | None, list[str], list[Sourc
             mime = part.content_type or mimetypes.guess_type(name)[0] or ""
             sources.append(Source(name=name, uri=f"upload:{name}", data=await part.read(), mime=mime))
     return dataset, node_sets, sources
+
+
+def _form_field(field: TypeAdapter[T], name: str, value: object) -> T:
+    """A form field's value, or 422 naming the field."""
+    try:
+        return field.validate_python(value)
+    except ValidationError as error:
+        raise ApiError(422, "invalid_request", _problems(error, name)) from error
 
 
 def _add(
@@ -228,20 +241,32 @@ def list_runs(
 @router.post("/runs/{run_id}/cancel", tags=["runs"], response_model=RunView)
 def cancel(run_id: IdPath, access: Caller, body: CancelIn | None = None) -> RunView:
     """End a run not ended (needs write): marked `cancelled` with the reason, its dataset lock
-    released; its tasks in flight stop at their next write. 400 for a run that has ended."""
+    released; its tasks in flight stop at their next write. 409 for a run that has ended."""
     _run_dataset(access, run_id, WRITE)
-    cancel_run(access.memory, run_id, body.reason if body else "")
+    with _run_state_conflict():
+        cancel_run(access.memory, run_id, body.reason if body else "")
     return access.state.runs.view(access.caller, access.memory, run_id)
 
 
 @router.post("/runs/{run_id}/retry", tags=["runs"], response_model=RunView, status_code=202)
 def retry(run_id: IdPath, access: Caller) -> RunView:
     """Start a new run of an ended run's dataset (needs write), which redoes only what is not
-    done; answers at once with the new run (202). 400 for a run that has not ended."""
+    done; answers at once with the new run (202). 409 for a run that has not ended."""
     dataset = _run_dataset(access, run_id, WRITE)
-    retry_target(access.memory, run_id)
+    with _run_state_conflict():
+        retry_target(access.memory, run_id)
     new_id = access.state.runs.start(access.memory, dataset)
     return access.state.runs.view(access.caller, access.memory, new_id)
+
+
+@contextmanager
+def _run_state_conflict() -> Iterator[None]:
+    """A run in the wrong state for the action (cancel an ended one, retry one not ended) is a
+    conflict with the run as it is (409), not a bad request."""
+    try:
+        yield
+    except InputError as error:
+        raise ApiError(409, "conflict", str(error)) from error
 
 
 def _run_dataset(access: Access, run_id: str, permission: Permission) -> str:
@@ -251,14 +276,47 @@ def _run_dataset(access: Access, run_id: str, permission: Permission) -> str:
     return dataset
 
 
+def _event(name: str, payload: str, description: str) -> dict[str, Any]:
+    """One kind of server-sent event: its name, and its data as JSON of a component schema."""
+    return {
+        "type": "object",
+        "description": description,
+        "properties": {
+            "event": {"const": name},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": {"$ref": f"#/components/schemas/{payload}"},
+            },
+        },
+        "required": ["event", "data"],
+    }
+
+
+# Each event of the stream (OpenAPI 3.1: the schema of a text/event-stream is one event's).
+RUN_EVENT = {
+    "oneOf": [
+        _event("progress", "RunView", "The run, each time it changes"),
+        _event("end", "RunView", "The run, once it has ended; the stream ends with it"),
+        _event("error", "ErrorBody", "The run or the caller's access to it went away; the stream ends"),
+    ]
+}
+
+
 @router.get(
     "/runs/{run_id}/events",
     tags=["runs"],
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    responses={
+        200: {
+            "description": "Server-sent events; a comment line (`: keep-alive`) every 15 s of quiet",
+            "content": {"text/event-stream": {"schema": RUN_EVENT}},
+        }
+    },
 )
 async def run_events(run_id: IdPath, access: Caller) -> StreamingResponse:
-    """Server-sent events: `progress` (the run, whenever it changes) until `end` (the run ended)."""
+    """Server-sent events: `progress` (the run, whenever it changes) until `end` (the run ended),
+    or `error` when the run or the caller's access to it goes away; each event's data is JSON."""
     first = await run_in_threadpool(get_run, run_id, access)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(_events(run_id, access, first), media_type="text/event-stream", headers=headers)
@@ -320,7 +378,7 @@ def search(body: SearchIn, access: Caller) -> SearchResult:
 def remember(body: RememberIn, access: Caller) -> Remembered:
     """Without a session: add and cognify now. With one: into the session now, the graph later."""
     dataset = access.require(WRITE, body.dataset)
-    return access.memory.remember(body.data, dataset, body.session_id)
+    return access.memory.remember(body.content(), dataset, body.session_id)
 
 
 @router.post("/recall", tags=["memory"], response_model=Recalled)
@@ -364,13 +422,13 @@ def list_sessions(access: Caller) -> SessionList:
 
 
 @router.get("/sessions/{session_id}/record", tags=["sessions"], response_model=SessionSummary)
-def get_session_record(session_id: IdPath, access: Caller) -> SessionSummary:
+def get_session_record(session_id: SessionPath, access: Caller) -> SessionSummary:
     """One of the caller's sessions as `GET /v1/sessions` lists it; 404 when it has none."""
     return sessions.summary(access.memory.context, session_id)
 
 
 @router.post("/sessions/{session_id}/end", tags=["sessions"], response_model=Done)
-def end_session(session_id: IdPath, access: Caller) -> Done:
+def end_session(session_id: SessionPath, access: Caller) -> Done:
     """Mark one of the caller's sessions ended (a later operation with it starts it again); 404
     when it has no record."""
     sessions.end(access.memory.context, session_id)
@@ -379,7 +437,7 @@ def end_session(session_id: IdPath, access: Caller) -> Done:
 
 @router.get("/sessions/{session_id}", tags=["sessions"], response_model=list[SessionEntry])
 def get_session(
-    session_id: IdPath, access: Caller, last_n: Annotated[int | None, Query(ge=1, le=10_000)] = None
+    session_id: SessionPath, access: Caller, last_n: Annotated[int | None, Query(ge=1, le=10_000)] = None
 ) -> list[SessionEntry]:
     """The caller's own session: its entries, oldest first; only those built from datasets that
     it may all read now (`datasets`), so a grant revoked hides them at once."""
@@ -387,7 +445,7 @@ def get_session(
 
 
 @router.post("/sessions/{session_id}/feedback", tags=["sessions"], response_model=Done)
-def add_feedback(session_id: IdPath, body: Feedback, access: Caller) -> Done:
+def add_feedback(session_id: SessionPath, body: Feedback, access: Caller) -> Done:
     """Rate an entry of the caller's session 1-5; `improve` turns ratings into weights."""
     if not access.memory.add_feedback(session_id, body.entry_id, body.score, body.text):
         raise NotFound(f"session {session_id!r} has no entry {body.entry_id!r}")
@@ -395,7 +453,7 @@ def add_feedback(session_id: IdPath, body: Feedback, access: Caller) -> Done:
 
 
 @router.delete("/sessions/{session_id}/feedback/{entry_id}", tags=["sessions"], response_model=Done)
-def delete_feedback(session_id: IdPath, entry_id: IdPath, access: Caller) -> Done:
+def delete_feedback(session_id: SessionPath, entry_id: IdPath, access: Caller) -> Done:
     if not access.memory.delete_feedback(session_id, entry_id):
         raise NotFound(f"session {session_id!r} has no entry {entry_id!r}")
     return Done()
@@ -545,5 +603,6 @@ def _readable(access: Access, dataset: str) -> bool:
     return not dataset or access.caller.may(READ, dataset)
 
 
-def _problems(error: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+def _problems(error: ValidationError, *field: str) -> str:
+    """Each problem as `location: message`, the location under `field` when one is given."""
+    return "; ".join(f"{'.'.join(str(p) for p in (*field, *e['loc']))}: {e['msg']}" for e in error.errors())

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    model_validator,
+)
+from pydantic.config import JsonDict
 
 from kenning.pipeline.models import DataItem, PipelineRun
 from kenning.pipeline.names import MAX_NAME_CHARS, name_problem
@@ -29,9 +39,15 @@ def valid_name(field: str) -> Callable[[str], str]:
     return check
 
 
-# No `/` (a dataset is `tenant/dataset` to read scopes) and no control characters; the pattern
-# is what the OpenAPI document shows, the check the whole rule.
-NAME_PATTERN = r"^[^/\x00-\x1f\x7f]+$"
+# `name_problem` as a pattern, which the OpenAPI document shows: no `/` (a dataset is
+# `tenant/dataset` to read scopes), no control character (C0, C1), surrogate, line or paragraph
+# separator or bidirectional override, and no space at either end (what `str.strip` removes that
+# the refused characters do not already cover). Surrogates, refused too, are left out of it:
+# a lone one has no UTF-8 and the regex engines of validators (pydantic's, jsonschema-rs) take no
+# surrogate range. The name check enforces the whole rule.
+_REFUSED = r"/\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f"
+_SPACE = r"\x20\xa0\u1680\u2000-\u200a\u202f\u205f\u3000"
+NAME_PATTERN = rf"^[^{_REFUSED}{_SPACE}](?:[^{_REFUSED}]*[^{_REFUSED}{_SPACE}])?$"
 DatasetName = Annotated[
     str,
     Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN),
@@ -43,7 +59,44 @@ UserName = Annotated[
     AfterValidator(valid_name("user")),
 ]
 Identifier = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
+# The session stores keep a session id as a file name of at most 240 characters, with each
+# character other than a-z, 0-9, "_" and "-" written as %XX: printable ASCII up to 80 always fits.
+SESSION_ID_PATTERN = r"^[\x20-\x7e]+$"
+MAX_SESSION_ID_CHARS = 80
+SESSION_ID_RULE = f"1 to {MAX_SESSION_ID_CHARS} printable ASCII characters"
+SessionId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_SESSION_ID_CHARS,
+        pattern=SESSION_ID_PATTERN,
+        description=f"A session: short-term memory of one conversation ({SESSION_ID_RULE})",
+    ),
+]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+
+
+def _json_integer(value: Any) -> Any:
+    """A JSON number with no fraction, as the schema's `integer` reads it: never a string or boolean."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer (a JSON number, not a string or boolean)")
+    return value
+
+
+# ISO 8601, as RFC 3339 writes it (an offset may be left out: then the time is as given).
+_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})?)?")
+
+
+def _iso_time(value: Any) -> Any:
+    """An ISO 8601 date and time as a string; a number (seconds since 1970?) is refused, not guessed."""
+    if not isinstance(value, str) or not _ISO_TIME.fullmatch(value):
+        raise ValueError("must be an ISO 8601 date and time as a string, e.g. 2024-05-01T14:30:00Z")
+    return value
+
+
+# Numbers and booleans as JSON has them: "2", "yes" and 0 are refused, not converted.
+Integer = Annotated[int, BeforeValidator(_json_integer)]
+IsoTime = Annotated[datetime, BeforeValidator(_iso_time)]
 # A bucket name as S3 allows it, then an optional key prefix.
 S3Uri = Annotated[
     str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\x00-\x1f\x7f]*)?$", max_length=2048)
@@ -56,8 +109,20 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# An add names something to add: at least one text or one URI (the schema says so too).
+SOMETHING_TO_ADD: JsonDict = {
+    "anyOf": [
+        {"required": ["texts"], "properties": {"texts": {"minItems": 1}}},
+        {"required": ["uris"], "properties": {"uris": {"minItems": 1}}},
+    ]
+}
+
+
 class AddText(Strict):
-    """Texts and s3:// URIs to add; files are uploaded as multipart/form-data instead."""
+    """Texts and s3:// URIs to add, at least one of either; files are uploaded as
+    multipart/form-data instead."""
+
+    model_config = ConfigDict(json_schema_extra=SOMETHING_TO_ADD)
 
     dataset: DatasetName | None = Field(default=None, description="Default: the server's default dataset")
     texts: list[Text] = Field(default_factory=list, max_length=1000)
@@ -150,33 +215,56 @@ class CancelIn(Strict):
     reason: str = Field(default="", max_length=2000, description="Why; kept in the run's error")
 
 
+TOP_K = (
+    "How many results at most, for every search type but these: GRAPH_COMPLETION_COT, "
+    "GRAPH_COMPLETION_CONTEXT_EXTENSION and GRAPH_COMPLETION_DECOMPOSITION give the union of one "
+    "search per round or sub-question, top_k results each; AGENTIC_COMPLETION, the union of its "
+    "steps' searches, 5 results each. The graph completion types give at most 15 results"
+)
+
+
 class SearchIn(Strict):
     query: Text
     type: SearchType = SearchType.AUTO
     datasets: list[DatasetName] | None = Field(
         default=None, max_length=100, description="Default: every dataset the caller may read"
     )
-    top_k: int = Field(default=10, ge=1, le=1000)
-    only_context: bool = False
-    session_id: Identifier | None = None
+    top_k: Integer = Field(default=10, ge=1, le=1000, description=TOP_K)
+    only_context: StrictBool = Field(default=False, description="Stop before the LLM: hits and context")
+    session_id: SessionId | None = None
+
+
+class MessageIn(Strict):
+    """One message of a conversation."""
+
+    speaker: str = Field(default="", description="Who said it")
+    text: Text
+    time: IsoTime | None = Field(default=None, description="When, as ISO 8601: 2024-05-01T14:30:00Z")
+    id: str = Field(default="", description="The agent's id for the message; a new text under it replaces it")
+
+    def message(self) -> Message:
+        return Message(speaker=self.speaker, text=self.text, time=self.time, id=self.id)
 
 
 class RememberIn(Strict):
-    data: Text | Annotated[list[Message], Field(min_length=1, max_length=1000)] = Field(
+    data: Text | Annotated[list[MessageIn], Field(min_length=1, max_length=1000)] = Field(
         description="A text, or conversation messages ({speaker, text, time, id})"
     )
     dataset: DatasetName | None = None
-    session_id: Identifier | None = Field(
+    session_id: SessionId | None = Field(
         default=None, description="Into this session now, into the graph in the background"
     )
+
+    def content(self) -> str | list[Message]:
+        return self.data if isinstance(self.data, str) else [message.message() for message in self.data]
 
 
 class RecallIn(Strict):
     query: Text
     datasets: list[DatasetName] | None = Field(default=None, max_length=100)
-    session_id: Identifier | None = None
+    session_id: SessionId | None = None
     type: SearchType = SearchType.AUTO
-    top_k: int = Field(default=10, ge=1, le=1000)
+    top_k: Integer = Field(default=10, ge=1, le=1000, description=TOP_K)
 
 
 class ForgetIn(Strict):
@@ -184,12 +272,12 @@ class ForgetIn(Strict):
     data_ids: list[Identifier] | None = Field(
         default=None, max_length=10_000, description="Default: the whole dataset"
     )
-    memory_only: bool = Field(default=False, description="Keep the stored bytes")
+    memory_only: StrictBool = Field(default=False, description="Keep the stored bytes")
 
 
 class Feedback(Strict):
     entry_id: Identifier
-    score: int = Field(ge=1, le=5, description="1 (useless) to 5 (exactly right)")
+    score: Integer = Field(ge=1, le=5, description="1 (useless) to 5 (exactly right)")
     text: str = Field(default="", max_length=10_000)
 
 

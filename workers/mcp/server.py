@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ToolAnnotations
-from pydantic import AfterValidator, BaseModel, Field
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -49,6 +49,8 @@ INSTRUCTIONS = (
     "`list_datasets` and `status` show what there is."
 )
 
+# The HTTP API's error shape: {"error": {"code", "message"}}.
+UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "send an API key: Authorization: Bearer <key>"}}
 Authenticator = Callable[[str], Caller | None]
 """An API key -> the caller it stands for, or None for an unknown or revoked key."""
 
@@ -132,11 +134,35 @@ class Scoped:
         return not dataset or self.caller.may(READ, dataset)
 
 
+class Server(MCPServer):
+    """The SDK's server, whose answer to arguments that do not match a tool's schema names each
+    argument and what is wrong with it, and nothing of the validator's own (its error types,
+    the input echoed back, links to its documentation)."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            cause = error.__cause__
+            if isinstance(cause, ValidationError):
+                raise ToolError(f"invalid arguments for {name}: {argument_problems(cause)}") from cause
+            raise
+
+
+def argument_problems(error: ValidationError) -> str:
+    """`argument: what is wrong` for each problem, without pydantic's decorations."""
+    problems = []
+    for problem in error.errors(include_url=False, include_input=False, include_context=False):
+        where = ".".join(str(part) for part in problem["loc"]) or "arguments"
+        problems.append(f"{where}: {problem['msg']}")
+    return "; ".join(problems)
+
+
 def create_server(memory: Kenning) -> MCPServer:
     """The MCP server over `memory` (which stays the caller's to close), with its six tools."""
-    server: MCPServer = MCPServer(
-        "kenning", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
-    )
+    server: MCPServer = Server("kenning", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
     tools = Tools(memory)
     server.add_tool(tools.remember, annotations=ToolAnnotations(destructiveHint=False, idempotentHint=True))
     server.add_tool(tools.recall, annotations=ToolAnnotations(readOnlyHint=False))
@@ -297,8 +323,7 @@ class RequireKey:
         if scheme.lower() == "bearer" and token.strip():
             caller = await anyio.to_thread.run_sync(self.authenticate, token.strip())
         if caller is None:
-            body = {"error": "unauthorized", "message": "send an API key: Authorization: Bearer <key>"}
-            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            response = JSONResponse(UNAUTHORIZED, status_code=401, headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
         state = {**scope.get("state", {}), CALLER_KEY: caller}
