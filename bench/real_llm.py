@@ -3,16 +3,17 @@
     bash scripts/real_llm.sh start && python -m bench.real_llm [--questions 10]
 
 The endpoint is KENNING_REAL_LLM_URL (an OpenAI-compatible /v1 URL, model KENNING_REAL_LLM_MODEL)
-or else the server scripts/real_llm.sh started; every other setting is kenning's default. Two
-sets, each cognified in a fresh embedded home:
+or else the server scripts/real_llm.sh started. Every other setting is kenning's default but the
+pace of that one-request-at-a-time CPU server: one extraction in flight and a 900 s request
+timeout (KENNING_REAL_LLM_TIMEOUT_S). Two sets, each cognified in a fresh embedded home:
 
 - `samples`: the bundled sample corpus (`kenning samples`) and the three demo questions;
 - `hotpot`: the first N questions of ../shared/data/cognee_hotpot (hotpot_50) with their own
   gold and distractor paragraphs (ten a question, in corpus order), nothing else.
 
 For each set: chunks extracted and failed (with the first errors), the structured-output rung
-the endpoint settled on (when status reports one; else "n/a"), what validation repaired or
-dropped (the run's counters for it; else "n/a"), LLM calls and seconds per extraction call. Then
+the endpoint's model settled on (as `kenning status` shows it), what the checks of the model's
+replies repaired or dropped (the run's counters), LLM calls and seconds per extraction call. Then
 every question is asked with HYBRID_COMPLETION, GRAPH_COMPLETION and RAG_COMPLETION (plain RAG
 over CHUNKS) with the same model: exact match and token F1 against the gold answer, whether the
 gold answer (every key phrase of it) is in the context and in the answer, and seconds per
@@ -23,22 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.qa import exact_match, normalize, token_f1
+from kenning.pipeline.checks import CHECK_COUNTERS
 from kenning.pipeline.errors import KenningError
 from kenning.pipeline.ingest import Source
 from kenning.retrieval.contract import SearchType
+from kenning.workers.control.runs import structured_output
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
-from tests.real_llm.server import real_llm_model, real_llm_url
+from tests.real_llm.server import real_llm_model, real_llm_overrides, real_llm_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "workers" / "samples"
@@ -46,9 +50,6 @@ HOTPOT = ROOT.parent / "shared" / "data" / "cognee_hotpot"
 RESULTS = ROOT / "bench" / "results"
 PARAGRAPHS_PER_QUESTION = 10
 TYPES = (SearchType.HYBRID_COMPLETION, SearchType.GRAPH_COMPLETION, SearchType.RAG_COMPLETION)
-# Run counters that say what validation of a model's reply changed (repairs, drops, mappings).
-VALIDATION_WORDS = ("drop", "repair", "mapped", "invent", "generic", "truncat", "discard", "reject")
-RUNG_WORDS = ("rung", "ladder", "structured_output", "response_format")
 
 
 @dataclass(frozen=True)
@@ -103,28 +104,12 @@ def holds(text: str, question: Question) -> bool:
     return all(normalize(phrase) in found for phrase in question.phrases)
 
 
-def find_keys(value: Any, words: Sequence[str], path: str = "") -> Iterator[tuple[str, Any]]:
-    """(path, value) of every key under `value` whose name holds one of `words`."""
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            if any(word in str(key).lower() for word in words):
-                yield where, inner
-            else:
-                yield from find_keys(inner, words, where)
-    elif isinstance(value, list):
-        for index, inner in enumerate(value):
-            yield from find_keys(inner, words, f"{path}[{index}]")
-
-
 def extraction(memory: Kenning, dataset: str, seconds: float) -> dict[str, Any]:
     """What the cognify of `dataset` extracted, failed, repaired and dropped, and what it took."""
     (status,) = memory.status(dataset)
     run = status["runs"][0]
     stats: dict[str, int] = run["stats"]
     calls = status["llm_calls"]
-    rung = dict(find_keys(status, RUNG_WORDS))
-    validation = {key: value for key, value in stats.items() if any(w in key for w in VALIDATION_WORDS)}
     errors = sorted({chunk["error"][:300] for chunk in status["failed_chunks"]})
     return {
         "run_status": run["status"],
@@ -132,8 +117,8 @@ def extraction(memory: Kenning, dataset: str, seconds: float) -> dict[str, Any]:
         "extracted": stats.get("extractions", 0),
         "failed": stats.get("failed_chunks", 0),
         "first_errors": errors[:3],
-        "structured_output_rung": rung or "n/a",
-        "validation": validation or "n/a",
+        "structured_output_rung": structured_output(memory),
+        "validation": {name: stats.get(name, 0) for name in CHECK_COUNTERS},
         "graph": status["graph"],
         "llm_calls": calls,
         "tokens": status["tokens"],
@@ -216,7 +201,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown = [name for name in wanted if name not in sets]
     if unknown or not wanted:
         sys.exit(f"unknown sets {unknown}; choose from {sorted(sets)}")
-    report: dict[str, Any] = {"url": url, "model": model, "sets": {}}
+    # Settings other than the defaults come from KENNING_* variables; the report names them.
+    changed = {k: v for k, v in os.environ.items() if k.startswith("KENNING_") and "KEY" not in k}
+    report: dict[str, Any] = {
+        "url": url,
+        "model": model,
+        "settings": {k: v for k, v in real_llm_overrides(url).items() if k != "llm_url"},
+        "environment": changed,
+        "sets": {},
+    }
     for name in wanted:
         sources, questions = sets[name]()
         report["sets"][name] = evaluate(url, model, name, sources, questions)

@@ -16,7 +16,7 @@ import pytest
 from kenning.pipeline.models import PipelineRun
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import Settings, load_settings
-from tests.real_llm.server import real_llm_model, script_server_url
+from tests.real_llm.server import real_llm_overrides, script_server_url
 
 SAMPLES = Path(__file__).resolve().parents[2] / "workers" / "samples"
 
@@ -33,15 +33,15 @@ def llm_url() -> str:
 
 @pytest.fixture(scope="session")
 def llm_env(llm_url: str) -> dict[str, str]:
-    """The process environment for a kenning command: no KENNING_* but the endpoint and model."""
+    """The process environment for a kenning command: no KENNING_* but the real server's settings."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("KENNING_")}
-    env.update(KENNING_LLM_URL=llm_url, KENNING_LLM_MODEL=real_llm_model())
+    env.update({f"KENNING_{k.upper()}": str(v) for k, v in real_llm_overrides(llm_url).items()})
     return env
 
 
 def real_settings(home: Path, url: str) -> Settings:
-    """Defaults but the home, the endpoint and the model."""
-    return load_settings(home=home, llm_url=url, llm_model=real_llm_model())
+    """Defaults but the home and the real server's settings."""
+    return load_settings(home=home, **real_llm_overrides(url))
 
 
 @dataclass

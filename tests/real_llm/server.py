@@ -40,3 +40,16 @@ def real_llm_url() -> str | None:
 
 def real_llm_model() -> str:
     return os.environ.get("KENNING_REAL_LLM_MODEL") or MODEL
+
+
+def real_llm_overrides(url: str) -> dict[str, object]:
+    """Settings for the real server: the defaults but its endpoint and model, and its pace. The
+    local server answers one request at a time on a CPU, minutes for an extraction: requests in
+    parallel would only queue there, each timing out (60 s by default) while it waits."""
+    return {
+        "llm_url": url,
+        "llm_model": real_llm_model(),
+        "llm_timeout_s": float(os.environ.get("KENNING_REAL_LLM_TIMEOUT_S", 900)),
+        "llm_deadline_s": float(os.environ.get("KENNING_REAL_LLM_TIMEOUT_S", 900)) * 2,
+        "concurrency": 1,
+    }
