@@ -55,8 +55,8 @@ bench-locomo: setup
 # and stops it afterwards unless it was already running. See scripts/real_llm.sh.
 .PHONY: test-llm
 test-llm: setup
-	@if [ -n "$$KENNING_REAL_LLM_URL" ]; then exec $(PYTEST) -m real_llm tests/real_llm; fi; \
+	@if [ -n "$$KENNING_REAL_LLM_URL" ]; then exec $(PYTEST) -o timeout=3600 -m real_llm tests/real_llm; fi; \
 	was_up=$$(bash scripts/real_llm.sh url 2>/dev/null || true); \
 	bash scripts/real_llm.sh start || exit 1; \
-	KENNING_REAL_LLM_URL=$$(bash scripts/real_llm.sh url)/v1 $(PYTEST) -m real_llm tests/real_llm; rc=$$?; \
+	KENNING_REAL_LLM_URL=$$(bash scripts/real_llm.sh url)/v1 $(PYTEST) -o timeout=3600 -m real_llm tests/real_llm; rc=$$?; \
 	[ -n "$$was_up" ] || bash scripts/real_llm.sh stop; exit $$rc
