@@ -40,6 +40,8 @@ class RecordNode(BaseModel):
 class RecordEdge(BaseModel):
     id: str
     relationship: str
+    source_id: str
+    target_id: str
     source: str = Field(description="The name of the node it starts from")
     target: str = Field(description="The name of the node it points to")
 
@@ -232,7 +234,14 @@ def named_elements(
         for n in nodes
     ]
     shown_edges = [
-        RecordEdge(id=e.id, relationship=e.relationship, source=name(e.source_id), target=name(e.target_id))
+        RecordEdge(
+            id=e.id,
+            relationship=e.relationship,
+            source_id=e.source_id,
+            target_id=e.target_id,
+            source=name(e.source_id),
+            target=name(e.target_id),
+        )
         for e in edges
     ]
     return shown_nodes, shown_edges

@@ -64,7 +64,9 @@ def show(record: MemoryRecord) -> None:
     click.echo("")
     click.echo(printable(record.text) if record.text is not None else "(no text: binary content)")
     entities = [node for node in record.nodes if node.type == "Entity"]
-    relations = [edge for edge in record.edges if edge.source and edge.target]
+    # Facts between entities; the structure around them (chunks, types) is in --json
+    ids = {node.id for node in entities}
+    relations = [edge for edge in record.edges if edge.source_id in ids and edge.target_id in ids]
     click.echo(f"\nentities ({len(entities)}):")
     for node in entities[:SHOWN_ELEMENTS]:
         click.echo(printable(f"  {node.name}" + (f" ({node.entity_type})" if node.entity_type else "")))
