@@ -16,7 +16,7 @@ from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import AddResult, Source, text_source
 from kenning.pipeline.memify import Improvement
 from kenning.pipeline.models import DataItem, Dataset, PipelineRun, Scope
-from kenning.pipeline.permission import Caller
+from kenning.pipeline.permission import Caller, Permission
 from kenning.pipeline.session import SessionEntry, SessionKey
 from kenning.retrieval.contract import Principal, SearchResult, SearchType
 from kenning.workers.application import conversation, gate, ingest, lifecycle, search, sessions, status
@@ -112,8 +112,18 @@ class Kenning:
 
     def dataset(self, name: str | None = None) -> Dataset:
         """The tenant's dataset of that name (default: KENNING_DATASET); an InputError listing the
-        datasets there are when it does not exist. Only `add` creates datasets."""
-        return find_dataset(self.wiring.metadata, self.caller.tenant, name or self.settings.dataset)
+        datasets the caller holds a permission on when it does not exist. Only `add` creates
+        datasets."""
+        caller, wanted = self.caller, name or self.settings.dataset
+        try:
+            return find_dataset(self.wiring.metadata, caller.tenant, wanted)
+        except InputError:  # raised again, listing only the datasets the caller may see
+
+            def seen(dataset: Dataset) -> bool:
+                scope = dataset.scope
+                return gate.may_read(caller, scope) or any(gate.holds(caller, p, scope) for p in Permission)
+
+            return find_dataset(self.wiring.metadata, caller.tenant, wanted, seen)
 
     def cognify(
         self,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kenning.pipeline.errors import InputError
+from kenning.pipeline.permission import Caller, Permission
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import Settings, load_settings
 from tests.integration.cli_runner import Cli, one_error_line
@@ -132,3 +134,18 @@ def test_a_command_that_writes_makes_the_home(
     assert code == 0 and (tmp_path / "fresh").is_dir()
     code, _, _ = cli("status")
     assert code == 0
+
+
+def test_an_unknown_dataset_lists_only_those_the_caller_may_see(settings: Settings) -> None:
+    # Given a tenant with `notes` and `archive`, and a user granted write on `notes` alone
+    with Kenning(settings) as memory:
+        memory.add_text("The guild met every spring.", "archive")
+        writer = memory.as_caller(
+            Caller(tenant="acme", user="w", grants={"notes": frozenset({Permission.WRITE})})
+        )
+        # When it names a dataset that does not exist, to cognify or to estimate
+        for operation in (writer.cognify, writer.estimate):
+            with pytest.raises(InputError) as raised:
+                operation("typo")
+            # Then the error lists the datasets it may use, never the others
+            assert str(raised.value) == "no dataset 'typo' (datasets: notes)"
