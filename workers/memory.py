@@ -216,16 +216,27 @@ class Kenning:
     ) -> list[str]:
         return sessions.write_messages(self.context, messages, dataset, session_id)
 
-    def make_memory(self, messages: Sequence[Message], dataset: str | None, session_id: str) -> None:
-        """What a remember with a session does after it returns: add the messages (again changes
-        nothing), cognify, and index them as the turns of one conversation."""
-        added = self.add_messages(messages, dataset)
+    def make_memory(
+        self, messages: Sequence[Message], dataset: str | None, session_id: str, *, added: bool = False
+    ) -> None:
+        """What a remember with a session does after it returns: add the messages, cognify, and
+        index them as the turns of one conversation. `added`: a detached remember added them
+        already; only those still there are made memory (a forget in between is not undone)."""
+        if added:
+            added_items = self._still_added(messages, dataset)
+            if not added_items:
+                return
+        else:
+            added_items = self.add_messages(messages, dataset)
         run = self.cognify(dataset)
         # The run this remember started is the session's spend; a failed one, its error.
         sessions.charge_run(self.context, session_id, run.id)
         if run.error:
             sessions.touch(self.context, self.session_key(session_id), run.error)
-        self.index_turns(messages, added, dataset)
+        self.index_turns(messages, added_items, dataset)
+
+    def _still_added(self, messages: Sequence[Message], dataset: str | None) -> list[DataItem]:
+        return self.wiring.metadata.get_items(conversation.message_item_ids(self.context, messages, dataset))
 
     def recall(
         self,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kenning.pipeline.locking import held, lock_name
+from kenning.workers.application.lifecycle import Message
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from tests.integration.cli_runner import Cli, one_error_line
@@ -135,3 +136,21 @@ def test_remember_in_a_session_returns_before_the_graph_is_built(
         while items("chat")[made][0] not in ("done", "failed") and time.monotonic() < deadline:
             time.sleep(0.2)
         assert items("chat")[made] == ("done", "")
+
+
+def test_the_graph_write_left_behind_does_not_undo_a_forget(tmp_path: Path) -> None:
+    settings = load_settings(home=tmp_path / "home", embedding_provider="hash")
+    message = [Message(text="Melanie's cat is called Oliver.")]
+    with Kenning(settings) as memory:
+        # Given a message remembered in a session, its graph write left to another process
+        memory.add_text("The lighthouse was lit in 1822.", "chat")
+        done = memory.remember(message, "chat", "s", detached=True)
+        # When its item is forgotten before that process gets to it
+        memory.forget("chat", done.item_ids)
+        # Then the graph write finds nothing to do, and brings nothing back
+        memory.make_memory(message, "chat", "s", added=True)
+        remaining = memory.wiring.metadata.list_items(memory.dataset("chat").id)
+        assert [item.id for item in remaining if item.id in done.item_ids] == []
+        assert all(
+            "Oliver" not in hit.text for hit in memory.search("cat", "CHUNKS", datasets=["chat"]).results
+        )

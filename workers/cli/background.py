@@ -5,7 +5,8 @@ messages it wrote to the session (add, cognify, index the turns), in a process o
 never touch the disk outside the home); that process forks, the fork detaches from the terminal
 (Ctrl-C there does not stop it) and works, and the first one exits at once, so the command that
 started it waits for nothing. The run it starts is seen in `kenning status` like any other; it
-acts with the settings of the environment it was started in.
+acts with the settings of the environment it was started in. It makes memory of the items the
+command added and only those still there: a forget in between is not undone.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ def main() -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for stream in (0, 1, 2):
         os.dup2(null, stream)
-    make_memory(work)
-    os._exit(0)
+    try:
+        make_memory(work)  # a run that fails says so in its record, which status shows
+    finally:
+        os._exit(0)
 
 
 def make_memory(work: dict[str, object]) -> None:
@@ -63,7 +66,8 @@ def make_memory(work: dict[str, object]) -> None:
     messages = [Message.model_validate(message) for message in raw]
     dataset = work["dataset"]
     with Kenning(load_settings()) as memory:
-        memory.make_memory(messages, dataset if isinstance(dataset, str) else None, str(work["session_id"]))
+        into = dataset if isinstance(dataset, str) else None
+        memory.make_memory(messages, into, str(work["session_id"]), added=True)
 
 
 if __name__ == "__main__":
