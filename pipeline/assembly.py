@@ -37,7 +37,8 @@ from kenning.pipeline.models import (
     TextSummary,
     normalize_name,
 )
-from kenning.pipeline.temporal import Event, Timestamp, extract_events
+from kenning.pipeline.temporal import Event, Timestamp, extract_events, stated_time
+from kenning.pipeline.validity import SAID, merged_statements, statement
 
 _RELATION = re.compile(r"[^a-z0-9]+")
 MAX_RELATION_CHARS = 64
@@ -84,6 +85,7 @@ class Assembly:
             if chunk_id < self.chunk_of[edge.id]:
                 self.edges[edge.id], edge, existing = edge, existing, edge
             _merge_sources(existing.data_ids, edge.data_ids)
+            existing.said = merged_statements(existing.said, edge.said)
         self._seen_in(edge.id, chunk_id)
 
     @property
@@ -140,8 +142,12 @@ def assemble(
     node_sets: dict[str, list[str]] | None = None,
     titles: dict[str, str] | None = None,
     entity_types: Sequence[str] = DEFAULT_ENTITY_TYPES,
+    times: dict[str, tuple[str, str]] | None = None,
 ) -> Assembly:
     """Build the graph of a batch of extracted chunks, in chunk order (with dated events, if `temporal`).
+
+    `times` maps a data item's id to (its moment, when it was added): each fact of its chunks
+    keeps its statement, with when the sentence says it began (`kenning.pipeline.validity`).
 
     `node_sets` maps a data item's id to the node sets its document, chunks, summaries and entities join.
     `titles` maps a document id to the title its text opens with (`linking.document_title`); a document
@@ -164,7 +170,8 @@ def assemble(
         )
         sets = (node_sets or {}).get(record.data_id, [])
         title = titles.get(record.document_id, "")
-        _add_chunk(assembly, scope, source, record, document, extraction, sets, title, entity_types)
+        when = (times or {}).get(record.data_id)
+        _add_chunk(assembly, scope, source, record, document, extraction, sets, title, entity_types, when)
         if temporal:
             _add_events(assembly, scope, source, record)
     return assembly
@@ -192,6 +199,7 @@ def _add_chunk(
     node_sets: list[str],
     title: str = "",
     entity_types: Sequence[str] = DEFAULT_ENTITY_TYPES,
+    when: tuple[str, str] | None = None,
 ) -> None:
     common: dict[str, Any] = {"tenant": scope.tenant, "dataset": scope.dataset, "source": source}
     common["node_sets"] = node_sets
@@ -208,7 +216,7 @@ def _add_chunk(
         summary = TextSummary(text=extraction.summary.strip(), chunk_id=chunk.id, **common)
         assembly.add_node(summary, record.id)
         _link(assembly, scope, source, summary.id, chunk.id, "made_from", record.id)
-    ids = _add_knowledge(assembly, scope, source, chunk.id, extraction, common, entity_types)
+    ids = _add_knowledge(assembly, scope, source, chunk.id, extraction, common, entity_types, when)
     if title:
         _add_title(assembly, scope, source, (chunk.id, record), extraction, ids, title, common)
 
@@ -221,8 +229,10 @@ def _add_knowledge(
     extraction: Extraction,
     common: dict[str, Any],
     entity_types: Sequence[str] = DEFAULT_ENTITY_TYPES,
+    when: tuple[str, str] | None = None,
 ) -> dict[str, str]:
-    """The chunk's entities and their facts; returns extraction node id -> entity id."""
+    """The chunk's entities and their facts, each with its statement when `when` gives the
+    text's (moment, time added); returns extraction node id -> entity id."""
     place = _Place(assembly, scope, source, chunk_id, common, entity_types)
     ids: dict[str, str] = {}
     for node in extraction.graph.nodes:
@@ -253,6 +263,9 @@ def _add_knowledge(
             tenant=scope.tenant,
             dataset=scope.dataset,
         )
+        if when is not None:
+            at = stated_time(edge.description, when[0])
+            edge.said = [statement(source.data_id, source.chunk_id, at, when[1])]
         assembly.add_edge(edge, chunk_id)
     return ids
 
@@ -374,6 +387,8 @@ def graph_node(node: DataPoint) -> GraphNode:
 
 def graph_edge(edge: Edge, chunk_id: str) -> GraphEdge:
     properties: dict[str, Any] = {"description": edge.description, "chunk_id": chunk_id}
+    if edge.said:
+        properties[SAID] = edge.said
     return GraphEdge(
         id=edge.id,
         source_id=edge.source_id,

@@ -21,6 +21,7 @@ from kenning.pipeline.ports import (
     MetadataStore,
     VectorStore,
 )
+from kenning.pipeline.validity import FactRules
 
 
 class PipelineConfig(BaseModel):
@@ -38,6 +39,9 @@ class PipelineConfig(BaseModel):
     )
     entity_types: tuple[str, ...] = Field(
         default=DEFAULT_ENTITY_TYPES, description="The entity types the graph keeps; others are mapped"
+    )
+    facts: FactRules = Field(
+        default_factory=FactRules, description="Relations of one value at a time, and their other names"
     )
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, PrivateAttr
 from kenning.pipeline.assembly import SOURCE_OF_EDGE, SOURCE_OF_NODE
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.models import ChunkStatus, DataItem, GraphEdge, GraphNode, ItemStatus, extraction_key
+from kenning.pipeline.validity import settle_facts
 
 REPLACEABLE_SOURCES = ("file:", "s3:", "id:")
 
@@ -51,6 +52,8 @@ def forget_items(
     if not ids:
         return Forgotten()
     chunks = services.chunks.chunks_of(job.dataset_id, ids)
+    # The entities the items spoke of: their facts may hold again once what ended them is gone.
+    spoken_of, _ = services.graph.supported_by(job.scope, ids)
     removal = services.graph.remove_data(job.scope, ids)
     for name in services.vectors.list_collections():
         services.vectors.delete(job.scope, name, removal.deleted)
@@ -67,6 +70,8 @@ def forget_items(
         reload_chunks=_rebuild_survivors(services, job, removal.kept, rebuilt),
     )
     forgotten._rebuilt = rebuilt
+    gone = set(removal.deleted_nodes)
+    settle_facts(services, job, [node_id for node_id in spoken_of if node_id not in gone])
     return forgotten
 
 

@@ -184,6 +184,8 @@ class Edge(BaseModel):
     relationship: str
     description: str = ""
     data_ids: list[str] = Field(default_factory=list)
+    # The statements of the fact, with when each says it began (`kenning.pipeline.validity`).
+    said: list[dict[str, str]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _assign_id(self) -> Edge:

@@ -41,7 +41,9 @@ from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
+from kenning.pipeline.temporal import document_time, moment
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_item, unit_text, units_of
+from kenning.pipeline.validity import settle_facts
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +348,8 @@ def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assem
     batch = [
         (r, documents[r.document_id], extractions[keys[r.id]]) for r in records if keys[r.id] in extractions
     ]
-    titles = _document_titles(services, job, records)
+    firsts = _first_chunks(services, job, records)
+    titles = {document_id: document_title(record.text) for document_id, record in firsts.items()}
     return assemble(
         job.run_id,
         job.scope,
@@ -356,16 +359,29 @@ def _assemble_batch(services: Services, job: Job, chunk_ids: list[str]) -> Assem
         node_sets=node_sets,
         titles=titles,
         entity_types=services.config.entity_types,
+        times=_item_times(items, firsts),
     )
 
 
-def _document_titles(services: Services, job: Job, records: list[ChunkRecord]) -> dict[str, str]:
-    """The title each document of the batch opens with, read from its first chunk (maybe in another batch)."""
+def _first_chunks(services: Services, job: Job, records: list[ChunkRecord]) -> dict[str, ChunkRecord]:
+    """The first chunk of each document of the batch (maybe in another batch): where a document
+    gives its title and its time."""
     firsts = {record.document_id: record for record in records if record.index == 0}
     missing = sorted({record.document_id for record in records} - set(firsts))
     ids = [_first_chunk_id(job, document_id) for document_id in missing]
     firsts.update({record.document_id: record for record in services.chunks.get_chunks(ids)})
-    return {document_id: document_title(record.text) for document_id, record in firsts.items()}
+    return firsts
+
+
+def _item_times(items: Sequence[DataItem], firsts: dict[str, ChunkRecord]) -> dict[str, tuple[str, str]]:
+    """Each item's (moment, time added): the moment its text gives for itself, else when it was
+    added. Both come from the data, so a load done again gives its facts the same times."""
+    stated = {record.data_id: document_time(record.text) for record in firsts.values()}
+    times = {}
+    for item in items:
+        added = moment(item.created_at)
+        times[item.id] = (stated.get(item.id) or added, added)
+    return times
 
 
 def _first_chunk_id(job: Job, document_id: str) -> str:
@@ -395,6 +411,7 @@ def _write_batch(
     (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
     with writing():
         counts = _write(services, job, assembly, indexed)
+        counts["facts_retimed"] += _settle(services, job, assembly)
     built = assembly.chunk_ids
     missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
     services.chunks.set_chunk_status([i for i in chunk_ids if i in built], ChunkStatus.LOADED)
@@ -423,6 +440,14 @@ def _write(services: Services, job: Job, assembly: Assembly, indexed: Indexed) -
     chunk_texts = [(e.point_id, e.text, e.payload) for e in entries if e.collection == collection.CHUNKS]
     services.lexical.index(job.scope, chunk_texts)
     return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=len(vectors))
+
+
+def _settle(services: Services, job: Job, assembly: Assembly) -> int:
+    """Work out again when the facts about the batch's entities held (a newer fact may end an
+    older one: `kenning.pipeline.validity`). Runs where the batch is written, so one write of the
+    dataset at a time settles its facts. The facts retimed."""
+    ends = {end for edge in assembly.edges.values() if edge.said for end in (edge.source_id, edge.target_id)}
+    return settle_facts(services, job, sorted(ends), set(assembly.edges))
 
 
 OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED)

@@ -6,11 +6,12 @@ import enum
 import fnmatch
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.models import DEFAULT_TENANT, Scope
 from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
+from kenning.pipeline.temporal import parse_moment
 
 
 class SearchType(enum.StrEnum):
@@ -77,6 +78,16 @@ class SearchRequest(BaseModel):
         default_factory=list, description="The session's last exchanges, oldest first, for completions"
     )
     options: dict[str, Any] = Field(default_factory=dict)
+    as_of: str | None = Field(
+        default=None,
+        description="Answer from the facts that held at this moment (a year, YYYY-MM, a date or an "
+        "ISO 8601 date and time); None: from those that hold now",
+    )
+
+    @field_validator("as_of")
+    @classmethod
+    def _moment(cls, value: str | None) -> str | None:
+        return None if value is None else parse_moment(value)
 
 
 class Hit(BaseModel):

@@ -15,6 +15,7 @@ from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.linking import document_title
 from kenning.pipeline.models import Chunk, EdgeShape, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
+from kenning.pipeline.validity import held_phrase
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
 from kenning.retrieval.reference import best_first, chunk_nodes, first
@@ -216,6 +217,7 @@ def node_text(node: GraphNode | None) -> str:
 def render_triplet(fragment: Fragment, edge: GraphEdge) -> str:
     source = node_text(fragment.nodes.get(edge.source_id))
     target = node_text(fragment.nodes.get(edge.target_id))
-    line = f"{source} --[{edge.relationship}]--> {target}"
+    held = held_phrase(edge.properties)
+    line = f"{source} --[{edge.relationship}]--> {target}" + (f" {held}" if held else "")
     description = str(edge.properties.get("description") or "")
     return f"{line}: {description}" if description else line

@@ -20,6 +20,7 @@ from typing import Any
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
+from kenning.pipeline.validity import held_phrase
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
@@ -233,7 +234,9 @@ def render_fact(point: ScoredPoint, nodes: dict[str, GraphNode]) -> str:
     source = _name(nodes.get(str(point.payload.get("source_id", ""))))
     target = _name(nodes.get(str(point.payload.get("target_id", ""))))
     relationship = str(point.payload.get("relationship", "related_to")).replace("_", " ")
-    return f"{source} -> {relationship} -> {target}: {point.payload.get('text', '')}"
+    held = held_phrase(point.payload)
+    when = f" {held}" if held else ""
+    return f"{source} -> {relationship} -> {target}{when}: {point.payload.get('text', '')}"
 
 
 def _name(node: GraphNode | None) -> str:

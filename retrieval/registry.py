@@ -28,6 +28,7 @@ from kenning.retrieval.rag_completion import RagCompletionRetriever
 from kenning.retrieval.router import AgenticRetriever, FeelingLuckyRetriever
 from kenning.retrieval.summaries import SummariesRetriever
 from kenning.retrieval.temporal import TemporalRetriever
+from kenning.retrieval.timeline import TimeView
 from kenning.retrieval.triplet_completion import TripletCompletionRetriever
 
 RetrieverFactory = Callable[[SearchPorts], Retriever]
@@ -101,6 +102,7 @@ def search(ports: SearchPorts, request: SearchRequest) -> SearchResult:
 
     With no LLM configured the answer is None and `notice` says why; context still comes back.
     """
+    ports = TimeView(ports, request.as_of)
     retriever = REGISTRY[request.type](WithHistory(ports, request.history) if request.history else ports)
     objects = retriever.get_retrieved_objects(request)
     context = retriever.get_context_from_objects(request, objects)

@@ -1,0 +1,491 @@
+"""When facts hold: each fact edge keeps the statements that made it (which data item and chunk,
+when the text says it became true, when kenning learned it), and the periods it held, worked out
+from every statement about its subject: a newer fact of a functional relation (one value at a
+time: lives in, works for, CEO of...) or an explicit negation ("no longer", "stopped", "left")
+ends it. Nothing is deleted: an ended fact keeps its history, and forgetting the statement that
+ended it makes it current again.
+
+Periods follow from the statements alone, never from the clock or the order they were loaded in:
+loading the same statements again, in any order, on any worker, gives the same periods.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from kenning.pipeline.collection import EDGES, TRIPLETS
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.ports import GraphStore
+from kenning.pipeline.temporal import moment_last, moment_start
+
+if TYPE_CHECKING:
+    from kenning.pipeline.context import Job, Services
+
+# Edge properties (JSON values, so every graph store keeps them as they are).
+SAID = "said"  # [{data_id, chunk_id, at, recorded_at}]: each statement of the fact
+PERIODS = "periods"  # [{from, from_by, to, to_by, retired_at, retired_by}]: when it held
+NEGATES = "negates"  # true on a negation ("Ana stopped eating meat"): it ends its pair's facts
+TIME_FIELDS = (
+    SAID,
+    PERIODS,
+    NEGATES,
+    "valid_from",
+    "valid_from_by",
+    "valid_to",
+    "valid_to_by",
+    "recorded_at",
+    "recorded_by",
+    "retired_at",
+    "retired_by",
+)
+
+Direction = Literal["source", "target", "both"]
+
+# One value at a time: per subject ("source": Ana lives in one city), per object ("target": Acme
+# has one CEO), or both ways (married to).
+DEFAULT_FUNCTIONAL: dict[str, Direction] = {
+    "lives_in": "source",
+    "works_for": "source",
+    "ceo_of": "target",
+    "holds_office": "target",
+    "married_to": "both",
+    "age": "source",
+    "role": "source",
+}
+_SYNONYMS_OF: dict[str, tuple[str, ...]] = {
+    "lives_in": (
+        "live_in", "living_in", "lived_in", "resides_in", "reside_in", "resided_in", "residing_in",
+        "moved_to", "move_to", "moves_to", "moving_to", "relocated_to", "relocate_to", "relocates_to",
+        "settled_in", "based_in", "moved_back_to", "lives_at", "live_at", "home_in", "resident_of",
+    ),
+    "works_for": (
+        "work_for", "worked_for", "working_for", "work_at", "works_at", "worked_at", "working_at",
+        "employed_by", "employed_at", "joined", "join", "joins", "hired_by", "started_at",
+        "started_working_at", "started_working_for", "employee_of", "works_with_employer",
+    ),
+    "ceo_of": (
+        "chief_executive_of", "chief_executive_officer_of", "became_ceo_of", "named_ceo_of",
+        "appointed_ceo_of", "serves_as_ceo_of", "leads_as_ceo",
+    ),
+    "married_to": ("married", "marries", "wed", "weds", "spouse_of", "husband_of", "wife_of"),
+    "age": ("aged", "has_age", "age_is", "is_aged"),
+    "role": ("works_as", "worked_as", "working_as", "work_as", "promoted_to", "job_title", "has_role",
+             "serves_as", "position", "holds_position", "title"),
+}  # fmt: skip
+DEFAULT_SYNONYMS: dict[str, str] = {
+    name: family for family, names in _SYNONYMS_OF.items() for name in (family, *names)
+}
+# Relation words that say only "is" or "became": of an office ("CEO of Acme Corp"), one holder at a time.
+_BEING = frozenset(
+    {"is", "was", "became", "becomes", "become", "named", "appointed", "elected", "as", "is_now"}
+)
+_OFFICE = re.compile(
+    r"^(?:the\s+)?(?:new\s+)?(?:ceo|chief executive(?: officer)?|president|chair(?:man|woman|person)?|"
+    r"prime minister|managing director|director|head|leader|mayor|governor|cfo|cto|coo|chancellor|"
+    r"captain|manager|editor|principal|dean)\s+of\b",
+    re.IGNORECASE,
+)
+_AUXILIARY_PREFIX = re.compile(r"^(?:is|was|are|has_been|have_been|had_been|became|now|currently|still)_")
+_NEGATION = re.compile(
+    r"^(?:no_longer|not_anymore|stopped|stops|stop|quit|quits|left|leaves|leave|gave_up|gives_up|"
+    r"moved_out_of|moved_away_from|resigned_from|resigned_as|resigns_from|divorced|divorces|"
+    r"ceased|ceases|ended|ends|retired_from|broke_up_with|sold)(?:_|$)"
+)
+
+
+class FactRules(BaseModel):
+    """Which relations hold one value at a time, and the names that mean the same relation."""
+
+    functional: dict[str, Direction] = Field(
+        default_factory=lambda: dict(DEFAULT_FUNCTIONAL),
+        description="relation -> which end holds one value at a time: source, target or both",
+    )
+    synonyms: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_SYNONYMS),
+        description="relation name -> the relation it means (e.g. moved_to -> lives_in)",
+    )
+
+    def family(self, relationship: str, target_name: str = "") -> str:
+        """The relation a relationship name means: its synonym's, with "is"/"was" dropped from
+        its front; "is" or "became" an office ("CEO of Acme") holds the office."""
+        name = relationship.casefold()
+        if name in _BEING and _OFFICE.match(target_name.strip()):
+            return "holds_office"
+        for candidate in (name, _AUXILIARY_PREFIX.sub("", name)):
+            if candidate in self.synonyms:
+                return self.synonyms[candidate]
+        return _AUXILIARY_PREFIX.sub("", name)
+
+    def ends_of(self, family: str) -> tuple[bool, bool]:
+        """(one value per source, one value per target) for a relation."""
+        direction = self.functional.get(family)
+        return direction in ("source", "both"), direction in ("target", "both")
+
+
+def negates(relationship: str) -> bool:
+    """Whether a relationship name says its fact stopped ("no_longer_works_for", "left", "quit")."""
+    return bool(_NEGATION.match(relationship.casefold()))
+
+
+def _is_negation(edge: GraphEdge) -> bool:
+    return bool(edge.properties.get(NEGATES)) or negates(edge.relationship)
+
+
+def statement(data_id: str, chunk_id: str, at: str, recorded_at: str) -> dict[str, str]:
+    """One statement of a fact: which data item and chunk said it, the moment it says the fact
+    began (`kenning.pipeline.temporal`), and when kenning learned it."""
+    return {"data_id": data_id, "chunk_id": chunk_id, "at": at, "recorded_at": recorded_at}
+
+
+def merged_statements(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The statements of all groups, one per (data item, chunk), in a set order."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for group in groups:
+        for said in group:
+            key = (str(said.get("data_id", "")), str(said.get("chunk_id", "")))
+            found[key] = min(found.get(key, said), said, key=_said_key)
+    return sorted(found.values(), key=_said_key)
+
+
+def _said_key(said: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(said.get(key, "")) for key in ("at", "recorded_at", "data_id", "chunk_id"))
+
+
+# Working out the periods.
+
+
+@dataclass(frozen=True)
+class _Said:
+    edge: GraphEdge
+    data_id: str
+    at: str
+    recorded_at: str
+    start: datetime
+    negation: bool
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What `settle` worked out: the periods of every fact it read whole, and those it rewrote."""
+
+    periods: dict[str, list[dict[str, Any]]]
+    changed: list[GraphEdge]
+
+
+def settle(graph: GraphStore, scope: Scope, node_ids: Sequence[str], rules: FactRules) -> Settled:
+    """Work out again the periods of every fact touching `node_ids` (the ends of the facts just
+    written, or of those a forget took support from) and write those that changed. A statement
+    counts only while its data item still supports the fact; the others are dropped from it."""
+    wanted = set(node_ids)
+    edges = [e for e in graph.get_edges(scope, sorted(wanted)) if SAID in e.properties] if wanted else []
+    if not edges:
+        return Settled({}, [])
+    names = _names(graph, scope, edges)
+    timed = periods(edges, rules, names)
+    complete = [edge for edge in edges if _complete(edge, rules, names, wanted)]
+    changed, stale = [], []
+    for edge in complete:
+        properties = timed_properties(edge, timed.get(edge.id, []), rules)
+        if properties != edge.properties:
+            changed.append(edge.model_copy(update={"properties": properties}))
+            if len(properties[SAID]) < len(edge.properties.get(SAID) or []):
+                stale.append(edge.id)
+    if stale:
+        # A write unions statements with the stored ones: a forgotten one goes only with its edge.
+        graph.delete_elements(scope, [], stale)
+    if changed:
+        graph.upsert_edges(scope, changed)
+    return Settled({edge.id: timed.get(edge.id, []) for edge in complete}, changed)
+
+
+def settle_facts(services: Services, job: Job, node_ids: Sequence[str], written: Iterable[str] = ()) -> int:
+    """`settle` the facts touching `node_ids` in the job's dataset, and put the periods of those
+    that changed (and of the facts `written` just now) into their vector points. How many changed."""
+    if not node_ids:
+        return 0
+    settled = settle(services.graph, job.scope, node_ids, services.config.facts)
+    ids = {*written, *(edge.id for edge in settled.changed)}
+    values = {edge_id: {PERIODS: held} for edge_id, held in settled.periods.items() if edge_id in ids}
+    if values:
+        collections = services.vectors.list_collections()
+        for name in (EDGES, TRIPLETS):
+            if name in collections:
+                services.vectors.set_payload(job.scope, name, values)
+    return len(settled.changed)
+
+
+def _names(graph: GraphStore, scope: Scope, edges: Sequence[GraphEdge]) -> dict[str, str]:
+    """The names of the ends a relation of being points at ("is" CEO of Acme Corp)."""
+    wanted = sorted({edge.target_id for edge in edges if edge.relationship.casefold() in _BEING})
+    nodes: list[GraphNode] = graph.get_nodes(scope, wanted, provenance=False) if wanted else []
+    return {node.id: str(node.properties.get("name") or "") for node in nodes}
+
+
+def _complete(edge: GraphEdge, rules: FactRules, names: dict[str, str], read: set[str]) -> bool:
+    """Whether every statement that could end the edge was read: the nodes its groups are keyed by
+    were among those whose edges were read."""
+    if _is_negation(edge):
+        return bool({edge.source_id, edge.target_id} & read)
+    per_source, per_target = rules.ends_of(rules.family(edge.relationship, names.get(edge.target_id, "")))
+    needed = {edge.source_id} if per_source else set()
+    needed |= {edge.target_id} if per_target else set()
+    return needed <= read if needed else bool({edge.source_id, edge.target_id} & read)
+
+
+def periods(
+    edges: Sequence[GraphEdge], rules: FactRules, names: dict[str, str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Edge id -> the periods it held, from the statements of all `edges` (see the module doc)."""
+    names = names or {}
+    groups: dict[tuple[str, ...], list[_Said]] = {}
+    pairs: dict[tuple[str, str], list[_Said]] = {}
+    keys: dict[str, list[tuple[str, ...]]] = {}
+    said = {edge.id: _statements(edge) for edge in edges}
+    for edge in edges:
+        family = rules.family(edge.relationship, names.get(edge.target_id, ""))
+        per_source, per_target = rules.ends_of(family)
+        own: list[tuple[str, ...]] = [("source", edge.source_id, family)] if per_source else []
+        own += [("target", edge.target_id, family)] if per_target else []
+        keys[edge.id] = [] if _is_negation(edge) else own
+        for key in keys[edge.id]:
+            groups.setdefault(key, []).extend(said[edge.id])
+        pairs.setdefault((edge.source_id, edge.target_id), []).extend(said[edge.id])
+    for group in (*groups.values(), *pairs.values()):
+        group.sort(key=lambda s: (s.start, s.recorded_at, s.data_id))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for edge in edges:
+        spans = []
+        for one in said[edge.id]:
+            ender = _first_ender(one, keys[edge.id], groups, pairs)
+            spans.append((one, ender))
+        found[edge.id] = _merged(spans)
+    return found
+
+
+def _statements(edge: GraphEdge) -> list[_Said]:
+    live = set(edge.data_ids)
+    negation = _is_negation(edge)
+    found = []
+    for said in merged_statements(edge.properties.get(SAID) or []):
+        if said.get("data_id") not in live or not said.get("at"):
+            continue
+        try:
+            start = moment_start(str(said["at"]))
+        except ValueError:
+            continue
+        data_id, at, recorded = str(said["data_id"]), str(said["at"]), str(said.get("recorded_at") or "")
+        found.append(_Said(edge, data_id, at, recorded, start, negation))
+    return found
+
+
+def _first_ender(
+    one: _Said,
+    keys: list[tuple[str, ...]],
+    groups: dict[tuple[str, ...], list[_Said]],
+    pairs: dict[tuple[str, str], list[_Said]],
+) -> _Said | None:
+    """The earliest later statement that ends what `one` says: in one of its functional groups,
+    another value; on its pair of ends, a negation (or, of a negation, a fact again)."""
+    candidates: list[_Said] = []
+    for key in keys:
+        value = one.edge.target_id if key[0] == "source" else one.edge.source_id
+        for other in groups[key]:
+            if other.start > one.start:
+                other_value = other.edge.target_id if key[0] == "source" else other.edge.source_id
+                if other_value != value:
+                    candidates.append(other)
+                    break
+    for other in pairs[(one.edge.source_id, one.edge.target_id)]:
+        if other.start > one.start and other.negation != one.negation:
+            candidates.append(other)
+            break
+    return min(candidates, key=lambda s: (s.start, s.recorded_at, s.data_id), default=None)
+
+
+def _merged(spans: list[tuple[_Said, _Said | None]]) -> list[dict[str, Any]]:
+    """The statements' spans, overlapping ones joined, as periods."""
+    result: list[dict[str, Any]] = []
+    last_end: datetime | None = None
+    for one, ender in sorted(spans, key=lambda span: (span[0].start, span[0].recorded_at, span[0].data_id)):
+        end = ender.start if ender else None
+        if result and (last_end is None or one.start < last_end):
+            if last_end is not None and (end is None or end > last_end):
+                result[-1].update(_closing(one, ender))
+                last_end = end
+            continue
+        result.append({"from": one.at, "from_by": one.data_id, "recorded_at": one.recorded_at})
+        result[-1].update(_closing(one, ender))
+        last_end = end
+    return result
+
+
+def _closing(one: _Said, ender: _Said | None) -> dict[str, Any]:
+    if ender is None:
+        return {"to": None, "to_by": None, "retired_at": None, "retired_by": None}
+    # Learned after what ended it, a fact was retired as soon as it was learned.
+    return {
+        "to": ender.at,
+        "to_by": ender.data_id,
+        "retired_at": max(ender.recorded_at, one.recorded_at),
+        "retired_by": ender.edge.id,
+    }
+
+
+def timed_properties(edge: GraphEdge, held: list[dict[str, Any]], rules: FactRules) -> dict[str, Any]:
+    """The edge's properties with its statements (only those of its data items), its periods, and
+    the bounds of the last one."""
+    properties = {key: value for key, value in edge.properties.items() if key not in TIME_FIELDS}
+    live = set(edge.data_ids)
+    said = [s for s in merged_statements(edge.properties.get(SAID) or []) if s.get("data_id") in live]
+    properties[SAID] = said
+    if _is_negation(edge):
+        properties[NEGATES] = True
+    if not held:
+        return properties
+    last, first_said = held[-1], said[0] if said else {}
+    properties.update(
+        {
+            PERIODS: held,
+            "valid_from": last["from"],
+            "valid_from_by": last["from_by"],
+            "valid_to": last["to"],
+            "valid_to_by": last["to_by"],
+            "recorded_at": min(str(s.get("recorded_at") or "") for s in said) if said else "",
+            "recorded_by": first_said.get("data_id", ""),
+            "retired_at": last["retired_at"],
+            "retired_by": last["retired_by"],
+        }
+    )
+    return properties
+
+
+# Reading: what held when.
+
+
+def holds(properties: dict[str, Any], as_of: str | None = None) -> bool:
+    """Whether a fact holds now (its last period is open), or `as_of` a moment (some period covers
+    the moment's last instant). A fact with no periods (loaded before facts had times, or no fact
+    of a text: a structural edge) always holds."""
+    held = properties.get(PERIODS)
+    if not isinstance(held, list) or not held:
+        return True
+    if as_of is None:
+        return held[-1].get("to") is None
+    instant = moment_last(as_of)
+    for period in held:
+        if moment_start(str(period["from"])) <= instant and (
+            period.get("to") is None or instant < moment_start(str(period["to"]))
+        ):
+            return True
+    return False
+
+
+def held_phrase(properties: dict[str, Any], as_of: str | None = None) -> str:
+    """When a fact held, for a context: "(since 2024-05)", "(2023-01-10 to 2024-05)"; "" for a
+    fact with no periods. Of several periods, the one covering `as_of` (default: the last)."""
+    held = properties.get(PERIODS)
+    if not isinstance(held, list) or not held:
+        return ""
+    period = held[-1]
+    if as_of is not None:
+        period = next((p for p in held if holds({PERIODS: [p]}, as_of)), period)
+    start = _day(str(period["from"]))
+    if period.get("to") is None:
+        return f"(since {start})"
+    return f"({start} to {_day(str(period['to']))})"
+
+
+def _day(moment: str) -> str:
+    return moment[:10] if moment.endswith("Z") else moment
+
+
+# An entity's history.
+
+STRUCTURAL = frozenset({"is_part_of", "contains", "is_a", "made_from", "is_about"})
+
+
+class Period(BaseModel):
+    """One stretch of time a fact held, each bound with the data item that set it."""
+
+    valid_from: str
+    valid_from_by: str = ""
+    valid_to: str | None = None
+    valid_to_by: str | None = None
+    recorded_at: str = ""
+    retired_at: str | None = None
+    retired_by: str | None = Field(default=None, description="The fact that ended it")
+
+
+class Fact(BaseModel):
+    """A fact about an entity, with the periods it held and the data items that state it."""
+
+    id: str
+    source: str
+    relationship: str
+    target: str
+    description: str = ""
+    negates: bool = False
+    current: bool = Field(description="Whether it holds now")
+    periods: list[Period] = Field(default_factory=list)
+    data_ids: list[str] = Field(default_factory=list)
+
+    @property
+    def line(self) -> str:
+        """`source relationship target (since ...)`: the fact as a context shows it."""
+        held = held_phrase({PERIODS: [_raw(p) for p in self.periods]})
+        text = f"{self.source} {self.relationship.replace('_', ' ')} {self.target}"
+        return f"{text} {held}" if held else text
+
+
+def _raw(period: Period) -> dict[str, Any]:
+    return {"from": period.valid_from, "to": period.valid_to}
+
+
+def history(graph: GraphStore, scope: Scope, entity_id: str) -> list[Fact]:
+    """Every fact of the entity (retired ones too), oldest first, with its periods and sources."""
+    edges = [e for e in graph.get_edges(scope, [entity_id]) if e.relationship not in STRUCTURAL]
+    ends = sorted({end for edge in edges for end in (edge.source_id, edge.target_id)})
+    nodes = {node.id: node for node in graph.get_nodes(scope, ends, provenance=False)} if ends else {}
+    facts = []
+    for edge in edges:
+        source, target = nodes.get(edge.source_id), nodes.get(edge.target_id)
+        if source is None or target is None or source.type != "Entity" or target.type != "Entity":
+            continue
+        held = edge.properties.get(PERIODS) or []
+        facts.append(
+            Fact(
+                id=edge.id,
+                source=str(source.properties.get("name") or ""),
+                relationship=edge.relationship,
+                target=str(target.properties.get("name") or ""),
+                description=str(edge.properties.get("description") or ""),
+                negates=bool(edge.properties.get(NEGATES)),
+                current=holds(edge.properties),
+                periods=[_period(p) for p in held],
+                data_ids=edge.data_ids,
+            )
+        )
+    return sorted(facts, key=_fact_order)
+
+
+def _period(raw: dict[str, Any]) -> Period:
+    return Period(
+        valid_from=str(raw.get("from") or ""),
+        valid_from_by=str(raw.get("from_by") or ""),
+        valid_to=raw.get("to"),
+        valid_to_by=raw.get("to_by"),
+        recorded_at=str(raw.get("recorded_at") or ""),
+        retired_at=raw.get("retired_at"),
+        retired_by=raw.get("retired_by"),
+    )
+
+
+def _fact_order(fact: Fact) -> tuple[str, str, str, str]:
+    first = moment_start(fact.periods[0].valid_from).isoformat() if fact.periods else ""
+    return (first, fact.relationship, fact.target, fact.id)
