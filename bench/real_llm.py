@@ -161,12 +161,10 @@ def answers(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def evaluate(
-    url: str, model: str, name: str, sources: list[Source], questions: list[Question]
-) -> dict[str, Any]:
+def evaluate(url: str, name: str, sources: list[Source], questions: list[Question]) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory() as home,
-        Kenning(load_settings(home=Path(home), llm_url=url, llm_model=model)) as memory,
+        Kenning(load_settings(home=Path(home), **real_llm_overrides(url))) as memory,
     ):
         memory.add(sources, name)
         started = time.perf_counter()
@@ -212,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     for name in wanted:
         sources, questions = sets[name]()
-        report["sets"][name] = evaluate(url, model, name, sources, questions)
+        report["sets"][name] = evaluate(url, name, sources, questions)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "real_llm.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
