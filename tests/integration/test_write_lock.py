@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -10,6 +12,7 @@ import pytest
 import redis
 
 from kenning.pipeline.errors import TransientStoreError
+from kenning.storage.coordination import write_lock
 from kenning.storage.coordination.write_lock import one_writer
 from tests.services import free_port
 
@@ -62,3 +65,37 @@ def test_a_redis_that_is_away_fails_the_write_as_a_store_that_is_away_naming_no_
     # Then it is a store that is away (its task tries again), and the password is not in it
     assert "s3cret" not in str(raised.value)
     away.close()
+
+
+HOLDER = """
+import sys, time, redis
+from kenning.storage.coordination.write_lock import one_writer
+client = redis.Redis.from_url(sys.argv[1])
+with one_writer(client, sys.argv[2]):
+    print("in", flush=True)
+    time.sleep(120)  # killed long before
+"""
+
+
+def test_a_writer_killed_while_it_writes_holds_the_others_off_for_the_lock_ttl_at_most(
+    client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a writer in another process, inside its write
+    name = f"kenning-test:writes:{uuid.uuid4().hex}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, redis_url, name], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "in"
+        # When it is killed there (a worker lost with its process)
+        holder.kill()
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    # Then another writer gets in once the dead one's short ttl is over, well before its wait ends
+    monkeypatch.setattr(write_lock, "WRITE_WAIT_S", 3 * write_lock.WRITE_LOCK_TTL_S)
+    with write_lock.one_writer(client, name):
+        assert client.exists(name)
