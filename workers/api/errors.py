@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -121,10 +122,21 @@ async def _domain_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid_request(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
-    )
+    problems = problem_text(exc.errors())
     return error_response(422, "invalid_request", problems or "the request does not match its schema")
+
+
+def problem_text(errors: Sequence[Any], *field: str) -> str:
+    """Each problem as `location: what is wrong`, under `field` when one is given; without the
+    validator's own wording ("Value error, ")."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in (*field, *error['loc']))}: {_plain(error['msg'])}"
+        for error in errors
+    )
+
+
+def _plain(message: str) -> str:
+    return message.removeprefix("Value error, ")
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

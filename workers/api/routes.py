@@ -27,7 +27,7 @@ from kenning.pipeline.permission import Permission, find_user
 from kenning.pipeline.session import SessionEntry, search_entries
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.api.access import Access, authorized
-from kenning.workers.api.errors import ERROR_RESPONSES, ApiError, ErrorBody, ErrorDetail
+from kenning.workers.api.errors import ERROR_RESPONSES, ApiError, ErrorBody, ErrorDetail, problem_text
 from kenning.workers.api.media import JsonRoute, is_json
 from kenning.workers.api.runs import FINISHED, POLL_S
 from kenning.workers.api.schemas import (
@@ -138,7 +138,7 @@ async def add(request: Request, access: Caller) -> Added:
         try:
             body = AddText.model_validate_json(await request.body())
         except ValidationError as error:
-            raise ApiError(422, "invalid_request", _problems(error)) from error
+            raise ApiError(422, "invalid_request", _problems(error, "body")) from error
         dataset, node_sets, uris = body.dataset, body.node_sets, body.uris
         sources = [text_source(text) for text in body.texts]
     else:
@@ -604,5 +604,4 @@ def _readable(access: Access, dataset: str) -> bool:
 
 
 def _problems(error: ValidationError, *field: str) -> str:
-    """Each problem as `location: message`, the location under `field` when one is given."""
-    return "; ".join(f"{'.'.join(str(p) for p in (*field, *e['loc']))}: {e['msg']}" for e in error.errors())
+    return problem_text(error.errors(), *field)

@@ -12,8 +12,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
+    Tag,
     model_validator,
 )
 from pydantic.config import JsonDict
@@ -246,10 +248,17 @@ class MessageIn(Strict):
         return Message(speaker=self.speaker, text=self.text, time=self.time, id=self.id)
 
 
+def _text_or_messages(value: Any) -> str | None:
+    """Which form `data` takes: a list is messages, anything else is read as a text."""
+    return "messages" if isinstance(value, list) else "text"
+
+
 class RememberIn(Strict):
-    data: Text | Annotated[list[MessageIn], Field(min_length=1, max_length=1000)] = Field(
-        description="A text, or conversation messages ({speaker, text, time, id})"
-    )
+    data: Annotated[
+        Annotated[Text, Tag("text")]
+        | Annotated[Annotated[list[MessageIn], Field(min_length=1, max_length=1000)], Tag("messages")],
+        Discriminator(_text_or_messages),
+    ] = Field(description="A text, or conversation messages ({speaker, text, time, id})")
     dataset: DatasetName | None = None
     session_id: SessionId | None = Field(
         default=None, description="Into this session now, into the graph in the background"

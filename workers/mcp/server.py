@@ -156,7 +156,7 @@ def argument_problems(error: ValidationError) -> str:
     problems = []
     for problem in error.errors(include_url=False, include_input=False, include_context=False):
         where = ".".join(str(part) for part in problem["loc"]) or "arguments"
-        problems.append(f"{where}: {problem['msg']}")
+        problems.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}")
     return "; ".join(problems)
 
 
