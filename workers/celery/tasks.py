@@ -9,7 +9,10 @@ token it was last held under; each task holds the lock while it works, checks it
 its token before each store write batch (see `holding`), and aborts the run with
 `LockLost` when another run has it. A fan-out
 step's task replaces itself with a flat chord: one `kenning.<step>` task per batch of item
-ids, then `kenning.gather`, which records the merged counters and lets the chain go on.
+ids, each followed (when the step after the fan-out streams, as load does) by that step's
+`kenning.<next>_part` over what the batch finished, then `kenning.gather`, which records the
+merged counters and lets the chain go on. A batch task runs its items at once, under the
+worker process's call slots (`kenning.workers.celery.paced`).
 `kenning.fail`, linked as the error callback of every task, marks the run errored and
 releases the lock; with the metadata store away, it records the failure beside the run's
 leases instead, and the supervisor ends the run once the store is back.
