@@ -162,9 +162,7 @@ def limit(args: argparse.Namespace, home: Path, workers: int, sources: list[Sour
         scratch_database("kenning_bench") as url,
         Simulator(latency_ms=args.latency_ms, rpm=args.rpm, rpm_scope="chat") as simulator,
     ):
-        target = deployment(
-            home, url, simulator.base_url, llm_rpm=str(args.rpm), extract_batch=str(args.extract_batch)
-        )
+        target = deployment(home, url, simulator.base_url, llm_rpm=str(args.rpm), **batch_setting(args))
         pipeline = Workers(target, home, queues={"main": "pipeline,load"}, concurrency=2)
         extract = {f"x{number}": "extract" for number in range(workers)}
         extractors = Workers(target, home, queues=extract, concurrency=args.concurrency)
@@ -174,7 +172,7 @@ def limit(args: argparse.Namespace, home: Path, workers: int, sources: list[Sour
     calls = final["calls"]["chat"]
     return {
         "workers": workers,
-        "concurrency_per_worker": args.concurrency,
+        "concurrency_per_worker": args.concurrency or "default",
         "status": run.status.value,
         "chunks": run.stats.get("chunks_to_extract", 0),
         "seconds": round(elapsed, 2),
@@ -185,6 +183,7 @@ def limit(args: argparse.Namespace, home: Path, workers: int, sources: list[Sour
         "rate_limited_fraction": round(final["rate_limited"] / calls, 4) if calls else 0.0,
         "failed_chunks": run.stats.get("failed_chunks", 0),
         "max_in_flight": final["max_in_flight"],
+        "fraction_of_ideal": round(admitted(final) / (args.rpm / 60) / elapsed, 4),
     }
 
 
@@ -249,6 +248,10 @@ def compare(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     return {"mode": "compare", "documents": args.documents, "cases": cases}
 
 
+def batch_setting(args: argparse.Namespace) -> dict[str, str]:
+    return {"extract_batch": str(args.extract_batch)} if args.extract_batch else {}
+
+
 def scifact_sources(count: int) -> list[Source]:
     return [
         Source(name=f"scifact-{index}.txt", uri=f"scifact:{index}", data=text.encode())
@@ -264,10 +267,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cases", default="0:0,500:0,500:600", help="compare: latency_ms:rpm, ...")
     parser.add_argument("--documents", type=int, default=None, help="default: 200 (overhead), 300 (limit)")
     parser.add_argument("--workers", default="1,2,4", help="limit: extract worker counts, comma-separated")
-    parser.add_argument("--concurrency", type=int, default=None, help="per worker; default 4 / 8 (limit)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="per worker; default 4 (overhead), else the worker's own",
+    )
     parser.add_argument("--rpm", type=int, default=600)
     parser.add_argument("--latency-ms", type=float, default=500.0)
-    parser.add_argument("--extract-batch", type=int, default=4)
+    parser.add_argument("--extract-batch", type=int, default=None, help="limit: default the setting's")
     parser.add_argument("--timeout", type=float, default=600.0, help="longest wait for one run, seconds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -275,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not corpus.exists():
         sys.exit(f"the corpus is missing: {corpus}")
     args.documents = args.documents or (200 if args.mode == "overhead" else 300)
-    args.concurrency = args.concurrency or (4 if args.mode == "overhead" else 8)
+    if args.mode == "overhead":
+        args.concurrency = args.concurrency or 4
     ensure_services()
     with tempfile.TemporaryDirectory(prefix="kenning-bench-") as folder:
         if args.mode == "overhead":
