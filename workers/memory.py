@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from kenning.pipeline.context import Job
@@ -18,10 +19,12 @@ from kenning.pipeline.memify import Improvement
 from kenning.pipeline.models import DataItem, Dataset, PipelineRun, Scope
 from kenning.pipeline.permission import Caller, Permission
 from kenning.pipeline.session import SessionEntry, SessionKey
+from kenning.pipeline.validity import Fact
 from kenning.retrieval.contract import Principal, SearchResult, SearchType
 from kenning.workers.application import conversation, gate, ingest, lifecycle, search, sessions, status
 from kenning.workers.application.context import Context
 from kenning.workers.application.decay import AccessBuffer
+from kenning.workers.application.history import fact_history, moment_of
 from kenning.workers.application.lifecycle import Message, Recalled, Recollection, Remembered, find_dataset
 from kenning.workers.application.records import Records
 from kenning.workers.application.sessions import SessionSummary
@@ -176,15 +179,19 @@ class Kenning:
         *,
         progress: ProgressCallback = no_progress,
         detached: bool = False,
+        time: datetime | None = None,
     ) -> Remembered:
         """Make text or conversation messages memory. Without a session: add, then cognify, now
         (`progress` called as it advances). With one: written to the session at once, and into
         the graph by a background cognify on a thread of this process; `detached`: added now,
         and the rest (`make_memory`) left to the caller, to run in another process, say. Either
-        way `item_ids` are the ids of the items the messages are, or become."""
+        way `item_ids` are the ids of the items the messages are, or become. `time`: when the
+        messages that give none were said (their facts hold from then: `history`)."""
         if isinstance(data, str):
             data = [Message(text=data)]
         messages = [Message.model_validate(message) for message in data]
+        if time is not None:
+            messages = [m if m.time else m.model_copy(update={"time": time}) for m in messages]
         if session_id is None:
             added = self.add_messages(messages, dataset)
             run = self.cognify(dataset, progress)
@@ -246,6 +253,7 @@ class Kenning:
         type: str | SearchType = SearchType.AUTO,
         top_k: int = 10,
         options: Mapping[str, Any] | None = None,
+        as_of: str | None = None,
     ) -> Recalled:
         """The `top_k` best of the session's entries (BM25) and the datasets' memory (by `type`; AUTO:
         the search what each dataset holds calls for), best first; each result says its source. Every
@@ -253,10 +261,13 @@ class Kenning:
 
         With a session, the query and what the graph gave are appended to it as an entry
         (`Recalled.entry_id`): rate it with `add_feedback`, and `improve` moves those nodes' weights.
+        Facts are those that hold now, or those that held `as_of` a moment (a year, YYYY-MM, a date
+        or an ISO 8601 date and time).
         """
         kind = search_type(type)
+        moment = moment_of(as_of)
         with sessions.operation(self.context, session_id):
-            return self._recall(query, datasets, session_id, kind, top_k, options)
+            return self._recall(query, datasets, session_id, kind, top_k, options, moment)
 
     def _recall(
         self,
@@ -266,6 +277,7 @@ class Kenning:
         type: str | SearchType,
         top_k: int,
         options: Mapping[str, Any] | None,
+        as_of: str | None = None,
     ) -> Recalled:
         found: list[Recollection] = []
         unavailable = ""
@@ -277,7 +289,7 @@ class Kenning:
                 unavailable, session_id = f"session memory unavailable: {error}", None
         try:
             result = self.search(
-                query, type, datasets=datasets, top_k=top_k, only_context=True, options=options
+                query, type, datasets=datasets, top_k=top_k, only_context=True, options=options, as_of=as_of
             )
         except InputError as error:
             if not found:
@@ -371,9 +383,11 @@ class Kenning:
         only_context: bool = False,
         session_id: str | None = None,
         options: Mapping[str, Any] | None = None,
+        as_of: str | None = None,
     ) -> SearchResult:
         """Answer the query from the datasets the caller may read (others are left out silently);
-        with a session, its history is given to a completion and the answer is kept in it."""
+        with a session, its history is given to a completion and the answer is kept in it. Facts
+        are those that hold now, or those that held `as_of` a moment (see `recall`)."""
         return search.search(
             self.context,
             self._accessed,
@@ -384,7 +398,14 @@ class Kenning:
             only_context=only_context,
             session_id=session_id,
             options=options,
+            as_of=moment_of(as_of),
         )
+
+    def history(self, entity: str, dataset: str | None = None, as_of: str | None = None) -> list[Fact]:
+        """Every fact about the entity named, retired ones too, oldest first: when each held (its
+        periods, each bound with the data item that set it) and the data items that state it; with
+        `as_of`, those that held then. NotFound when the dataset has no such entity."""
+        return fact_history(self.context, entity, dataset, as_of)
 
     def status(self, dataset: str | None = None) -> list[dict[str, Any]]:
         """Datasets the caller may read, with their items by status, recent runs and graph size.

@@ -161,15 +161,35 @@ def stores(kenning: Kenning, point_ids: list[str]) -> dict[str, Any]:
     scope = kenning.scope(DATASET)
     nodes, edges = kenning.wiring.graph.export(scope)
     graph = {node.id: (node.type, _without_run(node.properties), sorted(node.data_ids)) for node in nodes} | {
-        edge.id: (edge.source_id, edge.target_id, edge.relationship, edge.properties, sorted(edge.data_ids))
+        edge.id: (
+            edge.source_id,
+            edge.target_id,
+            edge.relationship,
+            _untimed(edge.properties),
+            sorted(edge.data_ids),
+        )
         for edge in edges
     }
     points: dict[str, Any] = {}
     vectors = kenning.wiring.vectors
     for name in vectors.list_collections():
         found = vectors.retrieve(scope, name, point_ids)
-        points[name] = (vectors.count(scope, name), {point.id: point.payload for point in found})
+        points[name] = (vectors.count(scope, name), {point.id: _untimed(point.payload) for point in found})
     return {"graph": graph, "points": points}
+
+
+def _untimed(value: Any) -> Any:
+    """Without the instants items were added at (a fact's time when its text gives none), which
+    differ between two ingests of the same texts; which statement set each bound stays."""
+    if isinstance(value, dict):
+        return {key: _untimed(item) for key, item in value.items() if not _added_at(item)}
+    if isinstance(value, list):
+        return [_untimed(item) for item in value]
+    return value
+
+
+def _added_at(value: Any) -> bool:
+    return isinstance(value, str) and len(value) > 19 and value[10:11] == "T" and value.endswith("Z")
 
 
 def element_ids(kenning: Kenning) -> list[str]:

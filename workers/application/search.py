@@ -31,10 +31,13 @@ def search(
     only_context: bool,
     session_id: str | None,
     options: Mapping[str, Any] | None,
+    as_of: str | None = None,
 ) -> SearchResult:
     """See `Kenning.search`; `accessed` notes what was returned, for decay and prune."""
     with sessions.operation(context, session_id):
-        return _search(context, accessed, query, type, datasets, top_k, only_context, session_id, options)
+        return _search(
+            context, accessed, query, type, datasets, top_k, only_context, session_id, options, as_of
+        )
 
 
 def _search(
@@ -47,6 +50,7 @@ def _search(
     only_context: bool,
     session_id: str | None,
     options: Mapping[str, Any] | None,
+    as_of: str | None = None,
 ) -> SearchResult:
     # A dataset the caller may not read is left out, silently: no error tells it exists.
     scopes = [context.scope(name) for name in readable(context, datasets)]
@@ -64,6 +68,7 @@ def _search(
         principal=gate.principal(context.caller, context.settings),
         history=[sessions.exchange(entry) for entry in history],
         options=dict(options or {}),
+        as_of=as_of,
     )
     with (
         timed_search(request.type.value),
