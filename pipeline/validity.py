@@ -349,19 +349,19 @@ def timed_properties(edge: GraphEdge, held: list[dict[str, Any]], rules: FactRul
     if not held:
         return properties
     last, first_said = held[-1], said[0] if said else {}
-    properties.update(
-        {
-            PERIODS: held,
-            "valid_from": last["from"],
-            "valid_from_by": last["from_by"],
-            "valid_to": last["to"],
-            "valid_to_by": last["to_by"],
-            "recorded_at": min(str(s.get("recorded_at") or "") for s in said) if said else "",
-            "recorded_by": first_said.get("data_id", ""),
-            "retired_at": last["retired_at"],
-            "retired_by": last["retired_by"],
-        }
-    )
+    bounds = {
+        PERIODS: held,
+        "valid_from": last["from"],
+        "valid_from_by": last["from_by"],
+        "valid_to": last["to"],
+        "valid_to_by": last["to_by"],
+        "recorded_at": min(str(s.get("recorded_at") or "") for s in said) if said else "",
+        "recorded_by": first_said.get("data_id", ""),
+        "retired_at": last["retired_at"],
+        "retired_by": last["retired_by"],
+    }
+    # No null at the top: a Cypher store keeps no property set to null.
+    properties.update({key: value for key, value in bounds.items() if value is not None})
     return properties
 
 
@@ -434,6 +434,10 @@ class Fact(BaseModel):
     current: bool = Field(description="Whether it holds now")
     periods: list[Period] = Field(default_factory=list)
     data_ids: list[str] = Field(default_factory=list)
+
+    def held_at(self, moment: str) -> bool:
+        """Whether it held at the moment (`holds` with `as_of`)."""
+        return holds({PERIODS: [_raw(p) for p in self.periods]}, moment)
 
     @property
     def line(self) -> str:
