@@ -24,6 +24,8 @@ from kenning.retrieval.contract import SearchResult, SearchType
 from kenning.workers.application.lifecycle import deletable_dataset
 from kenning.workers.cli.access import COMMANDS as ACCESS_COMMANDS
 from kenning.workers.cli.agent import COMMANDS as AGENT_COMMANDS
+from kenning.workers.cli.history import AS_OF_HELP
+from kenning.workers.cli.history import COMMANDS as HISTORY_COMMANDS
 from kenning.workers.cli.home import settings_for
 from kenning.workers.cli.progress import cognify_drawn, print_run, progress_bars
 from kenning.workers.cli.records import COMMANDS as RECORD_COMMANDS
@@ -122,6 +124,7 @@ def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, tempo
 @click.option("--only-context", is_flag=True, help="Stop after retrieval; no LLM call.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--remote", is_flag=True, help="Run on a query worker (kenning.search) instead of here.")
+@click.option("--as-of", "as_of", default=None, help=AS_OF_HELP)
 def search_command(
     query: str,
     search_type: str,
@@ -130,8 +133,11 @@ def search_command(
     only_context: bool,
     as_json: bool,
     remote: bool,
+    as_of: str | None,
 ) -> None:
-    """Search a dataset's memory."""
+    """Search a dataset's memory (its facts: those that hold now, or --as-of a moment)."""
+    if remote and as_of:
+        raise click.UsageError("--as-of searches here: leave out --remote")
     with open_memory() as memory:
         if remote:
             with needs_extra("search --remote"):
@@ -147,6 +153,7 @@ def search_command(
                 datasets=list(datasets) or None,
                 top_k=top_k,
                 only_context=only_context,
+                as_of=as_of,
             )
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), ensure_ascii=False))
@@ -179,13 +186,22 @@ def print_search(result: SearchResult) -> None:
 )
 @click.option("--top-k", default=10, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--as-of", "as_of", default=None, help=AS_OF_HELP)
 def recall_command(
-    query: str, datasets: tuple[str, ...], session_id: str | None, search_type: str, top_k: int, as_json: bool
+    query: str,
+    datasets: tuple[str, ...],
+    session_id: str | None,
+    search_type: str,
+    top_k: int,
+    as_json: bool,
+    as_of: str | None,
 ) -> None:
     """The best of the session's entries and of the memory, best first (scores in [0, 1], higher is
     better); each result says where it came from."""
     with open_memory() as memory:
-        recalled = memory.recall(query, list(datasets) or None, session_id, search_type.upper(), top_k)
+        recalled = memory.recall(
+            query, list(datasets) or None, session_id, search_type.upper(), top_k, as_of=as_of
+        )
     if as_json:
         click.echo(recalled.model_dump_json())
         return
@@ -435,7 +451,7 @@ for command in RUNS_COMMANDS:
     main.add_command(command)
 for command in SESSION_COMMANDS:
     main.add_command(command)
-for command in (*REMEMBER_COMMANDS, *RECORD_COMMANDS):
+for command in (*REMEMBER_COMMANDS, *RECORD_COMMANDS, *HISTORY_COMMANDS):
     main.add_command(command)
 
 
