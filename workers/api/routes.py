@@ -25,6 +25,7 @@ from kenning.pipeline.ingest import AddResult, Source, text_source
 from kenning.pipeline.names import MAX_NAME_CHARS
 from kenning.pipeline.permission import Permission, find_user
 from kenning.pipeline.session import SessionEntry, search_entries
+from kenning.pipeline.validity import Fact
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.api.access import Access, authorized
 from kenning.workers.api.errors import ERROR_RESPONSES, ApiError, ErrorBody, ErrorDetail, problem_text
@@ -371,6 +372,7 @@ def search(body: SearchIn, access: Caller) -> SearchResult:
         top_k=body.top_k,
         only_context=body.only_context,
         session_id=body.session_id,
+        as_of=body.as_of,
     )
 
 
@@ -388,7 +390,9 @@ def recall(body: RecallIn, access: Caller) -> Recalled:
     datasets = access.readable(body.datasets)
     if not datasets:  # no graph to search: the session's entries alone, if any
         return Recalled(query=body.query, results=_from_session(access, body))
-    recalled = access.memory.recall(body.query, datasets, body.session_id, body.type, body.top_k)
+    recalled = access.memory.recall(
+        body.query, datasets, body.session_id, body.type, body.top_k, as_of=body.as_of
+    )
     recalled.results = [hit for hit in recalled.results if _readable(access, hit.dataset)]
     return recalled
 
@@ -401,6 +405,19 @@ def _from_session(access: Access, body: RecallIn) -> list[Recollection]:
         entries = [entry for entry in access.memory.get_session(body.session_id) if worth_recalling(entry)]
         found = search_entries(entries, body.query, body.top_k)
     return [session_recollection(entry, score) for entry, score in found]
+
+
+@router.get("/datasets/{dataset}/history", tags=["memory"], response_model=list[Fact])
+def history(
+    dataset: DatasetPath,
+    access: Caller,
+    entity: Annotated[str, Query(min_length=1, max_length=MAX_NAME_CHARS)],
+    as_of: Annotated[str | None, Query(max_length=40)] = None,
+) -> list[Fact]:
+    """Every fact about the entity named, retired ones too, oldest first: the periods it held (each
+    bound with the data item that set it) and the data items that state it; with `as_of`, those
+    that held then. Needs read; 404 for an entity the dataset does not have."""
+    return access.memory.history(entity, access.existing(READ, dataset).name, as_of)
 
 
 @router.post("/forget", tags=["memory"], response_model=Forgotten)

@@ -234,6 +234,12 @@ class SearchIn(Strict):
     top_k: Integer = Field(default=10, ge=1, le=1000, description=TOP_K)
     only_context: StrictBool = Field(default=False, description="Stop before the LLM: hits and context")
     session_id: SessionId | None = None
+    as_of: str | None = Field(
+        default=None,
+        max_length=40,
+        description="Answer from the facts that held at this moment (a year, YYYY-MM, a date or ISO 8601 "
+        "date and time); default: from those that hold now",
+    )
 
 
 class MessageIn(Strict):
@@ -274,6 +280,12 @@ class RecallIn(Strict):
     session_id: SessionId | None = None
     type: SearchType = SearchType.AUTO
     top_k: Integer = Field(default=10, ge=1, le=1000, description=TOP_K)
+    as_of: str | None = Field(
+        default=None,
+        max_length=40,
+        description="Answer from the facts that held at this moment (a year, YYYY-MM, a date or ISO 8601 "
+        "date and time); default: from those that hold now",
+    )
 
 
 class ForgetIn(Strict):
