@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from kenning.pipeline.errors import InputError, NotFound
 from kenning.pipeline.models import Extraction, KnowledgeEdge, KnowledgeGraph, KnowledgeNode
+from kenning.pipeline.permission import Permission, User, issue_key
 from kenning.pipeline.validity import Fact
+from kenning.workers.api import create_app
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from kenning.workers.runtime.wiring import Wiring
@@ -196,3 +199,51 @@ def test_undated_documents_are_ordered_by_when_they_were_added(kenning: Kenning)
     bergen, tromso = history["moved_to Bergen"], history["moved_to Tromso"]
     assert tromso.current and not bergen.current
     assert bergen.periods[0].valid_to == tromso.periods[0].valid_from == tromso.periods[0].recorded_at
+
+
+def test_history_and_as_of_over_http(kenning: Kenning) -> None:
+    # Given Ana's move, and a reader of her dataset and a user who may read nothing
+    kenning.remember(OSLO, "ana")
+    kenning.remember(BERLIN, "ana")
+    store = kenning.wiring.permissions
+    tokens = {}
+    for name, grants in (("reader", [Permission.READ]), ("stranger", [])):
+        user = User(tenant=kenning.settings.tenant, name=name)
+        store.add_user(user)
+        if grants:
+            store.grant(user, "ana", grants)
+        token, key = issue_key(user)
+        store.add_key(key)
+        tokens[name] = {"Authorization": f"Bearer {token}"}
+
+    with TestClient(create_app(kenning)) as client:
+        # When the reader asks for Ana's history, now and as of 2023, and searches as of 2023
+        found = client.get("/v1/datasets/ana/history", params={"entity": "Ana"}, headers=tokens["reader"])
+        then = client.get(
+            "/v1/datasets/ana/history", params={"entity": "Ana", "as_of": "2023"}, headers=tokens["reader"]
+        )
+        body = {
+            "query": "Where does Ana live?",
+            "type": "GRAPH_COMPLETION",
+            "only_context": True,
+            "as_of": "2023",
+        }
+        searched = client.post("/v1/search", json=body, headers=tokens["reader"])
+
+        # Then both lists carry the periods, and the search answers from 2023's facts
+        assert found.status_code == 200, found.text
+        facts = {f"{f['relationship']} {f['target']}": f for f in found.json()}
+        assert facts["live_in Oslo"]["current"] is False and facts["moved_to Berlin"]["current"] is True
+        assert facts["live_in Oslo"]["periods"][0]["valid_to"] == "2024-05"
+        assert {f["target"] for f in then.json()} == {"Oslo", "Norsk Data"}
+        assert "--> Oslo (2023-01-10 to 2024-05)" in searched.json()["context"]
+
+        # And a stranger, an unknown entity and a bad moment get plain errors
+        stranger = client.get(
+            "/v1/datasets/ana/history", params={"entity": "Ana"}, headers=tokens["stranger"]
+        )
+        nobody = client.get("/v1/datasets/ana/history", params={"entity": "Nobody"}, headers=tokens["reader"])
+        bad = client.get(
+            "/v1/datasets/ana/history", params={"entity": "Ana", "as_of": "soon"}, headers=tokens["reader"]
+        )
+        assert (stranger.status_code, nobody.status_code, bad.status_code) == (404, 404, 400)

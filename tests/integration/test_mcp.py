@@ -29,7 +29,7 @@ from kenning.workers.mcp.server import http_app
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 
-TOOLS = {"remember", "recall", "forget", "search", "list_datasets", "status"}
+TOOLS = {"remember", "recall", "forget", "search", "history", "list_datasets", "status"}
 ADA = "Ada Lovelace wrote the first program for the Analytical Engine."
 GRACE = "Grace Hopper built the first compiler for a computer language."
 

@@ -32,6 +32,7 @@ from kenning.pipeline.models import Dataset
 from kenning.pipeline.models import Scope as DataScope
 from kenning.pipeline.names import MAX_NAME_CHARS, name_problem
 from kenning.pipeline.permission import Caller, Permission, authenticate
+from kenning.pipeline.validity import Fact
 from kenning.retrieval.contract import SearchResult, SearchType
 from kenning.workers.application.gate import readable_datasets
 from kenning.workers.application.lifecycle import Message, Recalled, Remembered
@@ -78,6 +79,21 @@ SessionArg = Annotated[
     str | None, Field(description="A session id: short-term memory of one conversation", max_length=255)
 ]
 TopK = Annotated[int, Field(ge=1, le=1000, description="How many results")]
+AsOf = Annotated[
+    str | None,
+    Field(
+        max_length=40,
+        description="Facts as they held at this moment (a year, YYYY-MM, a date or an ISO 8601 date "
+        "and time); default: those that hold now",
+    ),
+]
+
+
+class FactHistory(BaseModel):
+    """An entity's facts (`history`)."""
+
+    entity: str
+    facts: list[Fact]
 
 
 class DatasetInfo(BaseModel):
@@ -161,12 +177,13 @@ def argument_problems(error: ValidationError) -> str:
 
 
 def create_server(memory: Kenning) -> MCPServer:
-    """The MCP server over `memory` (which stays the caller's to close), with its six tools."""
+    """The MCP server over `memory` (which stays the caller's to close), with its seven tools."""
     server: MCPServer = Server("kenning", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
     tools = Tools(memory)
     server.add_tool(tools.remember, annotations=ToolAnnotations(destructiveHint=False, idempotentHint=True))
     server.add_tool(tools.recall, annotations=ToolAnnotations(readOnlyHint=False))
     server.add_tool(tools.search, annotations=ToolAnnotations(readOnlyHint=True))
+    server.add_tool(tools.history, annotations=ToolAnnotations(readOnlyHint=True))
     server.add_tool(tools.forget, annotations=ToolAnnotations(destructiveHint=True, idempotentHint=True))
     server.add_tool(tools.list_datasets, annotations=ToolAnnotations(readOnlyHint=True))
     server.add_tool(tools.status, annotations=ToolAnnotations(readOnlyHint=True))
@@ -218,6 +235,7 @@ class Tools:
             SearchType, Field(description="How to search; AUTO: as each dataset's contents call for")
         ] = SearchType.AUTO,
         top_k: TopK = 10,
+        as_of: AsOf = None,
     ) -> Recalled:
         """What memory holds about a query: the `top_k` best of the session's entries (with a session
         id) and of the datasets' memory, in one list, best first (scores in [0, 1], higher is better;
@@ -229,7 +247,7 @@ class Tools:
             names = access.readable(datasets)
             if not names and session_id is None:
                 return Recalled(query=query, results=[])
-            recalled = access.memory.recall(query, names or None, session_id, type, top_k)
+            recalled = access.memory.recall(query, names or None, session_id, type, top_k, as_of=as_of)
             recalled.results = [hit for hit in recalled.results if access.may_read(hit.dataset)]
             return recalled
 
@@ -243,6 +261,7 @@ class Tools:
         datasets: DatasetsArg = None,
         top_k: TopK = 10,
         only_context: Annotated[bool, Field(description="Stop before the LLM: hits and context")] = False,
+        as_of: AsOf = None,
     ) -> SearchResult:
         """Search memory with any search type: hits (each citing data_id, document_id, chunk_id),
         the context built from them, and an answer when an LLM is configured."""
@@ -251,7 +270,26 @@ class Tools:
             names = access.readable(datasets)
             if not names:
                 return SearchResult(query=query, type=type, results=[], context="")
-            return access.memory.search(query, type, datasets=names, top_k=top_k, only_context=only_context)
+            return access.memory.search(
+                query, type, datasets=names, top_k=top_k, only_context=only_context, as_of=as_of
+            )
+
+    def history(
+        self,
+        ctx: Context,
+        entity: Annotated[
+            str, Field(min_length=1, max_length=MAX_NAME_CHARS, description="The entity's name")
+        ],
+        dataset: DatasetArg = None,
+        as_of: AsOf = None,
+    ) -> FactHistory:
+        """Every fact about an entity, retired ones too, oldest first: the periods each held (each
+        bound with the data item that set it) and the data items that state it; with `as_of`, those
+        that held then. Needs read on the dataset."""
+        with ToolErrors():
+            access = self.scoped(ctx)
+            name = access.existing(READ, dataset).name
+            return FactHistory(entity=entity, facts=access.memory.history(entity, name, as_of))
 
     def forget(
         self,
