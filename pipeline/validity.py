@@ -83,7 +83,21 @@ DEFAULT_SYNONYMS: dict[str, str] = {
 }
 # Relation words that say only "is" or "became": of an office ("CEO of Acme Corp"), one holder at a time.
 _BEING = frozenset(
-    {"is", "was", "became", "becomes", "become", "named", "appointed", "elected", "as", "is_now"}
+    {
+        "is",
+        "was",
+        "became",
+        "becomes",
+        "become",
+        "named",
+        "appointed",
+        "elected",
+        "as",
+        "is_now",
+        "is_new",
+        "became_new",
+        "named_new",
+    }
 )
 _OFFICE = re.compile(
     r"^(?:the\s+)?(?:new\s+)?(?:ceo|chief executive(?: officer)?|president|chair(?:man|woman|person)?|"
