@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from kenning.pipeline.collection import EDGES, TRIPLETS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
@@ -125,6 +125,15 @@ class FactRules(BaseModel):
         description="relation name -> the relation it means (e.g. moved_to -> lives_in)",
     )
 
+    @field_validator("functional", "synonyms")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        # As relation names are kept: snake_case, lower case ("Lives In" is lives_in).
+        return {
+            _relation(key): _relation(item) if item not in _DIRECTIONS else item
+            for key, item in value.items()
+        }
+
     def family(self, relationship: str, target_name: str = "") -> str:
         """The relation a relationship name means: its synonym's, with "is"/"was" dropped from
         its front; "is" or "became" an office ("CEO of Acme") holds the office."""
@@ -140,6 +149,13 @@ class FactRules(BaseModel):
         """(one value per source, one value per target) for a relation."""
         direction = self.functional.get(family)
         return direction in ("source", "both"), direction in ("target", "both")
+
+
+_DIRECTIONS = frozenset({"source", "target", "both"})
+
+
+def _relation(name: str) -> str:
+    return "_".join(re.findall(r"[a-z0-9]+", name.casefold()))
 
 
 def negates(relationship: str) -> bool:

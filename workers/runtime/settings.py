@@ -16,6 +16,7 @@ from kenning.pipeline.loaders import InputLimits
 from kenning.pipeline.memify import MemifyConfig
 from kenning.pipeline.permission import escape_glob
 from kenning.pipeline.ratelimit import Limits
+from kenning.pipeline.validity import DEFAULT_FUNCTIONAL, DEFAULT_SYNONYMS, Direction, FactRules
 from kenning.workers.runtime.schedule import DEFAULT_SCHEDULE, ScheduleEntry
 from kenning.workers.runtime.validation import (
     EntityTypes,
@@ -144,6 +145,15 @@ class Settings(BaseSettings):
         default="", description="An OTLP/HTTP traces URL: spans of searches and runs; empty: tracing off"
     )
     temporal: bool = Field(default=False, description="Also extract dated events (TEMPORAL search)")
+    functional_relations: dict[str, Direction] = Field(
+        default_factory=lambda: dict(DEFAULT_FUNCTIONAL),
+        description='Relations of one value at a time, as JSON: {"lives_in": "source", "ceo_of": "target"} '
+        "(the end that has one value: source, target or both); replaces the defaults",
+    )
+    relation_synonyms: dict[str, str] = Field(
+        default_factory=dict,
+        description='More names of relations, as JSON: {"dwells_in": "lives_in"}; added to the defaults',
+    )
     fk_references: dict[str, str] = Field(
         default_factory=dict,
         description='CSV/JSON key columns naming no table, e.g. {"employer_id": "companies"}',
@@ -283,6 +293,10 @@ class Settings(BaseSettings):
             ),
             temporal=self.temporal,
             references=self.fk_references,
+            facts=FactRules(
+                functional=self.functional_relations,
+                synonyms={**DEFAULT_SYNONYMS, **self.relation_synonyms},
+            ),
             entity_types=self.entity_types,
         )
 
