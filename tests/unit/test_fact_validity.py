@@ -4,12 +4,15 @@ times texts give (`kenning.pipeline.temporal`)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
+from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.models import GraphEdge
 from kenning.pipeline.temporal import document_time, parse_moment, stated_time
 from kenning.pipeline.validity import FactRules, held_phrase, holds, negates, periods, statement
+from kenning.workers.runtime.settings import load_settings
 
 RULES = FactRules()
 
@@ -141,3 +144,14 @@ def test_a_moment_is_read_or_refused_plainly() -> None:
     assert parse_moment("2023-05-02T10:00:00+02:00") == "2023-05-02T08:00:00Z"
     with pytest.raises(ValueError, match="expected a year"):
         parse_moment("last tuesday")
+
+
+def test_which_relations_hold_one_value_is_set_in_settings(tmp_path: Path) -> None:
+    settings = load_settings(
+        home=tmp_path, functional_relations={"Owns": "target"}, relation_synonyms={"Dwells In": "lives_in"}
+    )
+    rules = settings.pipeline.facts
+    assert rules.functional == {"owns": "target"} and rules.family("dwells_in") == "lives_in"
+    assert rules.family("moved_to") == "lives_in"  # the default names stay
+    with pytest.raises(ConfigError, match="KENNING_FUNCTIONAL_RELATIONS"):
+        load_settings(home=tmp_path, functional_relations={"lives_in": "sideways"})
