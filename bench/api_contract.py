@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from email.parser import BytesParser
 from email.policy import HTTP
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonschema  # type: ignore[import-untyped]
 import schemathesis
@@ -45,6 +45,7 @@ import uvicorn
 from schemathesis.core.failures import AcceptedNegativeData
 
 from bench.api_load import admin_key
+from kenning.pipeline.permission import User, authenticate
 from kenning.workers.api import create_app
 from kenning.workers.api.access import AuthThrottle
 from kenning.workers.api.routes import MULTIPART_SCHEMA
@@ -58,22 +59,64 @@ SETTINGS: dict[str, Any] = {
     "api_max_upload_bytes": 64 * 1024,
 }
 # A body over the size limit is refused before it is read (413): as much a rejection as a 422.
+# Half the datasets, users, entities, sessions and session entries named are ones the home holds, so
+# that the routes on them reach their logic, not only their 404.
 CONFIG = """\
 [checks.negative_data_rejection]
 expected-statuses = ["400", "401", "403", "404", "405", "413", "415", "422"]
+
+[dictionaries.datasets]
+values = ["main"]
+
+[dictionaries.users]
+values = ["bob"]
+
+[dictionaries.entities]
+values = ["Ada Lovelace"]
+
+[dictionaries.sessions]
+values = ["{session}"]
+
+[dictionaries.entries]
+values = ["{entry}"]
+
+[parameters]
+"path.dataset" = {{ dictionary = "datasets", probability = 0.5 }}
+"path.user" = {{ dictionary = "users", probability = 0.5 }}
+"body.user" = {{ dictionary = "users", probability = 0.5 }}
+"query.entity" = {{ dictionary = "entities", probability = 0.5 }}
+"path.session_id" = {{ dictionary = "sessions", probability = 0.5 }}
+"path.entry_id" = {{ dictionary = "entries", probability = 0.5 }}
+"body.entry_id" = {{ dictionary = "entries", probability = 0.5 }}
 """
 START_TIMEOUT_S = 30.0
 # This module, by its import name (run as a script, its `__name__` is `__main__`).
 HOOKS = "bench.api_contract"
 
 
+class Served(NamedTuple):
+    """The app's URL, an admin's API key, and a session of that admin with one entry."""
+
+    url: str
+    token: str
+    session: str
+    entry: str
+
+
 @contextmanager
-def served(home: Path) -> Iterator[tuple[str, str]]:
-    """The app over a new home with one cognified dataset, on 127.0.0.1: its URL and an admin's key."""
+def served(home: Path) -> Iterator[Served]:
+    """The app on 127.0.0.1 over a new home: a cognified dataset `main`, an admin with a key and a
+    session `s1` of one message, and a user `bob`."""
     with Kenning(load_settings(home=home, **SETTINGS)) as memory:
         memory.add_text("Ada Lovelace wrote the first program for the Analytical Engine.", "main")
         memory.cognify("main")
         token, _ = admin_key(memory)
+        memory.wiring.permissions.add_user(User(tenant=memory.settings.tenant, name="bob"))
+        admin = authenticate(memory.wiring.permissions, token)
+        assert admin is not None
+        as_admin = memory.as_caller(admin)
+        as_admin.remember("I wrote the first program.", "main", "s1")
+        entry = as_admin.get_session("s1")[-1].id
         app = create_app(memory)
         app.state.kenning.throttle = AuthThrottle(max_failures=sys.maxsize)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -84,7 +127,7 @@ def served(home: Path) -> Iterator[tuple[str, str]]:
         try:
             if not _started(server, thread):
                 raise RuntimeError("the API did not start")
-            yield f"http://127.0.0.1:{listener.getsockname()[1]}", token
+            yield Served(f"http://127.0.0.1:{listener.getsockname()[1]}", token, "s1", entry)
         finally:
             server.should_exit = True
             thread.join(START_TIMEOUT_S)
@@ -98,11 +141,12 @@ def _started(server: uvicorn.Server, thread: threading.Thread) -> bool:
     return server.started
 
 
-def schemathesis_run(url: str, token: str, examples: int, workdir: Path, *extra: str) -> int:
-    """`schemathesis run --checks all` against the app at `url`, in `workdir` (its cache goes
+def schemathesis_run(app: Served, examples: int, workdir: Path, *extra: str) -> int:
+    """`schemathesis run --checks all` against the served app, in `workdir` (its cache goes
     there); its exit code."""
     config = workdir / "schemathesis.toml"
-    config.write_text(CONFIG)
+    config.write_text(CONFIG.format(session=app.session, entry=app.entry))
+    url, token = app.url, app.token
     command = [
         str(Path(sys.executable).parent / "schemathesis"),
         "--config-file",
@@ -167,8 +211,8 @@ def main() -> None:
     if args.report:
         extra += ["--report", "junit,ndjson", "--report-dir", str(args.report.resolve())]
     with tempfile.TemporaryDirectory(prefix="kenning-api-contract-") as tmp:
-        with served(Path(tmp) / "home") as (url, token):
-            code = schemathesis_run(url, token, args.examples, Path(tmp), *extra)
+        with served(Path(tmp) / "home") as app:
+            code = schemathesis_run(app, args.examples, Path(tmp), *extra)
     sys.exit(code)
 
 

@@ -69,13 +69,10 @@ def request_schema(client: TestClient, path: str) -> dict[str, Any]:
 
 
 def test_every_schemathesis_check_passes() -> None:
-    # Given the app served on 127.0.0.1 over a home with a cognified dataset
-    with (
-        tempfile.TemporaryDirectory(prefix="kenning-contract-") as tmp,
-        served(Path(tmp) / "home") as (url, key),
-    ):
+    # Given the app served on 127.0.0.1 over a home with a cognified dataset and a session
+    with tempfile.TemporaryDirectory(prefix="kenning-contract-") as tmp, served(Path(tmp) / "home") as app:
         # When schemathesis runs every check in every phase against its OpenAPI document
-        code = schemathesis_run(url, key, EXAMPLES, Path(tmp), "--seed", "1")
+        code = schemathesis_run(app, EXAMPLES, Path(tmp), "--seed", "1")
     # Then no case fails any check
     assert code == 0, "schemathesis found failures (its report is above)"
 
@@ -141,6 +138,31 @@ def test_every_session_id_the_schema_allows_is_accepted(client: TestClient) -> N
     # And one character more is refused by the schema, with the rule, never by a store
     status, code, message = error_of(client.get(f"/v1/sessions/{longest}%25"))
     assert (status, code) == (422, "invalid_request") and "session_id" in message
+
+
+@pytest.mark.parametrize(
+    ("as_of", "status"),
+    [
+        ("2024", 200),
+        ("2024-05", 200),
+        ("2024-05-01", 200),
+        ("2024-05-01T14:30:00Z", 200),
+        # the first instant, a minute east of UTC: a moment before any in UTC, not a server error
+        ("0001-01-01T00:00:00+00:01", 200),
+        ("", 422),
+        ("000000", 422),
+        ("2024-02-30", 422),
+        ("2024-01-01T12:99:00Z", 422),
+    ],
+)
+def test_a_moment_to_answer_as_of_is_what_the_schema_says(
+    client: TestClient, as_of: str, status: int
+) -> None:
+    search = client.post("/v1/search", json={"query": "program", "type": "CHUNKS", "as_of": as_of})
+    recall = client.post("/v1/recall", json={"query": "program", "as_of": as_of})
+    history = client.get("/v1/datasets/notes/history", params={"entity": "Ada Lovelace", "as_of": as_of})
+    assert [search.status_code, recall.status_code] == [status, status], search.text
+    assert history.status_code in ((200, 404) if status == 200 else (422,)), history.text
 
 
 def test_an_add_of_nothing_is_invalid_by_the_schema_and_refused(client: TestClient) -> None:

@@ -32,6 +32,7 @@ from kenning.workers.api.errors import ERROR_RESPONSES, ApiError, ErrorBody, Err
 from kenning.workers.api.media import JsonRoute, is_json
 from kenning.workers.api.runs import FINISHED, POLL_S
 from kenning.workers.api.schemas import (
+    MOMENT_RULE,
     NAME_PATTERN,
     Added,
     AddText,
@@ -48,6 +49,7 @@ from kenning.workers.api.schemas import (
     Identifier,
     ItemView,
     Me,
+    Moment,
     RecallIn,
     RecordIn,
     RecordText,
@@ -412,7 +414,7 @@ def history(
     dataset: DatasetPath,
     access: Caller,
     entity: Annotated[str, Query(min_length=1, max_length=MAX_NAME_CHARS)],
-    as_of: Annotated[str | None, Query(max_length=40)] = None,
+    as_of: Annotated[Moment | None, Query(description=f"The facts that held then: {MOMENT_RULE}")] = None,
 ) -> list[Fact]:
     """Every fact about the entity named, retired ones too, oldest first: the periods it held (each
     bound with the data item that set it) and the data items that state it; with `as_of`, those

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -95,6 +95,36 @@ def _iso_time(value: Any) -> Any:
         raise ValueError("must be an ISO 8601 date and time as a string, e.g. 2024-05-01T14:30:00Z")
     return value
 
+
+# A moment to answer as of: a year or month (1000-2099), a date, or a date and time (RFC 3339; an
+# offset may be left out: then it is UTC). What `pipeline.temporal.parse_moment` reads, as a schema.
+YEAR_OR_MONTH = r"^(1\d{3}|20\d{2})(-(0[1-9]|1[0-2]))?$"
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+_INSTANT = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?")
+MOMENT_SCHEMA: JsonDict = {
+    "anyOf": [{"pattern": YEAR_OR_MONTH}, {"format": "date"}, {"format": "date-time"}],
+}
+MOMENT_RULE = "a year, YYYY-MM, a date or an ISO 8601 date and time, e.g. 2024-05-01T14:30:00Z"
+
+
+def moment_of(value: str) -> str:
+    """The moment `value` names, as the memory reads it (an instant in UTC ends in Z); a moment
+    before the year 1 or after 9999 in UTC is the first or last one there is."""
+    if re.fullmatch(YEAR_OR_MONTH, value):
+        return value
+    if _DAY.fullmatch(value):
+        return date.fromisoformat(value).isoformat()
+    if not _INSTANT.fullmatch(value):
+        raise ValueError(f"must be {MOMENT_RULE}")
+    when = datetime.fromisoformat(value[:-1] + "+00:00" if value[-1] in "Zz" else value)
+    try:
+        instant = when.astimezone(UTC) if when.tzinfo else when
+    except OverflowError:
+        instant = datetime.min if when.year == 1 else datetime.max
+    return instant.replace(tzinfo=None).isoformat() + "Z"
+
+
+Moment = Annotated[str, Field(max_length=40, json_schema_extra=MOMENT_SCHEMA), AfterValidator(moment_of)]
 
 # Numbers and booleans as JSON has them: "2", "yes" and 0 are refused, not converted.
 Integer = Annotated[int, BeforeValidator(_json_integer)]
@@ -234,11 +264,10 @@ class SearchIn(Strict):
     top_k: Integer = Field(default=10, ge=1, le=1000, description=TOP_K)
     only_context: StrictBool = Field(default=False, description="Stop before the LLM: hits and context")
     session_id: SessionId | None = None
-    as_of: str | None = Field(
+    as_of: Moment | None = Field(
         default=None,
-        max_length=40,
-        description="Answer from the facts that held at this moment (a year, YYYY-MM, a date or ISO 8601 "
-        "date and time); default: from those that hold now",
+        description=f"Answer from the facts that held at this moment ({MOMENT_RULE}); default: from "
+        "those that hold now",
     )
 
 
@@ -280,11 +309,10 @@ class RecallIn(Strict):
     session_id: SessionId | None = None
     type: SearchType = SearchType.AUTO
     top_k: Integer = Field(default=10, ge=1, le=1000, description=TOP_K)
-    as_of: str | None = Field(
+    as_of: Moment | None = Field(
         default=None,
-        max_length=40,
-        description="Answer from the facts that held at this moment (a year, YYYY-MM, a date or ISO 8601 "
-        "date and time); default: from those that hold now",
+        description=f"Answer from the facts that held at this moment ({MOMENT_RULE}); default: from "
+        "those that hold now",
     )
 
 
