@@ -13,7 +13,8 @@ share of the score of the turn before it). More lanes join when the query calls 
 (time words are read by `kenning.retrieval.when`, relative ones against the last day the
 conversation was spoken on):
 - dated: it names days ("on 1 February, 2023", "last week", "two months ago", "since
-  June"): the turns said then, or whose own words speak of then ("yesterday", said the day after);
+  June", "the day before the concert": beside the day the turn closest to it speaks of): the
+  turns said then, or whose own words speak of then ("yesterday", said the day after);
 - timed: it asks for a time ("when did...", "how long..."): the turns that say a time;
 - ordered: it asks for an order ("the first time", "most recently"): the turns closest to it,
   earliest or latest said first;
@@ -41,7 +42,7 @@ from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_f
 from kenning.retrieval.fusion import Weight, known_lanes, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
 from kenning.retrieval.reference import best_first, by_feedback, feedback, first, relevance
-from kenning.retrieval.when import Asked, Span, asked, overlaps, timed, told, within
+from kenning.retrieval.when import Asked, Span, anchored, asked, overlaps, timed, told, within
 
 TURNS = "ConversationTurn_text"
 TURN_FIELDS = ("text", "data_ids", "document_id", "previous", "next", "speaker", "said_at")
@@ -276,7 +277,7 @@ class ConversationRetriever:
             walked = walk(ports, scope, request.query, walking, vector, chunks)
             lanes["graph"] = [entry.chunk_id for entry in walked.ranked[: config.depth]]
         ask, speaker = asked(request.query, last_day(turns)), named_speaker(turns, request.query)
-        if ask.spans or ask.when or ask.order or speaker:
+        if ask.spans or ask.anchor or ask.when or ask.order or speaker:
             close = closeness(turns, chunks, bm25)
             lanes.update(asked_lanes(turns, ask, speaker, close, config))
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
@@ -325,12 +326,25 @@ def asked_lanes(
 ) -> dict[str, list[str]]:
     """The lanes the query's words open (see the module's docstring), each at most `depth` deep."""
     lanes = {
-        "dated": dated(turns, list(ask.spans), close),
+        "dated": dated(turns, list(ask.spans) or event_spans(turns, ask.anchor, close), close),
         "timed": timed_turns(turns, close) if ask.when else [],
         "ordered": in_order(turns, close, ask.order, config.order_pool),
         "speaker": spoken_by(turns, speaker, close),
     }
     return {lane: found[: config.depth] for lane, found in lanes.items()}
+
+
+def event_spans(turns: Sequence[ScoredPoint], anchor: str, close: Mapping[str, float]) -> list[Span]:
+    """The days "the day before the concert" names: beside the day the turn closest to the query
+    speaks of (the day it says, "yesterday" said the day after, else the day it was said)."""
+    if not anchor or not turns:
+        return []
+    top = max(turns, key=lambda point: close[point.id])
+    day = said_on(top.payload)
+    if day is None:
+        return []
+    spoken = [start for start, end in told(_words(top.payload), day) if end - start == timedelta(days=1)]
+    return [anchored(anchor, spoken[0] if spoken else day)]
 
 
 def dated(turns: Sequence[ScoredPoint], spans: list[Span], close: Mapping[str, float]) -> list[str]:
@@ -443,7 +457,7 @@ def _hit(scope: Scope, point: ScoredPoint, ask: Asked) -> Hit:
         "said_at": str(payload.get("said_at") or ""),
     }
     day = said_on(payload)
-    if day is not None and (ask.when or ask.spans or ask.order):
+    if day is not None and (ask.when or ask.spans or ask.anchor or ask.order):
         extra["speaks_of"] = [_iso(span) for span in told(_words(payload), day)]
     return Hit(
         text=str(payload.get("text", "")),

@@ -79,6 +79,11 @@ _BESIDE = re.compile(
     rf"\b(?:the\s+)?(?:{_NUM}\s+)?(?:{_UNIT}|{_WEEKDAY})\s+(?P<side>before|after|of|prior to|following)\s+$",
     re.IGNORECASE,
 )
+# "the day before the concert": a unit beside an event, not a date (`Asked.anchor`).
+_ANCHOR = re.compile(
+    rf"\b(?:the\s+)?(?:{_NUM}\s+)?(?:{_UNIT}|{_WEEKDAY})\s+(?P<side>before|after|prior to|following)\s+",
+    re.IGNORECASE,
+)
 _OPEN = re.compile(r"\b(?P<open>since|after|from|before|until|till|prior to)\s+(?:the\s+)?$", re.IGNORECASE)
 _ASKS_WHEN = re.compile(
     r"\b(?:when|what\s+(?:year|month|day|date|time|week|season)|which\s+(?:year|month|day|date|week|season)"
@@ -112,6 +117,9 @@ class Asked:
     spans: tuple[Span, ...] = ()
     when: bool = False
     order: int = 0  # 1: the first time first; -1: the latest first; 0: no order asked
+    # "the day before " when the query puts a unit beside an event ("the day before the concert"):
+    # the days it names are those beside the day the event was spoken of (`anchored`).
+    anchor: str = ""
 
 
 def named_spans(query: str) -> list[Span]:
@@ -129,7 +137,25 @@ def asked(query: str, today: date | None) -> Asked:
     """What the query asks about time; relative words are read only with a reference day."""
     spans = spans_in(query, today) if today else named_spans(query)
     order = 1 if _FIRST.search(query) else -1 if _LATEST.search(query) else 0
-    return Asked(spans=tuple(spans), when=bool(_ASKS_WHEN.search(query)), order=order)
+    return Asked(
+        spans=tuple(spans), when=bool(_ASKS_WHEN.search(query)), order=order, anchor=_event_anchor(query)
+    )
+
+
+def _event_anchor(query: str) -> str:
+    """The words "the day before " where an event follows them; none before a date ("the day
+    before 3 May 2023" names a span)."""
+    anchor = _ANCHOR.search(query)
+    if anchor is None:
+        return ""
+    after = _found(query[anchor.end() : anchor.end() + 40], date(2000, 1, 1))
+    return "" if after and after[0][0] == 0 else anchor.group(0)
+
+
+def anchored(anchor: str, day: date) -> Span:
+    """The days `anchor` ("the day before ") names beside `day`, the day its event was spoken of."""
+    near = _BESIDE.search(anchor)
+    return _shifted(near, (day, day + timedelta(days=1))) if near else (day, day + timedelta(days=1))
 
 
 @lru_cache(maxsize=65536)

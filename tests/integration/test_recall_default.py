@@ -174,3 +174,30 @@ def test_the_command_line_and_http_recall_by_what_was_stored(home: Path, memory:
     assert answer.status_code == 200, answer.text
     assert answer.json()["searched"] == ["CONVERSATION"]
     assert answer.json()["results"][0]["speaker"] == "Rosa"
+
+
+def test_the_day_before_an_event_is_read_against_the_day_it_was_spoken_of(memory: Kenning) -> None:
+    # Given four days of messages, and a concert spoken of on the third
+    days = {
+        9: ["Ada: I baked a lemon cake.", "Ben: Smells lovely from here."],
+        11: ["Ben: I walked the dog."],
+    }
+    days[10] = [
+        "Ben: Morning! Ready for tonight?",
+        "Ada: The jazz concert was wonderful.",
+        "Ben: Great drums.",
+    ]
+    days[8] = ["Ben: I repaired the garden fence."]
+    messages = [
+        Message(speaker=line.split(": ")[0], text=line.split(": ")[1], time=datetime(2024, 6, day, 9, n))
+        for day in sorted(days)
+        for n, line in enumerate(days[day])
+    ]
+    memory.remember(messages, "week")
+
+    # When a question asks what happened the day before the concert
+    found = memory.recall("What happened the day before the jazz concert?", ["week"], top_k=3).results
+
+    # Then the messages of the day before come with the concert's, and no other day's
+    said = {result.said_at.day for result in found if result.said_at}
+    assert said == {9, 10} and any("lemon cake" in result.text for result in found)

@@ -8,7 +8,7 @@ from datetime import date
 
 import pytest
 
-from kenning.retrieval.when import asked, spans_in, timed, told
+from kenning.retrieval.when import anchored, asked, spans_in, timed, told
 
 # A Thursday: the last day a memory was spoken on, against which a question is read.
 TODAY = date(2024, 3, 14)
@@ -124,3 +124,25 @@ def test_a_message_that_says_a_time_or_a_length_of_time_is_timed(text: str, says
 
 def test_an_impossible_date_and_a_date_past_the_calendar_read_as_nothing() -> None:
     assert spans_in("on 30 February 2023, or until 31 December 9999", TODAY) == []
+
+
+@pytest.mark.parametrize(
+    ("question", "start", "end"),
+    [
+        ("What did Uli cook the day before the recital?", date(2023, 6, 9), date(2023, 6, 10)),
+        ("Where did Dee go the week after her move?", date(2023, 6, 11), date(2023, 6, 18)),
+        ("What did Cy eat two days after the race?", date(2023, 6, 11), date(2023, 6, 13)),
+    ],
+)
+def test_a_unit_beside_an_event_is_read_beside_the_day_of_the_event(
+    question: str, start: date, end: date
+) -> None:
+    found = asked(question, TODAY)
+    assert found.spans == () and anchored(found.anchor, date(2023, 6, 10)) == (start, end)
+
+
+@pytest.mark.parametrize(
+    "question", ["What did Uli cook the day before yesterday?", "the day before 3 May 2023"]
+)
+def test_a_unit_beside_a_date_is_no_event(question: str) -> None:
+    assert asked(question, TODAY).anchor == ""
