@@ -8,6 +8,8 @@ Agents ask "what did Gina find on 1 February, 2023?", "what did we talk about la
 - relative expressions, against a reference day: "yesterday", "today", "three weeks ago",
   "a couple of months back", "last week", "this month", "next Friday", "last weekend", "in the
   past 10 days", and "the day / week / Friday before 3 May 2023" (a unit before or after a date);
+  a unit beside an event ("the day before the concert") is kept as `Asked.anchor`, for the
+  caller to read beside the day the event was spoken of (`anchored`);
 - open ranges: "since X", "after X", "before X", "until X", X any of the above;
 - what the query asks: a time ("when", "what year", "which month", "how long", "how many weeks
   ago") and an order ("the first time", "earliest"; "most recently", "the last time").
