@@ -281,11 +281,15 @@ class ConversationRetriever:
             close = closeness(turns, chunks, bm25)
             lanes.update(asked_lanes(turns, ask, speaker, close, config))
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
+        # Every lane's items are read (a walk's chunk not read by a lane has no text to show).
+        found = {entry.id: entry.score for entry in fused if entry.id in candidates}
+        # The neighbours of the turns that scored: only they spread a share.
         neighbours = {
             item: [other for other in (c.previous, c.next) if other and other in candidates]
-            for item, c in candidates.items()
+            for item in found
+            if (c := candidates[item])
         }
-        scores = spread({entry.id: entry.score for entry in fused}, neighbours, config.neighbour_share)
+        scores = spread(found, neighbours, config.neighbour_share)
         best = best_possible(config, [lane for lane, found in lanes.items() if found])
         moved = feedback(chunks)
         shares = {item: score / best + moved.get(item, 0.0) for item, score in scores.items()}
