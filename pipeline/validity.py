@@ -418,7 +418,8 @@ def holds(properties: dict[str, Any], as_of: str | None = None) -> bool:
 
 def held_phrase(properties: dict[str, Any], as_of: str | None = None) -> str:
     """When a fact held, for a context: "(since 2024-05)", "(2023-01-10 to 2024-05)"; "" for a
-    fact with no periods. Of several periods, the one covering `as_of` (default: the last)."""
+    fact with no periods, or one that holds since it was added (its text gave no time). Of several
+    periods, the one covering `as_of` (default: the last)."""
     held = properties.get(PERIODS)
     if not isinstance(held, list) or not held:
         return ""
@@ -427,7 +428,8 @@ def held_phrase(properties: dict[str, Any], as_of: str | None = None) -> str:
         period = next((p for p in held if holds({PERIODS: [p]}, as_of)), period)
     start = _day(str(period["from"]))
     if period.get("to") is None:
-        return f"(since {start})"
+        # A fact whose text gave no time holds since it was added: that says nothing of the world.
+        return "" if period["from"] == period.get("recorded_at") else f"(since {start})"
     return f"({start} to {_day(str(period['to']))})"
 
 

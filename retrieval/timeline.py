@@ -15,8 +15,8 @@ from kenning.pipeline.validity import PERIODS, holds
 from kenning.retrieval.contract import SearchPorts
 
 FACT_COLLECTIONS = frozenset({EDGES, TRIPLETS})
-# A search of facts asks for this many times `limit` first, then more, while retired ones fill it.
-_WIDER = (2, 8, 32)
+# A search of facts asks for `limit`, then for more while retired ones took places in it.
+_WIDER = (1, 4, 16)
 
 
 class TimeView:
@@ -74,7 +74,7 @@ class FactsAt:
     def get_edges(
         self, scope: Scope, node_ids: Sequence[str], among: bool = False, *, provenance: bool = True
     ) -> list[GraphEdge]:
-        return self._held(self._inner.get_edges(scope, node_ids, among, provenance=provenance))
+        return self._held(self._inner.get_edges(scope, node_ids, among=among, provenance=provenance))
 
     def edge_shapes(self, scope: Scope, node_ids: Sequence[str]) -> list[EdgeShape]:
         return self._inner.edge_shapes(scope, node_ids)

@@ -255,7 +255,8 @@ def test_hybrid_context_is_the_chunks_then_their_facts(services: TwinServices) -
     assert len(top.extra["lanes"]) >= 3 and top.extra["rrf"] > 0
     chunks, facts = result.context.split("\n\nFacts:\n")
     assert chunks.startswith(top.text)
-    assert "- Grace Hopper -> built compiler at -> Remington Rand: Grace Hopper built" in facts
+    # A fact says when it held where its sentence gives a time
+    assert "- Grace Hopper -> built compiler at -> Remington Rand (since 1952): Grace Hopper built" in facts
 
 
 def test_hybrid_by_default_searches_no_summaries_and_only_the_facts_of_its_context(
