@@ -17,6 +17,7 @@ EXTRA_OF = {
     "falkordb": "server",
     "flower": "server",
     "fastapi": "api",
+    "fastapi_offline": "api",
     "starlette": "api",
     "uvicorn": "api",
     "multipart": "api",
