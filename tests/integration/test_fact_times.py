@@ -246,4 +246,4 @@ def test_history_and_as_of_over_http(kenning: Kenning) -> None:
         bad = client.get(
             "/v1/datasets/ana/history", params={"entity": "Ana", "as_of": "soon"}, headers=tokens["reader"]
         )
-        assert (stranger.status_code, nobody.status_code, bad.status_code) == (404, 404, 400)
+        assert (stranger.status_code, nobody.status_code, bad.status_code) == (404, 404, 422)
