@@ -27,10 +27,25 @@ With `honor_max_tokens`, a reply longer than the request's `max_tokens` is cut t
 with `finish_reason` "length". With `unlisted_ends`, an extraction lists no node that is only a
 fact's target and names it in the fact instead, as small models do.
 
+A chat request with `stream` true is answered as server-sent events, as OpenAI's are: a first
+part with the role, the text (in parts of one token, four characters, when `token_ms` is set), a
+last part with the finish reason, the tokens billed when `stream_options.include_usage` asks,
+then `[DONE]`.
+
+`serial` makes it behave like a model server on one CPU (llama-cpp-python's, Ollama's with one
+slot): one chat request is answered at a time and the others wait their turn, in no set order;
+each takes `latency_ms` to its first token and `token_ms` per token after it. A streamed request
+waiting its turn gets its headers at once and a comment line every `ping_s` (as
+llama-cpp-python's server sends); a request not streamed gets nothing until its answer, and its
+answer is made in full even when its client has gone (as that server does). A streamed answer
+stops when its client goes. With `interrupts` as well, a streamed answer is ended early (`[DONE]`
+with no finish reason) as soon as another request waits for its turn, as llama-cpp-python's
+server does by default (`interrupt_requests`).
+
 `/stats` answers `calls` (per endpoint), `prompt_tokens`, `completion_tokens`,
 `rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `held` (never answered:
 counted as calls, billed nothing), `format_refused` (a response format it does not take),
-`in_flight` and `max_in_flight`.
+`in_flight`, `max_in_flight` and `interrupted` (streams ended early for another request).
 """
 
 from __future__ import annotations
@@ -50,7 +65,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -106,11 +121,17 @@ class Simulator:
     accepts: Literal["json_schema", "json_object", "text"] = "json_schema"
     honor_max_tokens: bool = False
     unlisted_ends: bool = False
+    serial: bool = False
+    token_ms: float = 0.0
+    ping_s: float = 15.0
+    interrupts: bool = False
 
     def __post_init__(self) -> None:
         check_options(self)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # the one chat request being answered, when serial
+        self._waiting = 0  # chat requests waiting for their turn, when serial
         self._window = _Window(self.rpm, self.tpm, self.window_s)
         self._stats = _Stats()
         self._random = random.Random(self.seed)
@@ -250,6 +271,46 @@ class Simulator:
         self._stopping.wait()
         return True
 
+    @contextmanager
+    def turn(self, waiting: Callable[[], None]) -> Iterator[None]:
+        """Hold the one turn to answer a chat request while the block runs, when serial (at once
+        otherwise); call `waiting` every `ping_s` seconds until it comes. OSError from `waiting`
+        (the client went) ends the wait."""
+        if not self.serial:
+            yield
+            return
+        with self._lock:
+            self._waiting += 1
+        try:
+            pinged = time.monotonic()
+            while not self._turn.acquire(timeout=0.05):
+                if self._stopping.is_set():
+                    raise OSError("the simulator stopped")
+                if self.ping_s and time.monotonic() - pinged >= self.ping_s:
+                    waiting()
+                    pinged = time.monotonic()
+        finally:
+            with self._lock:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._turn.release()
+
+    def interrupted(self) -> bool:
+        """Whether a streamed answer ends here, early: another request waits for its turn."""
+        if not (self.serial and self.interrupts):
+            return False
+        with self._lock:
+            waiting = self._waiting > 0
+        if waiting:
+            self._stats.add("interrupted")
+        return waiting
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
     def bill(self, reply: _Reply) -> None:
         self._stats.add("prompt_tokens", reply.prompt_tokens)
         self._stats.add("completion_tokens", reply.completion_tokens)
@@ -261,10 +322,12 @@ def check_options(simulator: Simulator) -> None:
         raise ConfigError(f"fault rates must lie in [0, 1] and sum to at most 1, got {rates}")
     if (
         min(simulator.rpm, simulator.tpm, simulator.latency_ms, simulator.stall_s) < 0
+        or min(simulator.token_ms, simulator.ping_s) < 0
         or simulator.window_s <= 0
     ):
         raise ConfigError(
-            "rpm, tpm, latency_ms and stall_s must be >= 0 (rpm/tpm 0: unlimited), window_s > 0"
+            "rpm, tpm, latency_ms, stall_s, token_ms and ping_s must be >= 0 (rpm/tpm 0: unlimited), "
+            "window_s > 0"
         )
     if simulator.rpm_scope not in ("all", "chat"):
         raise ConfigError(f"rpm_scope must be 'all' or 'chat', got {simulator.rpm_scope!r}")
@@ -333,6 +396,7 @@ class _Stats:
         "refused",
         "held",
         "format_refused",
+        "interrupted",
     )
 
     def __init__(self) -> None:
@@ -379,6 +443,29 @@ class _Reply:
     def malformed(self) -> JSON:
         choice = {**self.body["choices"][0], "message": {"role": "assistant", "content": _MALFORMED_CONTENT}}
         return {**self.body, "choices": [choice]}
+
+    def malformed_reply(self) -> _Reply:
+        return _Reply(self.malformed(), self.prompt_tokens, self.completion_tokens)
+
+    def events(self, token_chars: int | None, usage: bool) -> Iterator[JSON]:
+        """The reply as the parts of a stream: the role, the text (in parts of `token_chars`, or
+        whole), the finish reason, and the usage when asked."""
+        choice = self.body["choices"][0]
+        head = {key: self.body[key] for key in ("id", "created", "model")} | {
+            "object": "chat.completion.chunk"
+        }
+
+        def part(delta: JSON, finish: str | None = None) -> JSON:
+            return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        yield part({"role": "assistant", "content": ""})
+        content = choice["message"]["content"]
+        step = token_chars or max(1, len(content))
+        for start in range(0, len(content), step):
+            yield part({"content": content[start : start + step]})
+        yield part({}, choice["finish_reason"])
+        if usage:
+            yield head | {"choices": [], "usage": self.body["usage"]}
 
     def cut(self, max_tokens: int) -> _Reply:
         """The reply cut at `max_tokens` (four characters a token), as a server stops a long one."""
@@ -631,14 +718,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_error(500, refusal, "internal_server_error")
             return
         if not simulator.refuses(body):
-            self._serve_model_call("chat", simulator.chat_reply(body))
+            self._serve_model_call("chat", simulator.chat_reply(body), body)
             return
         with simulator.in_flight("chat"):
             simulator.pause(simulator.latency_ms / 1000)
             simulator.count("refused")
             self._send_error(400, simulator.refusal, "invalid_request")
 
-    def _serve_model_call(self, endpoint: str, reply: _Reply) -> None:
+    def _serve_model_call(self, endpoint: str, reply: _Reply, body: JSON | None = None) -> None:
         simulator = self.server.simulator
         with simulator.in_flight(endpoint):
             if simulator.swallowed():
@@ -646,6 +733,9 @@ class _Handler(BaseHTTPRequestHandler):
             wait = simulator.admit(endpoint, reply.prompt_tokens + reply.completion_tokens)
             if wait is not None:
                 self._send_rate_limited(wait)
+                return
+            if endpoint == "chat" and (simulator.serial or simulator.token_ms):
+                self._generate(reply, body or {})
                 return
             simulator.pause(simulator.latency_ms / 1000)
             if simulator.swallowed():
@@ -656,9 +746,64 @@ class _Handler(BaseHTTPRequestHandler):
             elif fault is Fault.TIMEOUT:
                 simulator.pause(simulator.stall_s)
                 self._send_error(504, "simulated timeout", "timeout")
+            elif body is not None and body.get("stream"):
+                simulator.bill(reply)
+                self._send_stream(reply.malformed_reply() if fault is Fault.MALFORMED else reply, body)
             else:
                 simulator.bill(reply)
                 self._send_json(200, reply.malformed() if fault is Fault.MALFORMED else reply.body)
+
+    def _generate(self, reply: _Reply, body: JSON) -> None:
+        """Answer as a model server on a CPU does: in turn when serial, `latency_ms` to the first
+        token, `token_ms` a token after it (faults are not drawn)."""
+        simulator = self.server.simulator
+        if not body.get("stream"):
+            with simulator.turn(lambda: None):
+                simulator.pause((simulator.latency_ms + simulator.token_ms * reply.completion_tokens) / 1000)
+                simulator.bill(reply)
+            self._send_json(200, reply.body)  # its client may be gone: the answer was made anyway
+            return
+        self._start_stream()
+        with simulator.turn(lambda: self._write_chunk(b": ping\n\n")):
+            simulator.pause(simulator.latency_ms / 1000)
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            for index, event in enumerate(reply.events(4, usage)):
+                if index > 1:
+                    simulator.pause(simulator.token_ms / 1000)
+                if simulator.stopping:
+                    return
+                if index > 0 and simulator.interrupted():
+                    break  # ended early, with no finish reason: another request waits
+                self._write_event(event)
+            simulator.bill(reply)
+        self._end_stream()
+
+    def _send_stream(self, reply: _Reply, body: JSON) -> None:
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self._start_stream()
+        for event in reply.events(None, usage):
+            self._write_event(event)
+        self._end_stream()
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def _write_event(self, event: JSON) -> None:
+        self._write_chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+
+    def _end_stream(self) -> None:
+        self._write_chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _write_chunk(self, data: bytes) -> None:
+        """One piece of a chunked body, sent at once; OSError when the client is gone."""
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
 
     def _send_rate_limited(self, wait: float) -> None:
         headers = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(math.ceil(wait * 1000))}
@@ -703,6 +848,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--honor-max-tokens", action="store_true", help="cut replies at max_tokens")
     parser.add_argument(
         "--unlisted-ends", action="store_true", help="list no node that is only a fact's target"
+    )
+    parser.add_argument(
+        "--serial", action="store_true", help="answer one chat request at a time, as a model on one CPU"
+    )
+    parser.add_argument("--token-ms", type=float, default=0.0, help="milliseconds a completion token")
+    parser.add_argument(
+        "--ping-s", type=float, default=15.0, help="comment lines to a stream waiting its turn"
+    )
+    parser.add_argument(
+        "--interrupts", action="store_true", help="end a stream early when another request waits (serial)"
     )
     return parser.parse_args(argv)
 

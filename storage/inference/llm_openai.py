@@ -1,18 +1,27 @@
 """Extractor and completer over any OpenAI-compatible chat endpoint.
 
-Each call has one timeout (per HTTP request) and one retry layer, this one: the
-`openai` client is built with `max_retries=0`. 429, 408, 5xx, timeouts, connection
-errors and unusable answers are retried with exponential backoff plus jitter,
-honouring `Retry-After`, at most `max_retries` times. Then the call raises
-`TransientLLMError` (the endpoint was unavailable) or `LLMError` (it answered
-something unusable, or rejected the request).
+Every request is streamed, so that a slow server can be told from a dead one: a request that
+sends no byte for `timeout_s` seconds (before its answer begins or between two of its parts)
+is dead; one still sending is alive, however long it takes, within the call's `deadline_s`. A
+server that ignores `stream` and answers in one piece is read as well.
 
-Each call also has one deadline for all its attempts together (`deadline_s`), so an
-endpoint that accepts connections and never answers costs at most that per call. A
-circuit breaker counts connection failures and timeouts in a row across calls (and, with a
-shared `FailureTally`, across every worker of a deployment): after `breaker_failures` of them
-every call fails at once with `CircuitOpen` for `breaker_cooldown_s`, then one call may try
-again (a success closes it).
+Each call has one retry layer, this one: the `openai` client is built with `max_retries=0`.
+429, 408, 5xx, timeouts, connection errors, answers the server broke off and unusable answers
+are retried with exponential backoff plus jitter, honouring `Retry-After`, at most
+`max_retries` times. Then the call raises `TransientLLMError` (the endpoint was unavailable)
+or `LLMError` (it answered something unusable, or rejected the request).
+
+Each call also has one deadline for all its attempts together (`deadline_s`; the waits for a
+turn in the window excluded). A circuit breaker counts connection failures and timeouts in a row
+across calls (and, with a shared `FailureTally`, across every worker of a deployment): after
+`breaker_failures` of them every call fails at once with `CircuitOpen` for
+`breaker_cooldown_s`, then one call may try again (a success closes it). A request silent past
+its timeout while another request to the endpoint was answering is not counted: the server is
+busy, not dead.
+
+Requests are sent within a `Window` (`kenning.pipeline.pacing`): as many at once as the server
+is seen to take, learnt from how they end (one to start with, more while the server takes them,
+fewer when it queues or drops them). A retry waits for a turn like a first attempt.
 
 With a shared `RateLimiter`, every attempt first waits for its turn under `limit_key`
 (at most `rate_limit_wait_s`, else `TransientLLMError`), and a 429 penalizes the key
@@ -41,7 +50,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
 import openai
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai import Stream
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessageParam,
+    ChatCompletionStreamOptionsParam,
+)
 from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -59,6 +74,7 @@ from kenning.pipeline.ladder import (
     schema_instruction,
 )
 from kenning.pipeline.models import Extraction, KnowledgeGraph, TokenUsage
+from kenning.pipeline.pacing import Observation, Outcome, Turn, Window
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
 from kenning.pipeline.redact import provider_error, redact_url, safe_error_text
 from kenning.pipeline.spend import FailureTally, SpendLedger, breaker_key, current_charge
@@ -106,6 +122,8 @@ def prompt_version(entity_types: Sequence[str] = DEFAULT_ENTITY_TYPES) -> str:
 EXTRACTION_SYSTEM_PROMPT = extraction_prompt()
 
 _CHUNK_ELEMENT = re.compile(r"<(chunk-[0-9a-f]{16})>\n(.*)\n</\1>", re.DOTALL)
+# A streamed answer ends with the tokens it was billed, where the endpoint says them.
+_WITH_USAGE: ChatCompletionStreamOptionsParam = {"include_usage": True}
 # How long the limiter keeps a key shut after a 429 that did not say.
 _DEFAULT_PENALTY_S = 1.0
 
@@ -118,14 +136,16 @@ class LLMConfig(BaseModel):
     base_url: str
     api_key: str = ""
     model: str
-    timeout_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0, description="No byte for this long: the request is dead")
     max_retries: int = Field(default=4, ge=0)
     temperature: float = 0.0
     backoff_base_s: float = Field(default=0.5, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
     rate_limit_wait_s: float = Field(default=300.0, ge=0)
     completion_tokens_estimate: int = Field(default=1024, ge=0)
-    deadline_s: float = Field(default=300.0, gt=0, description="All attempts of one call, waits included")
+    deadline_s: float = Field(
+        default=1200.0, gt=0, description="All attempts of one call, back-offs included, turns not"
+    )
     breaker_failures: int = Field(default=5, ge=1, description="Connection failures in a row that open it")
     breaker_cooldown_s: float = Field(default=30.0, ge=0)
     structured: Literal["auto", "json_schema", "json_object", "prompt"] = Field(
@@ -138,6 +158,9 @@ class LLMConfig(BaseModel):
     min_output_tokens: int = Field(default=512, ge=1)
     max_output_tokens: int = Field(default=4096, ge=1)
     entity_types: tuple[str, ...] = DEFAULT_ENTITY_TYPES
+    max_in_flight: int = Field(
+        default=256, ge=1, description="Requests in flight at most, however many it takes"
+    )
 
 
 @dataclass(frozen=True)
@@ -206,6 +229,11 @@ class OpenAIExtractor:
     def answered(self) -> tuple[int, float]:
         """Requests answered so far and the seconds they took, from admission to answer (a `Metered`)."""
         return self._chat.answered()
+
+    @property
+    def window(self) -> Window:
+        """The requests its endpoint takes at once, as learnt so far (a `Windowed`)."""
+        return self._chat.window
 
     def extract(self, text: str) -> Extraction:
         """The chunk's extraction, with `usage`: the tokens of every attempt it took, and `checks`:
@@ -537,6 +565,18 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """A chat reply, streamed or whole: its text, refusal and finish reason, the tokens the
+    endpoint billed (None when it did not say), and the seconds to its first token."""
+
+    content: str
+    refusal: str | None
+    finish_reason: str | None
+    usage: TokenUsage | None
+    first_token_s: float | None = None
+
+
 class _ChatCaller:
     """The retry layer around single chat.completions requests, with usage counts."""
 
@@ -560,8 +600,12 @@ class _ChatCaller:
         )
         self._usage = LLMUsage()
         self._answered: tuple[int, float] = (0, 0.0)
+        # Parts of answers received by every request so far: a request silent past its timeout
+        # while this moved was waiting on a busy server, not a dead one.
+        self._heard = 0
         self._lock = threading.Lock()
         self._random = random.Random()
+        self.window = Window(config.max_in_flight)
         self.breaker = CircuitBreaker(
             config.breaker_failures,
             config.breaker_cooldown_s,
@@ -598,24 +642,35 @@ class _ChatCaller:
         tokens = estimate_tokens(len(system) + len(user), self.config.completion_tokens_estimate)
         attempts = self.config.max_retries + 1
         billed = TokenUsage()
-        deadline = time.monotonic() + self.config.deadline_s
+        spent = 0.0  # the attempts' seconds and the back-offs', not the waits for a turn
         for attempt in range(attempts):
             self.breaker.check(self.config.base_url)
             try:
-                response = self._send(
-                    messages, (response_format, max_tokens), tokens, deadline - time.monotonic()
-                )
-                billed = _add_usage(billed, response)
-                return _parse_answer(response, parse), billed
+                with self.window.turn(self.config.deadline_s) as turn:
+                    self.breaker.check(self.config.base_url)  # it may have opened meanwhile
+                    began = time.monotonic()
+                    try:
+                        answer = self._send(
+                            messages,
+                            (response_format, max_tokens),
+                            tokens,
+                            self.config.deadline_s - spent,
+                            turn,
+                        )
+                    finally:
+                        spent += time.monotonic() - began
+                billed = _add_usage(billed, answer)
+                return _parse_answer(answer, parse), billed
             except _ReplyCut as cut:
                 cut.usage = billed
                 raise
             except _Retry as failure:
                 delay = self._delay(attempt, failure.retry_after)
-                if attempt + 1 == attempts or time.monotonic() + delay >= deadline:
+                if attempt + 1 == attempts or spent + delay >= self.config.deadline_s:
                     raise self._final_error(failure, attempt + 1) from failure.__cause__
                 self._count(retries=1)
                 time.sleep(delay)
+                spent += delay
         raise AssertionError("unreachable: the loop returns or raises")
 
     def close(self) -> None:
@@ -627,48 +682,118 @@ class _ChatCaller:
         asked: tuple[ResponseFormat | None, int | None],
         tokens: int,
         left_s: float,
-    ) -> ChatCompletion:
+        turn: Turn,
+    ) -> _Answer:
         if self._limiter is not None:
             self._limiter.acquire(self._limit_key, tokens, self.config.rate_limit_wait_s)
         self._count(calls=1)
         attempt = self._record_sent(messages)
-        timeout = max(0.1, min(self.config.timeout_s, left_s))
+        idle_s = max(0.1, min(self.config.timeout_s, left_s))
         response_format, max_tokens = asked
         sent = time.monotonic()
+        heard = _Heard(self._heard)
         try:
-            response = self._client.chat.completions.create(
+            stream = self._client.chat.completions.create(
                 model=self.config.model,
                 messages=messages,
                 temperature=self.config.temperature,
                 response_format=response_format if response_format is not None else openai.omit,
                 max_tokens=max_tokens if max_tokens is not None else openai.omit,
-                timeout=timeout,
+                stream=True,
+                stream_options=_WITH_USAGE,
+                timeout=idle_s,  # each of connect, write and every read: no byte for this long
             )
+            self._hear(heard)
+            answer = self._read(stream, heard, sent, left_s)
         except openai.APIStatusError as exc:
             self._record_answered(attempt, 0, 0)  # not answered: nothing billed
             self.breaker.succeeded()  # it answered: the endpoint is there
             self._count(rate_limited=int(exc.status_code == 429))
             self._note_rate_limit(exc)
+            if exc.status_code in (429, 503):
+                self._observe(turn, Outcome.DROPPED)
             raise _status_failure(exc, self._secrets, response_format is not None) from exc
         except openai.APITimeoutError as exc:
             self._record_answered(attempt, 0, 0)  # not answered: nothing billed
-            self.breaker.failed(f"no answer within {timeout:g} s")
-            raise _Retry(f"request timed out after {timeout:g} s", transient=True) from exc
+            self._observe(turn, Outcome.STALLED)
+            with self._lock:
+                busy = self._heard > heard.own  # another request was answered meanwhile
+            if not busy:
+                self.breaker.failed(f"no answer within {idle_s:g} s")
+            why = "while the server answered others" if busy else "from the server"
+            raise _Retry(f"request timed out: no byte for {idle_s:g} s {why}", transient=True) from exc
         except openai.APIConnectionError as exc:
             self._record_answered(attempt, 0, 0)  # not answered: nothing billed
             cause = f"connection failed: {self._safe(str(exc))}"
+            if heard.parts:
+                # It was answering: the server broke the answer off, it is not away.
+                self._observe(turn, Outcome.DROPPED)
+                raise _Retry(f"the answer was broken off: {self._safe(str(exc))}", transient=True) from exc
             self.breaker.failed(cause)
             raise _Retry(cause, transient=True) from exc
+        except openai.APIError as exc:  # an error sent inside the stream
+            self._record_answered(attempt, 0, 0)
+            self.breaker.succeeded()
+            raise _Retry(f"the server failed its answer: {self._safe(exc.message)}", transient=True) from exc
+        except _Retry:
+            self._record_answered(attempt, 0, 0)
+            self.breaker.succeeded()  # it was answering: the endpoint is there
+            raise
         self.breaker.succeeded()
+        self._observe(turn, Outcome.ANSWERED, answer.first_token_s)
         with self._lock:
             calls, seconds = self._answered
             self._answered = (calls + 1, seconds + time.monotonic() - sent)
-        if response.usage is not None:
-            self._count(
-                prompt_tokens=response.usage.prompt_tokens, completion_tokens=response.usage.completion_tokens
+        usage = answer.usage or _estimated_usage(messages, answer.content)
+        self._count(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+        self._record_answered(attempt, usage.prompt_tokens, usage.completion_tokens)
+        return replace(answer, usage=usage)
+
+    def _read(
+        self, stream: Stream[ChatCompletionChunk], heard: _Heard, sent: float, left_s: float
+    ) -> _Answer:
+        """The answer of a streamed request, its parts put together; a server that answered in one
+        piece (no stream) is read as that. `_Retry` when the server broke it off or the call's
+        deadline came first."""
+        with stream:
+            if "json" in stream.response.headers.get("content-type", ""):
+                stream.response.read()
+                return _whole_answer(ChatCompletion.model_validate(stream.response.json()))
+            parts: list[str] = []
+            refusal: list[str] = []
+            finish: str | None = None
+            usage: TokenUsage | None = None
+            first: float | None = None
+            for chunk in stream:
+                self._hear(heard)
+                now = time.monotonic()
+                if chunk.usage is not None:
+                    usage = TokenUsage(
+                        prompt_tokens=chunk.usage.prompt_tokens,
+                        completion_tokens=chunk.usage.completion_tokens,
+                    )
+                for choice in chunk.choices[:1]:
+                    first = now - sent if first is None else first
+                    parts.append(choice.delta.content or "")
+                    refusal.append(choice.delta.refusal or "")
+                    finish = choice.finish_reason or finish
+                if now - sent > left_s:
+                    raise _Retry(f"still answering after {left_s:g} s, the call's deadline", transient=True)
+        if finish is None:
+            # llama-cpp-python's server ends a stream early when another request comes in.
+            raise _Retry(
+                "the server ended its answer before it was done (busy with another?)", transient=True
             )
-            self._record_answered(attempt, response.usage.prompt_tokens, response.usage.completion_tokens)
-        return response
+        return _Answer("".join(parts), "".join(refusal) or None, finish, usage, first)
+
+    def _hear(self, heard: _Heard) -> None:
+        """A part of this request's answer came."""
+        with self._lock:
+            self._heard += 1
+            heard.own, heard.parts = self._heard, heard.parts + 1
+
+    def _observe(self, turn: Turn, outcome: Outcome, first_token_s: float | None = None) -> None:
+        self.window.observe(Observation(outcome, turn.in_flight, turn.sent_at, first_token_s))
 
     def _record_sent(self, messages: list[ChatCompletionMessageParam]) -> str:
         """Record the request about to be sent in the ledger, charged to the current run; its id,
@@ -756,27 +881,52 @@ class _ChatCaller:
         return safe_error_text(text, self._secrets)
 
 
-def _add_usage(billed: TokenUsage, response: ChatCompletion) -> TokenUsage:
-    if response.usage is None:
+@dataclass
+class _Heard:
+    """What a request heard: the parts of its answer, and the count of every request's parts as
+    its last part came."""
+
+    own: int
+    parts: int = 0
+
+
+def _whole_answer(completion: ChatCompletion) -> _Answer:
+    if not completion.choices:
+        raise _Retry("the answer had no choices", transient=False)
+    choice = completion.choices[0]
+    usage = completion.usage
+    billed = (
+        TokenUsage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+        if usage
+        else None
+    )
+    return _Answer(choice.message.content or "", choice.message.refusal, choice.finish_reason, billed)
+
+
+def _estimated_usage(messages: Sequence[ChatCompletionMessageParam], content: str) -> TokenUsage:
+    """The tokens of an answer whose endpoint did not say: four characters a token."""
+    prompt = sum(len(str(message.get("content") or "")) for message in messages)
+    return TokenUsage(prompt_tokens=estimate_tokens(prompt), completion_tokens=estimate_tokens(len(content)))
+
+
+def _add_usage(billed: TokenUsage, answer: _Answer) -> TokenUsage:
+    if answer.usage is None:
         return billed
     return TokenUsage(
-        prompt_tokens=billed.prompt_tokens + response.usage.prompt_tokens,
-        completion_tokens=billed.completion_tokens + response.usage.completion_tokens,
+        prompt_tokens=billed.prompt_tokens + answer.usage.prompt_tokens,
+        completion_tokens=billed.completion_tokens + answer.usage.completion_tokens,
     )
 
 
-def _parse_answer(response: ChatCompletion, parse: Callable[[str], T]) -> T:
-    """The parsed content of the first choice; an unusable answer is worth a retry."""
-    if not response.choices:
-        raise _Retry("the answer had no choices", transient=False)
-    choice = response.choices[0]
-    if choice.message.refusal:
-        raise LLMError(f"the model refused: {safe_error_text(choice.message.refusal)}")
-    if choice.finish_reason == "length":
+def _parse_answer(answer: _Answer, parse: Callable[[str], T]) -> T:
+    """The parsed content of the answer; an unusable answer is worth a retry."""
+    if answer.refusal:
+        raise LLMError(f"the model refused: {safe_error_text(answer.refusal)}")
+    if answer.finish_reason == "length":
         # At temperature 0 a retry would be cut at the same place.
         raise _ReplyCut("the answer was cut off at the model's output token limit")
     try:
-        return parse(choice.message.content or "")
+        return parse(answer.content)
     except ValueError as exc:
         raise _Retry(f"the answer was not usable: {_describe(exc)}", transient=False) from exc
 

@@ -55,7 +55,7 @@ from celery.signals import before_task_publish, worker_process_init, worker_proc
 from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import Scope
-from kenning.pipeline.pacing import Metered, Pacer, Slots
+from kenning.pipeline.pacing import Metered, Pacer, Slots, window_of
 from kenning.pipeline.ports import RunLock
 from kenning.pipeline.tasks import Writing
 from kenning.storage.coordination.lease_redis import RedisLeases
@@ -95,12 +95,14 @@ class Resources:
     @property
     def slots(self) -> Slots:
         """The LLM calls this process's tasks keep in flight together (`pacing`): as many as the
-        shared limit needs at the latency observed, within `KENNING_CONCURRENCY`."""
+        shared limit needs at the latency observed, within `KENNING_CONCURRENCY` and within what
+        the LLM's server is seen to take at once."""
         with self._mutex:
             if self._slots is None:
                 extractor = self.wiring.extractor
                 metered = extractor if self.settings.llm_rpm and isinstance(extractor, Metered) else None
-                self._slots = Slots(Pacer(self.settings.llm_rpm, self.settings.concurrency), metered)
+                pacer = Pacer(self.settings.llm_rpm, self.settings.concurrency, window=window_of(extractor))
+                self._slots = Slots(pacer, metered)
             return self._slots
 
     @property

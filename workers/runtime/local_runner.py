@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.models import EMBEDDED, PipelineRun, RunStatus, Scope, utcnow
-from kenning.pipeline.pacing import Metered, Pacer
+from kenning.pipeline.pacing import Metered, Pacer, window_of
 from kenning.pipeline.plan import (
     PLAN,
     Step,
@@ -88,7 +88,8 @@ class LocalRunner:
 
     A fan-out step keeps at most `concurrency` batches in flight; with `rpm` (the LLM's
     requests a minute, 0: no limit), as many as keep that limit busy at the latency its
-    calls are observed to take (`pacing`), within `concurrency`. A step that `streams`
+    calls are observed to take (`pacing`), within `concurrency`; and never more than the
+    extractor's server is seen to take at once (its `Window`), when it keeps one. A step that `streams`
     runs pass after pass, on one writer thread, over what the fan-out before it has
     finished (whenever the writer is free and a quarter of `load_batch` more items are
     ready), and once more after it: the writes overlap the LLM calls.
@@ -176,7 +177,7 @@ class LocalRunner:
         config = self._services.config
         size = min(step.batch_size(config), max(1, len(items) // (BATCHES_PER_THREAD * self._concurrency)))
         batches = deque(chunked(items, size))
-        pacer = Pacer(self._rpm, self._concurrency)
+        pacer = Pacer(self._rpm, self._concurrency, window=window_of(self._services.extractor))
         client = self._metered() if batches else None
         if client is not None:
             pacer.follow(client)

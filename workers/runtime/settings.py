@@ -92,9 +92,13 @@ class Settings(BaseSettings):
     llm_url: HttpUrl = Field(default="", description="OpenAI-compatible base URL (with /v1); empty = offline")
     llm_api_key: str = ""
     llm_model: str = "gpt-4o-mini"
-    llm_timeout_s: float = Field(default=60.0, gt=0)
+    llm_timeout_s: float = Field(
+        default=60.0, gt=0, description="No byte from the LLM for this long (answers stream): it is dead"
+    )
     llm_max_retries: int = Field(default=4, ge=0)
-    llm_deadline_s: float = Field(default=300.0, gt=0, description="One LLM call, all its retries included")
+    llm_deadline_s: float = Field(
+        default=1200.0, gt=0, description="One LLM call, all its retries included; however slowly it streams"
+    )
     llm_breaker_failures: int = Field(
         default=5,
         ge=1,
