@@ -10,10 +10,12 @@ of the document its chunk belongs to; repeated paragraphs count once, at their b
     python -m bench.retrieval --dataset hotpotqa
     python -m bench.retrieval --dataset twowiki --home /tmp/twowiki --split test
     python -m bench.retrieval --dataset twowiki --home /tmp/twowiki --tune
+    python -m bench.retrieval --dataset hotpotqa --home /tmp/hotpot --tune-facts --split dev
 
 Every question set is split in two by question with a fixed seed: a development half, on
 which settings may be chosen (`--tune` picks HYBRID_COMPLETION's lane weights there, from a
-small grid), and a test half, which only reports. `--split` says which halves to report.
+small grid; `--tune-walk` the walk's chunk and title weights, `--tune-facts` its name links and
+fact seeds), and a test half, which only reports. `--split` says which halves to report.
 
 Data is read from ../shared/data, never copied. 2Wiki uses all its paragraphs unless
 `--limit N` keeps every gold paragraph of the questions plus N distractors taken at an even
@@ -32,7 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,9 @@ SPLIT_SEED = 10
 GRID = {"lexical": (0.5, 0.75, 1.0), "graph": (0.0, 0.5, 1.0, 2.0, 4.0)}
 # The walk's restart share of the dense chunk seeds, and the weight of a chunk's edge to its title.
 WALK_GRID = {"chunk_weight": (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0), "about_weight": (0.0, 1.0, 4.0, 8.0)}
+# How far a question name may be from an entity's, and the facts closest to the question the walk
+# restarts at (how many, and their share beside the names).
+FACT_GRID = {"link_distance": (0.15, 0.2, 0.25), "fact_seeds": (0, 2, 3, 5), "fact_share": (0.25, 0.5, 1.0)}
 # The types whose chunks come from the walk.
 WALKING = (SearchType.GRAPH_PPR, SearchType.GRAPH_COMPLETION, SearchType.HYBRID_COMPLETION)
 
@@ -218,6 +223,7 @@ def run(
     splits: tuple[str, ...],
     tune: bool,
     tune_walk_too: bool = False,
+    tune_facts: bool = False,
 ) -> dict[str, Any]:
     halves = split(benchmark.questions)
     with opened(home) as memory:
@@ -226,6 +232,8 @@ def run(
         titles = chunk_titles(memory, memory.scope())
         walking = tune_walk(memory, halves["dev"], titles) if tune_walk_too else None
         walk_options = walking["options"] if walking else {}
+        facts = tune_walk(memory, halves["dev"], titles, FACT_GRID, base=walk_options) if tune_facts else None
+        walk_options = {**walk_options, **(facts["options"] if facts else {})}
         tuning = tune_weights(memory, halves["dev"], titles, {**options, **walk_options}) if tune else None
         hybrid = {**options, **walk_options, "weights": tuning["weights"]} if tuning else options
         results: dict[str, Any] = {}
@@ -242,6 +250,7 @@ def run(
         "hybrid_options": hybrid,
         "tuning": tuning,
         "walk_tuning": walking,
+        "fact_tuning": facts,
         "ingestion": ingestion,
         "results": results,
     }
@@ -285,16 +294,25 @@ def tune_weights(
     return {"on": "dev", "grid": GRID, "weights": best["weights"], "tried": tried}
 
 
-def tune_walk(memory: Kenning, dev: list[Question], titles: dict[str, str]) -> dict[str, Any]:
-    """GRAPH_PPR's walk options with the best recall@5 (then all@5) on the development half."""
+def tune_walk(
+    memory: Kenning,
+    dev: list[Question],
+    titles: dict[str, str],
+    grid: Mapping[str, Sequence[float]] = WALK_GRID,
+    base: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """GRAPH_PPR's walk options of `grid` (beside `base`) with the best recall@5 (then all@5, then
+    recall@2) on the development half; the first tried of those that tie."""
     tried: list[dict[str, Any]] = []
-    for values in itertools.product(*WALK_GRID.values()):
-        chosen = dict(zip(WALK_GRID, values, strict=True))
+    for values in itertools.product(*grid.values()):
+        chosen = {**(base or {}), **dict(zip(grid, values, strict=True))}
         figures = evaluate(memory, dev, titles, SearchType.GRAPH_PPR, chosen)
-        tried.append({"options": chosen, "recall@5": figures["recall@5"], "all@5": figures["all@5"]})
+        tried.append(
+            {"options": chosen, **{name: figures[name] for name in ("recall@2", "recall@5", "all@5")}}
+        )
         print(f"tune walk {json.dumps(tried[-1])}", file=sys.stderr)
-    best = max(tried, key=lambda entry: (entry["recall@5"], entry["all@5"]))
-    return {"on": "dev", "grid": WALK_GRID, "options": best["options"], "tried": tried}
+    best = max(tried, key=lambda entry: (entry["recall@5"], entry["all@5"], entry["recall@2"]))
+    return {"on": "dev", "grid": grid, "options": best["options"], "tried": tried}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -309,11 +327,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--tune-walk", action="store_true", help="choose the walk's chunk and title weights on the dev half"
     )
+    parser.add_argument(
+        "--tune-facts",
+        action="store_true",
+        help="choose the walk's name links and fact seeds on the dev half",
+    )
     args = parser.parse_args(argv)
     benchmark = hotpotqa() if args.dataset == "hotpotqa" else twowiki(args.limit)
     splits = SPLITS if args.split == "both" else (args.split,)
     options = json.loads(args.options)
-    report = run(benchmark, args.home, options, args.lanes, splits, args.tune, args.tune_walk)
+    report = run(
+        benchmark, args.home, options, args.lanes, splits, args.tune, args.tune_walk, args.tune_facts
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"retrieval-{args.dataset}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")

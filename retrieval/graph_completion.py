@@ -1,19 +1,24 @@
 """GRAPH_COMPLETION: the facts of the chunks a graph walk ranks best, as triplets.
 
-The walk is GRAPH_PPR's (personalized PageRank from the question's entities and closest
-chunks, see retrieval.graph_ppr). From each of the best chunks come the facts extracted from
-it, then the entities it contains, each ordered by the walk's scores of its endpoints; the
-triplets are taken in rounds, one per chunk at a time, so the context covers many chunks.
+The walk is GRAPH_PPR's (personalized PageRank from the question's entities, the facts
+closest to it and its closest chunks, see retrieval.graph_ppr). From each of the best chunks
+come the facts extracted from it, closest to the question first (by their triplets' vectors);
+they are taken in rounds, one per chunk at a time, so the context covers many chunks. Only
+facts between entities are given: the pipeline's own edges (a chunk `contains` an entity,
+`is_part_of` a document, an entity `is_a` type...) are structure, not knowledge.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.linking import document_title
-from kenning.pipeline.models import Chunk, EdgeShape, GraphEdge, GraphNode, Scope
+from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.pipeline.validity import held_phrase
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
@@ -27,38 +32,57 @@ TITLE_CHARS = 120
 
 @dataclass
 class Fragment:
-    """A projected piece of the graph: the nodes and edges the triplets are drawn from."""
+    """A projected piece of the graph: the nodes and facts the triplets are drawn from."""
 
     nodes: dict[str, GraphNode] = field(default_factory=dict)
-    edges: dict[str, GraphEdge | EdgeShape] = field(default_factory=dict)
+    edges: dict[str, GraphEdge] = field(default_factory=dict)
+
+
+def is_fact(edge: GraphEdge) -> bool:
+    """Whether an edge is knowledge to give a reader, not the pipeline's structure."""
+    return edge.relationship not in STRUCTURAL_RELATIONSHIPS
 
 
 def in_rounds(
-    fragment: Fragment, chunks: list[str], ended: Walk
-) -> list[tuple[GraphEdge | EdgeShape, float]]:
-    """Each chunk's edges, its facts before its `contains` edges, each group by the walk scores of
-    the endpoints; taken in rounds: the best edge of every chunk in walk order, then the second...
-    The score is the round plus the chunk's place over the number of chunks: lower is closer."""
-    owned: dict[str, list[GraphEdge | EdgeShape]] = {chunk: [] for chunk in chunks}
+    fragment: Fragment, chunks: Sequence[str], ended: Walk, closeness: Mapping[str, float]
+) -> list[tuple[GraphEdge, float]]:
+    """Each chunk's facts in order (`chunk_facts`), taken in rounds: the first fact of every chunk
+    in walk order, then the second... The score is the round plus the chunk's place over the
+    number of chunks: lower is closer."""
+    owned: dict[str, list[GraphEdge]] = {chunk: [] for chunk in chunks}
     for edge in fragment.edges.values():
-        owner = edge.source_id if edge.relationship == CONTAINS else _chunk_of(edge)
-        if owner in owned:
+        owner = _chunk_of(edge)
+        if owner in owned and is_fact(edge):
             owned[owner].append(edge)
-
-    def order(edge: GraphEdge | EdgeShape) -> tuple[bool, float, str]:
-        reach = ended.scores.get(edge.source_id, 0.0) + ended.scores.get(edge.target_id, 0.0)
-        return edge.relationship == CONTAINS, -reach, edge.id
-
     found = [
         (edge, turn + place / len(chunks))
         for place, chunk in enumerate(chunks)
-        for turn, edge in enumerate(sorted(owned[chunk], key=order))
+        for turn, edge in enumerate(chunk_facts(owned[chunk], ended, closeness))
     ]
     return sorted(found, key=lambda item: item[1])
 
 
-def _chunk_of(edge: GraphEdge | EdgeShape) -> str:
-    return str(edge.properties.get("chunk_id") or "") if isinstance(edge, GraphEdge) else ""
+def chunk_facts(edges: Sequence[GraphEdge], ended: Walk, closeness: Mapping[str, float]) -> list[GraphEdge]:
+    """A chunk's facts, closest to the question first (then by the walk scores of their ends); a
+    fact that tells what one before it told (the same description) waits until every fact with
+    something new has been given."""
+
+    def order(edge: GraphEdge) -> tuple[float, float, str]:
+        reach = ended.scores.get(edge.source_id, 0.0) + ended.scores.get(edge.target_id, 0.0)
+        return -closeness.get(edge.id, 0.0), -reach, edge.id
+
+    told: set[str] = set()
+    fresh: list[GraphEdge] = []
+    repeated: list[GraphEdge] = []
+    for edge in sorted(edges, key=order):
+        description = str(edge.properties.get("description") or "")
+        (repeated if description and description in told else fresh).append(edge)
+        told.add(description)
+    return fresh + repeated
+
+
+def _chunk_of(edge: GraphEdge) -> str:
+    return str(edge.properties.get("chunk_id") or "")
 
 
 class GraphCompletionRetriever:
@@ -68,47 +92,50 @@ class GraphCompletionRetriever:
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
         top = int(request.options.get("top_edges", TOP_EDGES))
         config = WalkConfig.model_validate(request.options)
+        vector = self._ports.embedder.embed([request.query])[0]
         hits: list[Hit] = []
         for scope in request.scopes:
-            ended = walk(self._ports, scope, request.query, config)
+            ended = walk(self._ports, scope, request.query, config, vector)
             chunks = [entry.chunk_id for entry in ended.ranked[: min(request.top_k, top)]]
             fragment = self._project(scope, chunks)
-            ranked = self._whole(scope, in_rounds(fragment, chunks, ended)[:top])
+            closeness = self._closeness(scope, vector, list(fragment.edges))
+            ranked = in_rounds(fragment, chunks, ended, closeness)[:top]
             self._add_nodes(scope, fragment, chunks, [edge for edge, _ in ranked])
             hits += [self._hit(scope, fragment, edge, score) for edge, score in ranked]
         return best_first(hits, min(top, request.top_k))
 
     def _project(self, scope: Scope, chunks: list[str]) -> Fragment:
-        """The `contains` edges of the chunks, as shapes (all that ranking them reads), and the
-        facts extracted from them; no nodes."""
+        """The facts extracted from the chunks (between the entities they contain); no nodes."""
         if not chunks:
             return Fragment()
         graph, wanted = self._ports.graph, set(chunks)
         touching = graph.edge_shapes(scope, chunks)
-        contains = [edge for edge in touching if edge.relationship == CONTAINS and edge.source_id in wanted]
-        entities = sorted({edge.target_id for edge in contains})
-        facts: list[GraphEdge | EdgeShape] = [
+        entities = sorted(
+            {
+                edge.target_id
+                for edge in touching
+                if edge.relationship == CONTAINS and edge.source_id in wanted
+            }
+        )
+        facts = [
             edge
             for edge in (graph.get_edges(scope, entities, among=True, provenance=False) if entities else [])
-            if edge.relationship not in STRUCTURAL_RELATIONSHIPS and _chunk_of(edge) in wanted
+            if is_fact(edge) and _chunk_of(edge) in wanted
         ]
-        return Fragment(edges={edge.id: edge for edge in [*facts, *contains]})
+        return Fragment(edges={edge.id: edge for edge in facts})
 
-    def _whole(
-        self, scope: Scope, ranked: list[tuple[GraphEdge | EdgeShape, float]]
-    ) -> list[tuple[GraphEdge, float]]:
-        """The ranked edges whole: a `contains` edge came as a shape. One deleted since is left out."""
-        shapes = {edge.id: edge.source_id for edge, _ in ranked if isinstance(edge, EdgeShape)}
-        read = (
-            self._ports.graph.get_edges(scope, sorted(set(shapes.values())), provenance=False)
-            if shapes
-            else []
-        )
-        whole = {edge.id: edge for edge in read if edge.id in shapes}
-        found = [
-            (whole.get(edge.id) if isinstance(edge, EdgeShape) else edge, score) for edge, score in ranked
-        ]
-        return [(edge, score) for edge, score in found if edge is not None]
+    def _closeness(self, scope: Scope, vector: Sequence[float], edge_ids: list[str]) -> dict[str, float]:
+        """Each fact's cosine similarity to the question, by its triplet's stored vector; a fact
+        with none is left out (it comes after those that have one)."""
+        if not edge_ids:
+            return {}
+        points = self._ports.vectors.retrieve(scope, collection.TRIPLETS, edge_ids, ())
+        if not points:
+            return {}
+        query = np.asarray(vector, dtype=np.float64)
+        query /= max(float(np.linalg.norm(query)), 1e-12)
+        stored = np.asarray([point.vector for point in points], dtype=np.float64)
+        return dict(zip((point.id for point in points), (stored @ query).tolist(), strict=True))
 
     def _add_nodes(self, scope: Scope, fragment: Fragment, chunks: list[str], edges: list[GraphEdge]) -> None:
         """The chunks and the ends of `edges`, read once the edges are ranked: the triplets name
@@ -125,7 +152,7 @@ class GraphCompletionRetriever:
         fragment.nodes.update((node.id, node) for node in nodes)
 
     def _hit(self, scope: Scope, fragment: Fragment, edge: GraphEdge, score: float) -> Hit:
-        chunk_id = str(edge.properties.get("chunk_id") or "") or _chunk_endpoint(fragment, edge)
+        chunk_id = _chunk_of(edge)
         chunk = fragment.nodes.get(chunk_id) if chunk_id else None
         document_id = chunk.properties.get("document_id") if chunk else None
         return Hit(
@@ -193,14 +220,6 @@ def _label(document: GraphNode | None, opening: GraphNode | None, chunk: GraphNo
 
 def _clip(text: str) -> str:
     return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
-
-
-def _chunk_endpoint(fragment: Fragment, edge: GraphEdge) -> str:
-    for node_id in (edge.source_id, edge.target_id):
-        node = fragment.nodes.get(node_id)
-        if node is not None and node.type == "DocumentChunk":
-            return node_id
-    return ""
 
 
 def node_text(node: GraphNode | None) -> str:

@@ -1,7 +1,8 @@
 """GRAPH_PPR: chunks ranked by personalized PageRank over the entity-chunk graph (HippoRAG 2 style).
 
 The walk restarts at the question's entities (its names matched against Entity names, and
-each name's nearest Entity_name vectors) and at the closest chunks by vector search. It runs
+each name's nearest Entity_name vectors), at the ends of the facts closest to the question
+(what it asks, beside the names it gives) and at the closest chunks by vector search. It runs
 on a projected subgraph, never the whole graph: the `contains` edges between chunks and
 entities, and the facts between entities, a bounded number of hops around those seeds.
 Every step divides a node's score among all its edges in the whole graph, and an entity's
@@ -39,6 +40,8 @@ SKIPPED = sorted(
 )
 # Edges from a chunk to its entities: every entity it contains, and the one it is about.
 CHUNK_EDGES = frozenset({CONTAINS, ABOUT_RELATIONSHIP})
+# The payload fields of a triplet point that name its ends.
+FACT_ENDS = ("source_id", "target_id")
 
 
 class WalkConfig(BaseModel):
@@ -54,8 +57,16 @@ class WalkConfig(BaseModel):
         ge=0.0,
         description="Restart weight of the chunk seeds in all, beside the entities' 1 (alone: all of it)",
     )
+    fact_seeds: int = Field(
+        default=3, ge=0, le=200, description="Facts closest to the question whose ends the walk restarts at"
+    )
+    fact_share: float = Field(
+        default=0.25,
+        ge=0.0,
+        description="Restart weight of the facts' ends in all, beside the named entities' 1 (alone: all)",
+    )
     entity_links: int = Field(default=3, ge=0, le=50, description="Entity_name hits per question name")
-    link_distance: float = Field(default=0.25, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
+    link_distance: float = Field(default=0.15, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
     hops: int = Field(default=2, ge=0, le=5, description="Hops around the seeds projected")
     max_edges: int = Field(default=4000, ge=1, le=100_000, description="Edges projected at most")
     max_degree: int = Field(default=100, ge=1, description="A node with more edges is not expanded")
@@ -141,7 +152,8 @@ def walk(
     chunk_seeds = {point.id: max(1.0 - point.score, 0.0) for point in chunk_points}
     linked = link_entities(ports, scope, embedded, config)
     entity_seeds = linked | {entity_id: 1.0 for entity_id in exact.values()}
-    seeds = [*entity_seeds, *chunk_seeds]
+    fact_seeds = fact_ends(ports, scope, query_vector, config)
+    seeds = list(dict.fromkeys([*entity_seeds, *fact_seeds, *chunk_seeds]))
     if not seeds:
         return Walk(ranked=[], scores={})
     projected = ports.graph.neighbourhood(
@@ -153,7 +165,9 @@ def walk(
         skip=SKIPPED,
         shape_only=True,
     )
-    restart = restart_weights(entity_seeds, chunk_seeds, projected, config.chunk_weight)
+    restart = restart_weights(
+        entity_seeds, chunk_seeds, projected, config.chunk_weight, fact_seeds, config.fact_share
+    )
     scores = personalized_pagerank(walk_edges(projected.edges, config), projected.degrees, restart, config)
     chunks = _chunk_ids(projected.edges) | set(chunk_seeds)
     ranked = sorted(((scores.get(c, 0.0), c) for c in chunks), key=lambda item: (-item[0], item[1]))
@@ -220,25 +234,55 @@ def link_entities(
     return links
 
 
+def fact_ends(
+    ports: SearchPorts, scope: Scope, vector: Sequence[float], config: WalkConfig
+) -> dict[str, float]:
+    """The ends of the `fact_seeds` facts (triplets) closest to the question, each entity with the
+    similarity (1 - cosine distance) of its closest fact: what the question asks about, which
+    its names alone do not say ("who founded the guild?")."""
+    if not config.fact_seeds:
+        return {}
+    ends: dict[str, float] = {}
+    for point in ports.vectors.search(scope, collection.TRIPLETS, vector, config.fact_seeds, FACT_ENDS):
+        similarity = max(1.0 - point.score, 0.0)
+        for key in FACT_ENDS:
+            entity_id = str(point.payload.get(key) or "")
+            if entity_id and similarity > ends.get(entity_id, 0.0):
+                ends[entity_id] = similarity
+    return ends
+
+
 def restart_weights(
     entities: Mapping[str, float],
     chunks: Mapping[str, float],
     projected: Neighbourhood,
     chunk_weight: float,
+    facts: Mapping[str, float] | None = None,
+    fact_share: float = 1.0,
 ) -> dict[str, float]:
-    """Where the walk restarts: each entity by its link strength over the number of its edges
-    (a name found everywhere says little), the chunks by similarity, `chunk_weight` of it in all;
-    with no entity, the chunks alone (whatever `chunk_weight`)."""
-    weights = {
+    """Where the walk restarts: each named entity by its link strength over the number of its
+    edges (a name found everywhere says little), 1 in all; the ends of the closest facts alike,
+    `fact_share` in all; the chunks by similarity, `chunk_weight` in all. Each group takes its
+    share only beside another (alone, it takes all); with no entity, the chunks alone (whatever
+    `chunk_weight`)."""
+    named = _normalised(_specific(entities, projected))
+    asked = _normalised(_specific(facts or {}, projected))
+    found = _normalised(dict(chunks))
+    if not named and not asked:
+        return found
+    groups = [(named, 1.0), (asked, fact_share)] if named and asked else [(named or asked, 1.0)]
+    restart: dict[str, float] = {}
+    for weights, share in [*groups, (found, chunk_weight)]:
+        for node, weight in weights.items():
+            restart[node] = restart.get(node, 0.0) + share * weight
+    return _normalised(restart)
+
+
+def _specific(entities: Mapping[str, float], projected: Neighbourhood) -> dict[str, float]:
+    """Each entity's strength over the number of its edges."""
+    return {
         entity: strength / max(projected.degrees.get(entity, 1), 1) for entity, strength in entities.items()
     }
-    weights = _normalised(weights)
-    chunk_total = sum(chunks.values())
-    if chunk_total > 0 and (chunk_weight > 0 or not weights):
-        share = chunk_weight if weights else 1.0
-        for chunk_id, similarity in chunks.items():
-            weights[chunk_id] = weights.get(chunk_id, 0.0) + share * similarity / chunk_total
-    return _normalised(weights)
 
 
 def walk_edges(edges: Iterable[GraphEdge | EdgeShape], config: WalkConfig) -> list[tuple[str, str, float]]:

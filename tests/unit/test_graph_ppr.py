@@ -164,7 +164,8 @@ def test_graph_ppr_links_question_names_to_entities_by_normalised_name(services:
 
 
 def test_graph_ppr_with_no_seeds_finds_nothing(services: TwinServices) -> None:
-    result = ask(services, "what is this about?", chunk_seeds=0)
+    # A question naming nothing, with neither its closest chunks nor its closest facts as seeds
+    result = ask(services, "what is this about?", chunk_seeds=0, fact_seeds=0)
     assert result.results == [] and result.context == ""
 
 
@@ -284,7 +285,7 @@ def test_graph_ppr_goes_from_a_mention_to_the_document_about_it(titled: TwinServ
             type=SearchType.GRAPH_PPR,
             scopes=[TITLED],
             only_context=True,
-            options={"chunk_seeds": 0, **options},
+            options={"chunk_seeds": 0, "fact_seeds": 0, **options},
         )
         dataset = titled.metadata.get_dataset(TITLED)
         assert dataset is not None

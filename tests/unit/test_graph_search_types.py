@@ -99,14 +99,19 @@ def test_chain_of_thought_searches_again_for_what_is_missing(memory: TwinService
         return "Where did Alan Turing work?" if "missing" in system else "Grace Hopper built it."
 
     completer = ScriptedCompleter(answer)
-    first = run(memory, SearchType.GRAPH_COMPLETION, "Who built the first compiler?", only_context=True)
+    # Two facts a search: the first search finds the compiler's, not where Turing worked
+    first = run(
+        memory, SearchType.GRAPH_COMPLETION, "Who built the first compiler?", only_context=True, top_edges=2
+    )
     result = run(
         with_completer(memory, completer),
         SearchType.GRAPH_COMPLETION_COT,
         "Who built the first compiler?",
         only_context=True,
         rounds=2,
+        top_edges=2,
     )
+    assert "Bletchley" not in first.context
     assert len(result.results) > len(first.results) and "Bletchley" in result.context
 
 
@@ -139,7 +144,9 @@ def test_decomposition_leaves_out_lines_that_are_not_questions(memory: TwinServi
     with_a_name = decomposed("Remington Rand\nWhat did Ada Lovelace publish?")
     questions_only = decomposed("What did Ada Lovelace publish?")
     assert with_a_name.context == questions_only.context
-    assert with_a_name.context != decomposed("What is Remington Rand?\nWhat did Ada Lovelace publish?").context
+    assert (
+        with_a_name.context != decomposed("What is Remington Rand?\nWhat did Ada Lovelace publish?").context
+    )
 
 
 def test_feeling_lucky_routes_by_rules_when_the_reply_names_no_one_type(memory: TwinServices) -> None:

@@ -191,23 +191,16 @@ def test_graph_completion_reads_only_the_entities_its_triplets_name(services: Tw
     assert entities and entities <= {hit.extra["source_id"], hit.extra["target_id"]}
 
 
-def test_graph_completion_reads_whole_only_the_contains_edges_it_keeps(services: TwinServices) -> None:
+def test_graph_completion_gives_facts_only_and_reads_no_contains_edge_whole(services: TwinServices) -> None:
     # Given a store that notes the edges it gives out whole
     graph = Reads(services.graph)
-    # When GRAPH_COMPLETION keeps enough triplets to run out of facts for one of its chunks
+    # When GRAPH_COMPLETION may keep more triplets than its chunks have facts
     hits = graph_completion(services, graph, "who built the first compiler?", top_edges=10)
-    # Then it keeps `contains` edges, named as the graph has them
-    kept = {
-        (hit.extra["source_id"], hit.extra["target_id"])
-        for hit in hits
-        if hit.extra["relationship"] == "contains"
-    }
-    assert kept and all(
-        "--[contains]-->" in hit.text for hit in hits if hit.extra["relationship"] == "contains"
-    )
-    # And the only `contains` edges it read whole are those of the chunks it keeps one of
-    read = {edge.source_id for edge in graph.edges if edge.relationship == "contains"}
-    assert read == {chunk for chunk, _ in kept}
+    # Then it gives their facts alone: a chunk's `contains` edges are structure, not knowledge
+    assert hits and all(hit.extra["relationship"] not in STRUCTURAL_RELATIONSHIPS for hit in hits)
+    assert "--[contains]-->" not in "".join(hit.text for hit in hits)
+    # And it read no `contains` edge whole: their shapes say which entities its chunks hold
+    assert not [edge for edge in graph.edges if edge.relationship == "contains"]
 
 
 def test_graph_completion_leaves_out_a_contains_edge_deleted_while_it_ranked(services: TwinServices) -> None:

@@ -1,0 +1,158 @@
+"""Contexts that follow the question: the demo's questions on the bundled samples, offline
+(the offline extractor and the local embedder, as `kenning demo` has them).
+
+The graph walk seeds on what a question asks (the facts closest to it), not only on the names
+it gives; the contexts of the completion types hold facts between entities, never the
+pipeline's own structure (a chunk `contains` an entity, `is_part_of` a document...).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
+from kenning.pipeline.collection import TRIPLETS
+from kenning.pipeline.ingest import Source, add
+from kenning.pipeline.models import GraphEdge, Scope, VectorPoint
+from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
+from kenning.retrieval.graph_completion import chunk_facts
+from kenning.retrieval.graph_ppr import Walk
+from kenning.retrieval.registry import search
+from kenning.storage.inference.embedder import LocalEmbedder
+from kenning.workers.cli.main import DEMO_QUESTIONS, SAMPLES
+from kenning.workers.runtime.local_runner import LocalRunner
+from tests.twins import TwinServices
+
+DEMO = Scope(tenant="t1", dataset="demo")
+# What a context of the demo's 5 results must hold to answer each demo question. The lamp's
+# changes are facts of one chunk, which gives 2 of the 5 (one fact per chunk in turn, the best
+# chunk first); the offline graph has no fact for the LED lantern (its sentence joins no names).
+ANSWERS = {
+    DEMO_QUESTIONS[0]: ("Elinor Vance",),
+    DEMO_QUESTIONS[1]: ("Osprey", "porcelain"),
+    DEMO_QUESTIONS[2]: ("paraffin", "electricity"),
+}
+# With search's default 10 results, every change of the lamp the offline graph holds.
+LAMP_CHANGES = ("whale oil", "paraffin", "electricity")
+GRAPH_TYPES = (
+    SearchType.GRAPH_COMPLETION,
+    SearchType.GRAPH_SUMMARY_COMPLETION,
+    SearchType.GRAPH_COMPLETION_COT,
+    SearchType.GRAPH_COMPLETION_CONTEXT_EXTENSION,
+    SearchType.GRAPH_COMPLETION_DECOMPOSITION,
+)
+COMPLETION_TYPES = (
+    *GRAPH_TYPES,
+    SearchType.HYBRID_COMPLETION,
+    SearchType.TRIPLET_COMPLETION,
+    SearchType.RAG_COMPLETION,
+)
+# A structural edge rendered as a fact: `x --[contains]--> y` (graph types) or `x -> contains -> y`.
+STRUCTURE = re.compile(
+    r"(--\[|-> )(" + "|".join(sorted(STRUCTURAL_RELATIONSHIPS)).replace("_", "[_ ]") + r")(\]--> | ->)"
+)
+
+
+@pytest.fixture(scope="module")
+def samples() -> TwinServices:
+    # The demo's stores: the offline extractor and the local embedder (all-MiniLM-L6-v2)
+    made = TwinServices(embedder=LocalEmbedder())  # type: ignore[arg-type]
+    sources = [
+        Source(name=p.name, uri=f"samples:{p.name}", data=p.read_bytes())
+        for p in sorted(SAMPLES.glob("*.md"))
+    ]
+    add(made.metadata, made.blobs, DEMO, sources)
+    run = LocalRunner(made, made.lock, concurrency=2).run(DEMO)
+    assert run.status.value == "completed", run.error
+    return made
+
+
+def ask(services: TwinServices, question: str, kind: SearchType, top_k: int = 5) -> SearchResult:
+    request = SearchRequest(query=question, type=kind, scopes=[DEMO], top_k=top_k, only_context=True)
+    return search(services, request)
+
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("kind", GRAPH_TYPES)
+def test_the_demo_questions_get_contexts_of_their_own_each_holding_its_answer(
+    samples: TwinServices, kind: SearchType
+) -> None:
+    # When each demo question is asked as the demo asks it (5 results, no LLM)
+    contexts = {question: ask(samples, question, kind).context for question in DEMO_QUESTIONS}
+    # Then no two questions get the same context
+    assert len(set(contexts.values())) == len(DEMO_QUESTIONS)
+    # And each context holds what answers its question
+    for question, context in contexts.items():
+        missing = [phrase for phrase in ANSWERS[question] if phrase.casefold() not in context.casefold()]
+        assert not missing, f"{question!r}: {missing} not in\n{context}"
+
+
+def test_graph_completion_gives_first_the_facts_of_the_chunk_the_question_is_about(
+    samples: TwinServices,
+) -> None:
+    # When the guild's founder is asked for, with only "Harrow Point" as a name
+    result = ask(samples, DEMO_QUESTIONS[0], SearchType.GRAPH_COMPLETION)
+    # Then the first fact is the founding, from the guild's document
+    assert "Elinor Vance founded" in result.results[0].text
+    assert "keepers-guild.md" in result.context.splitlines()[0]
+
+
+@pytest.mark.parametrize("kind", COMPLETION_TYPES)
+def test_no_completion_context_gives_a_structural_edge_as_a_fact(
+    samples: TwinServices, kind: SearchType
+) -> None:
+    # When every demo question is asked for many results: beyond the chunks' facts, if any
+    for question in DEMO_QUESTIONS:
+        result = ask(samples, question, kind, top_k=30)
+        # Then the context holds facts and text, never the pipeline's own edges
+        assert result.context
+        assert not STRUCTURE.search(result.context), result.context
+        assert all(hit.extra.get("relationship") not in STRUCTURAL_RELATIONSHIPS for hit in result.results)
+
+
+def test_with_search_default_results_the_lamp_question_gets_every_change_the_graph_holds(
+    samples: TwinServices,
+) -> None:
+    result = ask(samples, DEMO_QUESTIONS[2], SearchType.GRAPH_COMPLETION, top_k=10)
+    assert all(change in result.context for change in LAMP_CHANGES), result.context
+    # And the lamp's facts come first in each round: its document is where the walk ends up
+    assert "the-lamp.md" in result.context.splitlines()[0]
+
+
+def test_a_chunks_facts_come_closest_first_and_a_fact_told_by_the_same_sentence_last() -> None:
+    # Given a chunk's facts: two told by one sentence, one by another
+    said = "The Osprey ran aground on the Harrow Reef in 1889."
+
+    def fact(name: str, description: str) -> GraphEdge:
+        return GraphEdge(
+            id=name, source_id="a", target_id="b", relationship="r", properties={"description": description}
+        )
+
+    reef, year, cargo = fact("reef", said), fact("year", said), fact("cargo", "Divers recovered porcelain.")
+    closeness = {"reef": 0.9, "year": 0.8, "cargo": 0.3}
+    # When they are ordered for a question closest to the first
+    ordered = chunk_facts([cargo, year, reef], Walk(ranked=[], scores={}), closeness)
+    # Then the closest comes first, and the one repeating its sentence after the one with news
+    assert [edge.id for edge in ordered] == ["reef", "cargo", "year"]
+
+
+def test_triplet_completion_leaves_out_a_triplet_of_a_structural_relationship(samples: TwinServices) -> None:
+    # Given a triplet point whose relationship is one of the pipeline's own (as an index rebuilt
+    # from an older graph may hold), worded like the question
+    text = "The Keepers' Guild -> contains -> Elinor Vance: who founded the lighthouse keepers' guild"
+    vector = samples.embedder.embed([text])[0]
+    payload = {"text": text, "type": "Triplet", "relationship": "contains", "source_id": "", "target_id": ""}
+    point = VectorPoint(id="0b9f4c3e-5d21-4a5e-9b9a-2f1c6f0d7e11", vector=vector, payload=payload)
+    samples.vectors.upsert(DEMO, TRIPLETS, [point])
+    try:
+        # When TRIPLET_COMPLETION answers the question
+        result = ask(samples, DEMO_QUESTIONS[0], SearchType.TRIPLET_COMPLETION)
+        # Then the point is not given, and the other triplets still are
+        assert "-> contains ->" not in result.context
+        assert len(result.results) == 5
+    finally:
+        samples.vectors.delete(DEMO, TRIPLETS, [point.id])
