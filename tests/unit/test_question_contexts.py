@@ -16,9 +16,10 @@ from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.collection import TRIPLETS
 from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import GraphEdge, Scope, VectorPoint
+from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
 from kenning.retrieval.graph_completion import chunk_facts
-from kenning.retrieval.graph_ppr import Walk
+from kenning.retrieval.graph_ppr import Walk, restart_weights
 from kenning.retrieval.registry import search
 from kenning.storage.inference.embedder import LocalEmbedder
 from kenning.workers.cli.main import DEMO_QUESTIONS, SAMPLES
@@ -121,6 +122,18 @@ def test_with_search_default_results_the_lamp_question_gets_every_change_the_gra
     assert all(change in result.context for change in LAMP_CHANGES), result.context
     # And the lamp's facts come first in each round: its document is where the walk ends up
     assert "the-lamp.md" in result.context.splitlines()[0]
+
+
+def test_the_ends_of_the_closest_facts_take_their_share_of_the_restart_beside_the_names() -> None:
+    projected = Neighbourhood(edges=[], degrees={"named": 1, "founder": 1, "guild": 3})
+    facts = {"founder": 0.6, "guild": 0.6}
+    # Beside a named entity, the facts' ends take `fact_share` of the names' 1, each by its
+    # similarity over its degree
+    weights = restart_weights({"named": 1.0}, {}, projected, 0.0, facts, fact_share=0.25)
+    assert weights == pytest.approx({"named": 0.8, "founder": 0.15, "guild": 0.05})
+    # With no name, they are where the walk starts (and the chunks still wait for no entity)
+    alone = restart_weights({}, {"c1": 0.5}, projected, 0.0, facts, fact_share=0.25)
+    assert alone == pytest.approx({"founder": 0.75, "guild": 0.25})
 
 
 def test_a_chunks_facts_come_closest_first_and_a_fact_told_by_the_same_sentence_last() -> None:
