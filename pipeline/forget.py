@@ -71,7 +71,8 @@ def forget_items(
     )
     forgotten._rebuilt = rebuilt
     gone = set(removal.deleted_nodes)
-    settle_facts(services, job, [node_id for node_id in spoken_of if node_id not in gone])
+    kept = [node_id for node_id in spoken_of if node_id not in gone]
+    settle_facts(services.graph, services.vectors, job.scope, services.config.facts, kept)
     return forgotten
 
 

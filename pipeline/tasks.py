@@ -447,7 +447,8 @@ def _settle(services: Services, job: Job, assembly: Assembly) -> int:
     older one: `kenning.pipeline.validity`). Runs where the batch is written, so one write of the
     dataset at a time settles its facts. The facts retimed."""
     ends = {end for edge in assembly.edges.values() if edge.said for end in (edge.source_id, edge.target_id)}
-    return settle_facts(services, job, sorted(ends), set(assembly.edges))
+    rules = services.config.facts
+    return settle_facts(services.graph, services.vectors, job.scope, rules, sorted(ends), set(assembly.edges))
 
 
 OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED)

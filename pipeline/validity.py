@@ -15,17 +15,14 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from kenning.pipeline.collection import EDGES, TRIPLETS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
-from kenning.pipeline.ports import GraphStore
+from kenning.pipeline.ports import GraphStore, VectorStore
 from kenning.pipeline.temporal import moment_last, moment_start
-
-if TYPE_CHECKING:
-    from kenning.pipeline.context import Job, Services
 
 # Edge properties (JSON values, so every graph store keeps them as they are).
 SAID = "said"  # [{data_id, chunk_id, at, recorded_at}]: each statement of the fact
@@ -234,19 +231,26 @@ def settle(graph: GraphStore, scope: Scope, node_ids: Sequence[str], rules: Fact
     return Settled({edge.id: timed.get(edge.id, []) for edge in complete}, changed)
 
 
-def settle_facts(services: Services, job: Job, node_ids: Sequence[str], written: Iterable[str] = ()) -> int:
-    """`settle` the facts touching `node_ids` in the job's dataset, and put the periods of those
-    that changed (and of the facts `written` just now) into their vector points. How many changed."""
+def settle_facts(
+    graph: GraphStore,
+    vectors: VectorStore,
+    scope: Scope,
+    rules: FactRules,
+    node_ids: Sequence[str],
+    written: Iterable[str] = (),
+) -> int:
+    """`settle` the facts touching `node_ids` in the scope, and put the periods of those that
+    changed (and of the facts `written` just now) into their vector points. How many changed."""
     if not node_ids:
         return 0
-    settled = settle(services.graph, job.scope, node_ids, services.config.facts)
+    settled = settle(graph, scope, node_ids, rules)
     ids = {*written, *(edge.id for edge in settled.changed)}
     values = {edge_id: {PERIODS: held} for edge_id, held in settled.periods.items() if edge_id in ids}
     if values:
-        collections = services.vectors.list_collections()
+        collections = vectors.list_collections()
         for name in (EDGES, TRIPLETS):
             if name in collections:
-                services.vectors.set_payload(job.scope, name, values)
+                vectors.set_payload(scope, name, values)
     return len(settled.changed)
 
 
