@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -202,18 +203,27 @@ def assert_same_properties(found: Properties, expected: Properties) -> None:
     assert not differing, f"{len(differing)} elements differ, e.g. {list(differing.items())[:3]}"
 
 
-# Properties that say when and by which run, not what: they differ between any two runs.
-WHEN = frozenset({"created_at", "updated_at", "last_accessed_at", "accessed_at", "source_run"})
+# Properties that say when and by which run, not what: they differ between any two runs. A fact's
+# statements and periods say when kenning learned them (the item's adding), as its own fields.
+WHEN = frozenset(
+    {"created_at", "updated_at", "last_accessed_at", "accessed_at", "source_run", "recorded_at", "retired_at"}
+)
 
 
 def properties_of(memory: Kenning, dataset: str) -> dict[str, dict[str, object]]:
-    """Node and edge id -> its properties (without timestamps), whatever order they were loaded in."""
+    """Node and edge id -> its properties (without timestamps, at any depth), whatever order they
+    were loaded in."""
     nodes, edges = memory.wiring.graph.export(memory.scope(dataset))
     found = {node.id: node.properties for node in nodes} | {edge.id: edge.properties for edge in edges}
-    return {
-        element: {key: value for key, value in properties.items() if key not in WHEN}
-        for element, properties in found.items()
-    }
+    return {element: _timeless(properties) for element, properties in found.items()}
+
+
+def _timeless(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _timeless(item) for key, item in value.items() if key not in WHEN}
+    if isinstance(value, list):
+        return [_timeless(item) for item in value]
+    return value
 
 
 def fencing_token(deployment: Deployment, dataset: str) -> int:
