@@ -30,7 +30,7 @@ fact's target and names it in the fact instead, as small models do.
 A chat request with `stream` true is answered as server-sent events, as OpenAI's are: a first
 part with the role, the text (in parts of one token, four characters, when `token_ms` is set), a
 last part with the finish reason, the tokens billed when `stream_options.include_usage` asks,
-then `[DONE]`.
+then `[DONE]`. With `streams` false, it is answered in one piece instead, as some proxies do.
 
 `serial` makes it behave like a model server on one CPU (llama-cpp-python's, Ollama's with one
 slot): one chat request is answered at a time and the others wait their turn, in no set order;
@@ -125,6 +125,7 @@ class Simulator:
     token_ms: float = 0.0
     ping_s: float = 15.0
     interrupts: bool = False
+    streams: bool = True
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -746,7 +747,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif fault is Fault.TIMEOUT:
                 simulator.pause(simulator.stall_s)
                 self._send_error(504, "simulated timeout", "timeout")
-            elif body is not None and body.get("stream"):
+            elif body is not None and body.get("stream") and simulator.streams:
                 simulator.bill(reply)
                 self._send_stream(reply.malformed_reply() if fault is Fault.MALFORMED else reply, body)
             else:
@@ -757,7 +758,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Answer as a model server on a CPU does: in turn when serial, `latency_ms` to the first
         token, `token_ms` a token after it (faults are not drawn)."""
         simulator = self.server.simulator
-        if not body.get("stream"):
+        if not (body.get("stream") and simulator.streams):
             with simulator.turn(lambda: None):
                 simulator.pause((simulator.latency_ms + simulator.token_ms * reply.completion_tokens) / 1000)
                 simulator.bill(reply)
@@ -775,7 +776,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if index > 0 and simulator.interrupted():
                     break  # ended early, with no finish reason: another request waits
                 self._write_event(event)
-            simulator.bill(reply)
+            else:
+                simulator.bill(reply)
         self._end_stream()
 
     def _send_stream(self, reply: _Reply, body: JSON) -> None:
@@ -855,6 +857,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--token-ms", type=float, default=0.0, help="milliseconds a completion token")
     parser.add_argument(
         "--ping-s", type=float, default=15.0, help="comment lines to a stream waiting its turn"
+    )
+    parser.add_argument(
+        "--no-streams", dest="streams", action="store_false", help="answer a stream request in one piece"
     )
     parser.add_argument(
         "--interrupts", action="store_true", help="end a stream early when another request waits (serial)"

@@ -577,6 +577,10 @@ class _Answer:
     first_token_s: float | None = None
 
 
+class _BrokenOff(_Retry):
+    """The server ended an answer before its finish: it gave the request up, for another perhaps."""
+
+
 class _ChatCaller:
     """The retry layer around single chat.completions requests, with usage counts."""
 
@@ -703,42 +707,13 @@ class _ChatCaller:
                 stream_options=_WITH_USAGE,
                 timeout=idle_s,  # each of connect, write and every read: no byte for this long
             )
-            self._hear(heard)
             answer = self._read(stream, heard, sent, left_s)
-        except openai.APIStatusError as exc:
+        except (openai.APIError, _Retry) as exc:
             self._record_answered(attempt, 0, 0)  # not answered: nothing billed
-            self.breaker.succeeded()  # it answered: the endpoint is there
-            self._count(rate_limited=int(exc.status_code == 429))
-            self._note_rate_limit(exc)
-            if exc.status_code in (429, 503):
-                self._observe(turn, Outcome.DROPPED)
-            raise _status_failure(exc, self._secrets, response_format is not None) from exc
-        except openai.APITimeoutError as exc:
-            self._record_answered(attempt, 0, 0)  # not answered: nothing billed
-            self._observe(turn, Outcome.STALLED)
-            with self._lock:
-                busy = self._heard > heard.own  # another request was answered meanwhile
-            if not busy:
-                self.breaker.failed(f"no answer within {idle_s:g} s")
-            why = "while the server answered others" if busy else "from the server"
-            raise _Retry(f"request timed out: no byte for {idle_s:g} s {why}", transient=True) from exc
-        except openai.APIConnectionError as exc:
-            self._record_answered(attempt, 0, 0)  # not answered: nothing billed
-            cause = f"connection failed: {self._safe(str(exc))}"
-            if heard.parts:
-                # It was answering: the server broke the answer off, it is not away.
-                self._observe(turn, Outcome.DROPPED)
-                raise _Retry(f"the answer was broken off: {self._safe(str(exc))}", transient=True) from exc
-            self.breaker.failed(cause)
-            raise _Retry(cause, transient=True) from exc
-        except openai.APIError as exc:  # an error sent inside the stream
-            self._record_answered(attempt, 0, 0)
-            self.breaker.succeeded()
-            raise _Retry(f"the server failed its answer: {self._safe(exc.message)}", transient=True) from exc
-        except _Retry:
-            self._record_answered(attempt, 0, 0)
-            self.breaker.succeeded()  # it was answering: the endpoint is there
-            raise
+            failure = self._failure(exc, turn, heard, idle_s, response_format is not None)
+            if failure is exc:
+                raise
+            raise failure from exc
         self.breaker.succeeded()
         self._observe(turn, Outcome.ANSWERED, answer.first_token_s)
         with self._lock:
@@ -748,6 +723,40 @@ class _ChatCaller:
         self._count(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
         self._record_answered(attempt, usage.prompt_tokens, usage.completion_tokens)
         return replace(answer, usage=usage)
+
+    def _failure(
+        self, exc: openai.APIError | _Retry, turn: Turn, heard: _Heard, idle_s: float, asked_format: bool
+    ) -> Exception:
+        """What a failed request means, told to the breaker and the window: the exception to raise."""
+        if isinstance(exc, openai.APIStatusError):
+            self.breaker.succeeded()  # it answered: the endpoint is there
+            self._count(rate_limited=int(exc.status_code == 429))
+            self._note_rate_limit(exc)
+            if exc.status_code in (429, 503):
+                self._observe(turn, Outcome.DROPPED)
+            return _status_failure(exc, self._secrets, asked_format)
+        if isinstance(exc, openai.APITimeoutError):
+            self._observe(turn, Outcome.STALLED)
+            with self._lock:
+                busy = self._heard > heard.own  # another request was answered meanwhile
+            if not busy:
+                self.breaker.failed(f"no answer within {idle_s:g} s")
+            why = "while the server answered others" if busy else "from the server"
+            return _Retry(f"request timed out: no byte for {idle_s:g} s {why}", transient=True)
+        if isinstance(exc, openai.APIConnectionError) and not heard.parts:
+            cause = f"connection failed: {self._safe(str(exc))}"
+            self.breaker.failed(cause)
+            return _Retry(cause, transient=True)
+        # It was answering: the endpoint is there, and broke the answer off or failed it.
+        self.breaker.succeeded()
+        if isinstance(exc, openai.APIConnectionError):
+            self._observe(turn, Outcome.DROPPED)
+            return _Retry(f"the answer was broken off: {self._safe(str(exc))}", transient=True)
+        if isinstance(exc, openai.APIError):  # an error sent inside the stream
+            return _Retry(f"the server failed its answer: {self._safe(exc.message)}", transient=True)
+        if isinstance(exc, _BrokenOff):
+            self._observe(turn, Outcome.DROPPED)
+        return exc
 
     def _read(
         self, stream: Stream[ChatCompletionChunk], heard: _Heard, sent: float, left_s: float
@@ -781,7 +790,7 @@ class _ChatCaller:
                     raise _Retry(f"still answering after {left_s:g} s, the call's deadline", transient=True)
         if finish is None:
             # llama-cpp-python's server ends a stream early when another request comes in.
-            raise _Retry(
+            raise _BrokenOff(
                 "the server ended its answer before it was done (busy with another?)", transient=True
             )
         return _Answer("".join(parts), "".join(refusal) or None, finish, usage, first)
