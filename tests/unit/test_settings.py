@@ -10,6 +10,7 @@ import pytest
 
 from kenning.pipeline.errors import ConfigError
 from kenning.workers.cli.main import run
+from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 
 # (environment, the variable the error must name, a word of what it accepts)
@@ -20,7 +21,7 @@ BAD_VALUES = [
     ({"KENNING_SCHEDULE": "hourly"}, "KENNING_SCHEDULE", "JSON"),
     ({"KENNING_METADATA_URL": "bogus://x"}, "KENNING_METADATA_URL", "postgresql"),
     ({"KENNING_METADATA_URL": "/tmp/kenning.db"}, "KENNING_METADATA_URL", "sqlite"),
-    ({"KENNING_HOME": "/proc/nope"}, "KENNING_HOME", "writable directory"),
+    ({"KENNING_HOME": "/proc/nope"}, "KENNING_HOME", "no kenning home"),
     ({"KENNING_GRAPH_BACKEND": "neo4j"}, "KENNING_GRAPH_BACKEND", "falkordb"),
     (
         {"KENNING_GRAPH_BACKEND": "falkordb", "KENNING_GRAPH_URL": "bolt://127.0.0.1:1"},
@@ -93,8 +94,25 @@ def test_good_settings_start(
     clean_environment.setenv("KENNING_READ_SCOPES", '["default/*", "shared/main"]')
     clean_environment.setenv("KENNING_LLM_URL", "http://127.0.0.1:9/v1")
     clean_environment.setenv("KENNING_GRAPH_URL", "sqlite:///graph.db")
-    assert run_cli(clean_environment, "status", "--json") == 0
-    assert '"datasets": []' in capsys.readouterr().out
+    with Kenning(load_settings()) as memory:  # a kenning home: status reads one, it makes none
+        memory.status()
+    code = run_cli(clean_environment, "status", "--json")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert '"datasets": []' in out
+
+
+def test_a_home_that_cannot_be_made_is_one_line_naming_the_variable(
+    clean_environment: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Given a KENNING_HOME where no directory can be made, and a command that makes a home
+    clean_environment.setenv("KENNING_HOME", "/proc/nope")
+    (tmp_path / "note.txt").write_text("a note")
+    code = run_cli(clean_environment, "add", str(tmp_path / "note.txt"))
+    # Then it stops with one line naming the variable and what it needs
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "KENNING_HOME" in err and "writable directory" in err, err
 
 
 def test_a_url_with_a_password_is_not_echoed(clean_environment: pytest.MonkeyPatch) -> None:
