@@ -39,9 +39,11 @@ from kenning.pipeline.collection import CHUNKS
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
 from kenning.pipeline.ports import Embedder, VectorStore
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.currency import current_first
 from kenning.retrieval.fusion import Weight, known_lanes, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
 from kenning.retrieval.reference import best_first, by_feedback, feedback, first, relevance
+from kenning.retrieval.timeline import every_fact
 from kenning.retrieval.when import Asked, Span, anchored, asked, overlaps, timed, told, within
 
 TURNS = "ConversationTurn_text"
@@ -88,6 +90,11 @@ class ConversationConfig(BaseModel):
     )
     max_turns: int = Field(
         default=5000, ge=1, le=100_000, description="Turns read per query: their links and context scores"
+    )
+    current_first: bool = Field(
+        default=True,
+        description="Mark the messages whose facts on the question do not hold at the moment asked, rank "
+        "them last, and give the facts that hold instead first (kenning.retrieval.currency)",
     )
 
     @field_validator("weights")
@@ -299,7 +306,9 @@ class ConversationRetriever:
             hit.score = relevance(shares[item])
             hit.extra["fused"] = scores[item]
             hits.append(hit)
-        return hits
+        if not config.current_first:
+            return hits
+        return current_first(every_fact(ports.graph), scope, request.query, hits, request.as_of)
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
         return "\n\n".join(hit.text for hit in objects)

@@ -115,6 +115,14 @@ class FactsAt:
         self._inner.close()
 
 
+def every_fact(graph: GraphStore) -> GraphStore:
+    """The store under a view of the facts at a moment: every fact, retired ones too (the store
+    itself when it is no such view). A view may be of another: AUTO's searches read through both."""
+    while isinstance(graph, FactsAt):
+        graph = graph._inner
+    return graph
+
+
 class PointsAt:
     """A VectorStore whose fact collections give the facts holding at one moment."""
 

@@ -271,6 +271,15 @@ class Recollection(BaseModel):
     entry_id: str | None = None
     speaker: str = ""
     said_at: datetime | None = None
+    held: str = Field(
+        default="",
+        description="A remembered message whose facts on the question do not hold at the moment asked: "
+        "when they held ('2023-01-10 to 2024-05'); empty otherwise",
+    )
+    instead: list[str] = Field(
+        default_factory=list,
+        description="The facts that hold instead, with since when ('Ana moved to Berlin (since 2024-05)')",
+    )
 
 
 class Recalled(BaseModel):

@@ -279,7 +279,8 @@ def recalled_entry(query: str, graph: list[Recollection], context: str, datasets
 
 
 def graph_recollection(hit: Hit) -> Recollection:
-    """A search hit as recalled: a remembered message with its speaker and the time it was said."""
+    """A search hit as recalled: a remembered message with its speaker and the time it was said, and
+    when its facts held where they do not hold at the moment asked."""
     speaker, said_at = said_by(hit.text) if hit.kind == "chunk" else ("", None)
     return Recollection(
         source="graph",
@@ -292,4 +293,6 @@ def graph_recollection(hit: Hit) -> Recollection:
         chunk_id=hit.chunk_id,
         speaker=str(hit.extra.get("speaker") or speaker),
         said_at=said_at,
+        held=str(hit.extra.get("held") or "") if hit.kind == "chunk" else "",
+        instead=[str(fact) for fact in hit.extra.get("instead") or []],
     )

@@ -208,6 +208,9 @@ def recall_command(
     for number, hit in enumerate(recalled.results, 1):
         cited = hit.entry_id or hit.chunk_id or hit.data_id or ""
         click.echo(printable(f"{number:>2}. [{hit.score:.3f}] ({hit.source} {cited[:8]}) {hit.text[:300]}"))
+        if hit.held:
+            holding = "; ".join(hit.instead) or "nothing known"
+            click.echo(printable(f"    held {hit.held}; {'then' if as_of else 'now'}: {holding}"))
     if recalled.searched:
         click.echo(f"searched with {', '.join(recalled.searched)}")
     if recalled.notice:
