@@ -4,7 +4,8 @@ The page needs nothing from the network (its script and style are inline), so it
 and can be mailed or archived as one file. It has a search box that highlights matching entities
 and a panel that shows a clicked entity's description, relations and sources: the data items and
 chunks it was extracted from. Above `MAX_NODES` entities it draws the best connected ones, and
-says so.
+says so. Facts that change keep the periods they held (`kenning.pipeline.validity`): a time slider
+picks a day, and the facts that did not hold then (retired, or not yet true) are drawn dimmed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
@@ -19,6 +21,8 @@ from pydantic import BaseModel, Field
 
 from kenning.pipeline.errors import NotFound
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
+from kenning.pipeline.temporal import moment_start
+from kenning.pipeline.validity import PERIODS, held_phrase
 from kenning.workers.memory import Kenning
 
 MAX_NODES = 5000
@@ -55,6 +59,12 @@ class ViewLink(BaseModel):
     relationship: str
     description: str = ""
     chunk_id: str | None = None
+    periods: list[tuple[int, int | None]] = Field(
+        default_factory=list,
+        description="When the fact held: [from, to) in milliseconds since the epoch, to None while it holds; "
+        "none for a relation with no time",
+    )
+    held: str = Field(default="", description="When it held, as a context says it: '2023-01-10 to 2024-05'")
 
 
 class Citation(BaseModel):
@@ -78,6 +88,7 @@ class GraphView(BaseModel):
     types: dict[str, str] = Field(
         default_factory=dict, description="Every type of the dataset's entities, drawn or not -> its colour"
     )
+    now: int = Field(default=0, description="When the view was made, in milliseconds since the epoch")
 
     @property
     def sampled(self) -> bool:
@@ -90,9 +101,11 @@ def graph_view(
     edges: Sequence[GraphEdge],
     items: Mapping[str, str] | None = None,
     max_nodes: int = MAX_NODES,
+    now: datetime | None = None,
 ) -> GraphView:
     """The view of an exported graph: its `Entity` nodes and the relations among them, the
-    best connected `max_nodes` entities when there are more; `items` names the data items."""
+    best connected `max_nodes` entities when there are more; `items` names the data items; `now`
+    (default: the clock's) is where the page's time slider starts."""
     entities = {node.id: node for node in nodes if node.type == ENTITY}
     relations = [
         e
@@ -123,6 +136,7 @@ def graph_view(
         total_nodes=len(entities),
         total_links=len(relations),
         types=type_colours(type_name(node) for node in entities.values()),
+        now=_ms(now or datetime.now(UTC)),
     )
 
 
@@ -161,6 +175,7 @@ def payload(view: GraphView) -> dict[str, Any]:
     chunk_at = {c: n for n, c in enumerate(chunk_ids)}
     node_at = {node.id: n for n, node in enumerate(view.nodes)}
     return {
+        "timeline": timeline(view),
         "tenant": view.tenant,
         "dataset": view.dataset,
         "total": {"nodes": view.total_nodes, "links": view.total_links},
@@ -183,12 +198,29 @@ def payload(view: GraphView) -> dict[str, Any]:
             }
             for node in view.nodes
         ],
-        "links": [
-            [node_at[link.source], node_at[link.target], link.relationship, link.description]
-            + ([chunk_at[link.chunk_id]] if link.chunk_id in chunk_at else [])
-            for link in view.links
-        ],
+        "links": [_link_row(link, node_at, chunk_at) for link in view.links],
     }
+
+
+def _link_row(link: ViewLink, node_at: Mapping[str, int], chunk_at: Mapping[str, int]) -> list[Any]:
+    """[source, target, relationship, description, chunk?, periods, held]: the last two (and the
+    chunk, null when none) only for a fact with periods."""
+    row: list[Any] = [node_at[link.source], node_at[link.target], link.relationship, link.description]
+    chunk = chunk_at.get(link.chunk_id) if link.chunk_id else None
+    if link.periods:
+        return [*row, chunk, [list(period) for period in link.periods], link.held]
+    return row + ([chunk] if chunk is not None else [])
+
+
+def timeline(view: GraphView) -> dict[str, int] | None:
+    """The span the time slider covers, in milliseconds since the epoch: from the first bound of a
+    drawn fact to now (or its last bound, if later); None when no drawn fact has a period."""
+    bounds = [
+        bound for link in view.links for period in link.periods for bound in period if bound is not None
+    ]
+    if not bounds:
+        return None
+    return {"start": min(bounds), "end": max([*bounds, view.now]), "now": view.now}
 
 
 def script_json(value: object) -> str:
@@ -236,7 +268,26 @@ def _link(edge: GraphEdge) -> ViewLink:
         relationship=edge.relationship,
         description=_clip(str(edge.properties.get("description") or ""), DESCRIPTION_CHARS),
         chunk_id=str(chunk_id) if chunk_id else None,
+        periods=_periods(edge.properties.get(PERIODS)),
+        held=held_phrase(edge.properties).strip("()"),
     )
+
+
+def _periods(held: object) -> list[tuple[int, int | None]]:
+    """A fact's periods as [from, to) in milliseconds since the epoch; none if it has no valid ones."""
+    if not isinstance(held, list):
+        return []
+    try:
+        return [
+            (_ms(moment_start(str(p["from"]))), _ms(moment_start(str(p["to"]))) if p.get("to") else None)
+            for p in held
+        ]
+    except (KeyError, TypeError, ValueError):
+        return []
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
 
 
 def _citations(edges: Iterable[GraphEdge], entities: Mapping[str, GraphNode]) -> dict[str, list[str]]:
