@@ -33,14 +33,15 @@ last part with the finish reason, the tokens billed when `stream_options.include
 then `[DONE]`. With `streams` false, it is answered in one piece instead, as some proxies do.
 
 `serial` makes it behave like a model server on one CPU (llama-cpp-python's, Ollama's with one
-slot): one chat request is answered at a time and the others wait their turn, in no set order;
-each takes `latency_ms` to its first token and `token_ms` per token after it. A streamed request
-waiting its turn gets its headers at once and a comment line every `ping_s` (as
-llama-cpp-python's server sends); a request not streamed gets nothing until its answer, and its
-answer is made in full even when its client has gone (as that server does). A streamed answer
-stops when its client goes. With `interrupts` as well, a streamed answer is ended early (`[DONE]`
-with no finish reason) as soon as another request waits for its turn, as llama-cpp-python's
-server does by default (`interrupt_requests`).
+slot): one chat request is answered at a time and the others wait their turn, in the order they
+came; each takes `latency_ms` to its first token and `token_ms` per token after it. A streamed
+request waiting its turn gets its headers at once and a comment line every `ping_s` (as
+llama-cpp-python's server sends), and its answer stops when its client goes. A request not
+streamed gets nothing until its answer; one whose client went while it waited is skipped, but
+one begun is answered in full even when its client has gone (as that server does). With
+`interrupts` as well, a streamed answer is ended early (`[DONE]` with no finish reason) as soon
+as another request waits for its turn, as llama-cpp-python's server does by default
+(`interrupt_requests`).
 
 `/stats` answers `calls` (per endpoint), `prompt_tokens`, `completion_tokens`,
 `rate_limited`, `server_errors`, `timeouts`, `malformed`, `refused`, `held` (never answered:
@@ -58,6 +59,7 @@ import json
 import math
 import random
 import re
+import select
 import signal
 import socket
 import struct
@@ -131,8 +133,10 @@ class Simulator:
         check_options(self)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._turn = threading.Lock()  # the one chat request being answered, when serial
-        self._waiting = 0  # chat requests waiting for their turn, when serial
+        # When serial: whether a chat request is being answered, and those waiting, in order.
+        self._turns = threading.Condition()
+        self._answering = False
+        self._queue: deque[object] = deque()
         self._window = _Window(self.rpm, self.tpm, self.window_s)
         self._stats = _Stats()
         self._random = random.Random(self.seed)
@@ -275,35 +279,48 @@ class Simulator:
     @contextmanager
     def turn(self, waiting: Callable[[], None]) -> Iterator[None]:
         """Hold the one turn to answer a chat request while the block runs, when serial (at once
-        otherwise); call `waiting` every `ping_s` seconds until it comes. OSError from `waiting`
-        (the client went) ends the wait."""
+        otherwise), turns given in the order they were asked for; call `waiting` every `ping_s`
+        seconds until it comes. OSError from `waiting` (the client went) ends the wait."""
         if not self.serial:
             yield
             return
-        with self._lock:
-            self._waiting += 1
+        ticket = object()
+        with self._turns:
+            self._queue.append(ticket)
         try:
             pinged = time.monotonic()
-            while not self._turn.acquire(timeout=0.05):
+            while not self._take_turn(ticket):
                 if self._stopping.is_set():
                     raise OSError("the simulator stopped")
                 if self.ping_s and time.monotonic() - pinged >= self.ping_s:
                     waiting()
                     pinged = time.monotonic()
-        finally:
-            with self._lock:
-                self._waiting -= 1
+        except BaseException:
+            with self._turns:
+                self._queue.remove(ticket)
+                self._turns.notify_all()
+            raise
         try:
             yield
         finally:
-            self._turn.release()
+            with self._turns:
+                self._answering = False
+                self._turns.notify_all()
+
+    def _take_turn(self, ticket: object) -> bool:
+        with self._turns:
+            if not self._turns.wait_for(lambda: not self._answering and self._queue[0] is ticket, 0.05):
+                return False
+            self._queue.popleft()
+            self._answering = True
+            return True
 
     def interrupted(self) -> bool:
         """Whether a streamed answer ends here, early: another request waits for its turn."""
         if not (self.serial and self.interrupts):
             return False
-        with self._lock:
-            waiting = self._waiting > 0
+        with self._turns:
+            waiting = bool(self._queue)
         if waiting:
             self._stats.add("interrupted")
         return waiting
@@ -760,6 +777,8 @@ class _Handler(BaseHTTPRequestHandler):
         simulator = self.server.simulator
         if not (body.get("stream") and simulator.streams):
             with simulator.turn(lambda: None):
+                if self._client_gone():
+                    return  # gone while it waited: not answered (a request begun is answered in full)
                 simulator.pause((simulator.latency_ms + simulator.token_ms * reply.completion_tokens) / 1000)
                 simulator.bill(reply)
             self._send_json(200, reply.body)  # its client may be gone: the answer was made anyway
@@ -779,6 +798,16 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 simulator.bill(reply)
         self._end_stream()
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection (it has nothing more to send on it)."""
+        ready, _, _ = select.select([self.connection], [], [], 0)
+        if not ready:
+            return False
+        try:
+            return bool(self.connection.recv(1, socket.MSG_PEEK) == b"")
+        except OSError:
+            return True
 
     def _send_stream(self, reply: _Reply, body: JSON) -> None:
         usage = bool((body.get("stream_options") or {}).get("include_usage"))

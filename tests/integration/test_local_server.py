@@ -1,12 +1,14 @@
 """kenning's defaults against a model server on one CPU, as people run one on a laptop.
 
 The simulator in its `serial` mode behaves like llama-cpp-python's server with a small model on a
-CPU: one request answered at a time, the others waiting their turn; about a minute to a reply,
-streamed a token at a time; a stream ended early when another request comes in; `json_schema`
-refused. Nothing is set but the URL and the model (and hashed embeddings, which call no server).
-Each reply takes longer than half of KENNING_LLM_TIMEOUT_S (60 s): with every extraction sent at
-once and each request timed as a whole, the third waits past the timeout, is retried behind
-the answers abandoned before it, and the timeouts open the breaker.
+CPU: one request answered at a time, the others waiting their turn in order; replies streamed a
+token at a time, the long one taking more than a minute; a stream ended early when another
+request comes in; `json_schema` refused. Nothing is set but the URL and the model (and hashed
+embeddings, which call no server).
+
+With every extraction sent at once and each request timed as a whole (60 s, the default), the
+long reply times out even alone; its retry waits behind the answer it abandoned, which the
+server finishes anyway, and times out again, until the breaker opens or the call's deadline ends.
 """
 
 from __future__ import annotations
@@ -24,22 +26,22 @@ from tests.simulator import Simulator, estimate_tokens
 pytestmark = pytest.mark.slow
 
 MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m"
-NOTES = [
-    "Elinor Vance founded the Harrow Point keepers guild in 1871 with her father Samuel Vance.",
-    "The Osprey ran aground near Harrow Point in 1889; divers recovered its porcelain in 1890.",
+LONG = (
+    "Elinor Vance founded the Harrow Point keepers guild in 1871 with her father Samuel Vance. "
     "Thomas Reed fitted a paraffin lamp at Harrow Point Lighthouse in 1868 for the Northern "
-    "Lighthouse Board.",
-]
-# Seconds the shortest reply streams (the others 20% and 40% longer): two of them are more than
-# the default request timeout of 60 s.
-REPLY_S = 31.0
+    "Lighthouse Board. The Osprey, a ship of the Blackwall Line, ran aground near Harrow Point in "
+    "1889. Divers from Portsmouth recovered the porcelain of the Osprey near Harrow Point in 1890. "
+    "Margaret Hale kept the logbook of the Harrow Point Lighthouse from 1902 to 1931."
+)
+NOTES = [LONG, "Ada Lovelace met Charles Babbage in London.", "The Marigold sank off Harrow Point in 1911."]
+# Seconds the long reply streams: more than the default request timeout of 60 s (the short ones
+# take about six seconds).
+LONG_REPLY_S = 66.0
 
 
 def token_ms() -> float:
-    """Milliseconds a token such that the shortest extraction reply takes `REPLY_S`."""
-    extractor = OfflineExtractor()
-    tokens = min(estimate_tokens(extractor.extract(note).model_dump_json()) for note in NOTES)
-    return REPLY_S * 1000 / tokens
+    """Milliseconds a token such that the long extraction's reply takes `LONG_REPLY_S`."""
+    return LONG_REPLY_S * 1000 / estimate_tokens(OfflineExtractor().extract(LONG).model_dump_json())
 
 
 def test_every_chunk_is_extracted_from_a_one_request_at_a_time_server_with_the_defaults(
@@ -60,17 +62,15 @@ def test_every_chunk_is_extracted_from_a_one_request_at_a_time_server_with_the_d
             [status] = memory.status("harbour")
             breaker = llm_breaker(memory)
             extractor = memory.wiring.extractor
-        stats = simulator.stats()
 
     # Then every chunk was extracted, nothing failed, and the breaker stayed closed
     assert run.status.value == "completed", (run.error, status["failed_chunks"])
     assert run.stats["failed_chunks"] == 0 and run.stats["extractions"] == len(NOTES), run.stats
     assert breaker is None or breaker["breaker"] == "closed", breaker
-    # And the server was asked one request at a time, once it was seen to take no more
+    # And the server is asked one request at a time, since it was seen to take no more
     window = extractor.window  # type: ignore[attr-defined]
     assert window.limit == 1 and window.ceiling == 1
-    assert stats["max_in_flight"] <= 2, stats
     # And the graph holds what the notes say
     with Kenning(settings) as memory:
         nodes, _ = memory.wiring.graph.export(memory.scope("harbour"))
-    assert {"Elinor Vance", "Osprey"} <= {node.properties.get("name") for node in nodes}
+    assert {"Elinor Vance", "Osprey", "Marigold"} <= {node.properties.get("name") for node in nodes}
