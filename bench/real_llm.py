@@ -3,9 +3,9 @@
     bash scripts/real_llm.sh start && python -m bench.real_llm [--questions 10]
 
 The endpoint is KENNING_REAL_LLM_URL (an OpenAI-compatible /v1 URL, model KENNING_REAL_LLM_MODEL)
-or else the server scripts/real_llm.sh started. Every other setting is kenning's default but the
-pace of that one-request-at-a-time CPU server: one extraction in flight and a 900 s request
-timeout (KENNING_REAL_LLM_TIMEOUT_S). Two sets, each cognified in a fresh embedded home:
+or else the server scripts/real_llm.sh started. Every other setting is kenning's default: it
+paces that one-request-at-a-time CPU server by itself (docs/real-llm.md). Two sets, each
+cognified in a fresh embedded home:
 
 - `samples`: the bundled sample corpus (`kenning samples`) and the three demo questions;
 - `hotpot`: the first N questions of ../shared/data/cognee_hotpot (hotpot_50) with their own

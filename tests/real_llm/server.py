@@ -43,13 +43,7 @@ def real_llm_model() -> str:
 
 
 def real_llm_overrides(url: str) -> dict[str, object]:
-    """Settings for the real server: the defaults but its endpoint and model, and its pace. The
-    local server answers one request at a time on a CPU, minutes for an extraction: requests in
-    parallel would only queue there, each timing out (60 s by default) while it waits."""
-    return {
-        "llm_url": url,
-        "llm_model": real_llm_model(),
-        "llm_timeout_s": float(os.environ.get("KENNING_REAL_LLM_TIMEOUT_S", 900)),
-        "llm_deadline_s": float(os.environ.get("KENNING_REAL_LLM_TIMEOUT_S", 900)) * 2,
-        "concurrency": 1,
-    }
+    """Settings for the real server: the defaults but its endpoint and model. kenning paces a
+    server that answers one request at a time by itself (streamed answers, calls in flight
+    learnt from the server: docs/real-llm.md)."""
+    return {"llm_url": url, "llm_model": real_llm_model()}
