@@ -12,7 +12,7 @@ from kenning.retrieval.choice import AutoRetriever
 from kenning.retrieval.chunks import ChunksRetriever
 from kenning.retrieval.chunks_lexical import ChunksLexicalRetriever
 from kenning.retrieval.coding_rules import CodingRulesRetriever
-from kenning.retrieval.contract import Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
+from kenning.retrieval.contract import Hit, Retriever, SearchPorts, SearchRequest, SearchResult, SearchType
 from kenning.retrieval.conversation import ConversationRetriever
 from kenning.retrieval.cypher import CypherRetriever, NaturalLanguageRetriever
 from kenning.retrieval.graph_completion import GraphCompletionRetriever
@@ -25,6 +25,7 @@ from kenning.retrieval.graph_variants import (
 )
 from kenning.retrieval.hybrid_completion import HybridCompletionRetriever
 from kenning.retrieval.rag_completion import RagCompletionRetriever
+from kenning.retrieval.reference import best_first
 from kenning.retrieval.router import AgenticRetriever, FeelingLuckyRetriever
 from kenning.retrieval.summaries import SummariesRetriever
 from kenning.retrieval.temporal import TemporalRetriever
@@ -97,6 +98,16 @@ class WithHistory:
         return HistoryCompleter(self.ports.completer, self.history)
 
 
+# Rows of a query, in the query's own order and number (KENNING_CYPHER_MAX_ROWS bounds them).
+ROWS = frozenset({SearchType.CYPHER, SearchType.NATURAL_LANGUAGE})
+
+
+def shown(request: SearchRequest, objects: list[Hit]) -> list[Hit]:
+    """The results a search gives: its `top_k` best, whatever the type (a search of several rounds
+    reads more for its context, and gives the best of them); a query's rows as they are."""
+    return objects if request.type in ROWS else best_first(objects, request.top_k)
+
+
 def search(ports: SearchPorts, request: SearchRequest) -> SearchResult:
     """Run the request's retriever: objects, then context, then (unless only_context) an answer.
 
@@ -108,7 +119,11 @@ def search(ports: SearchPorts, request: SearchRequest) -> SearchResult:
     context = retriever.get_context_from_objects(request, objects)
     searched = retriever.searched if isinstance(retriever, AutoRetriever) else [request.type]
     result = SearchResult(
-        query=request.query, type=request.type, searched=searched, results=objects, context=context
+        query=request.query,
+        type=request.type,
+        searched=searched,
+        results=shown(request, objects),
+        context=context,
     )
     if request.only_context:
         return result

@@ -248,10 +248,10 @@ class CancelIn(Strict):
 
 
 TOP_K = (
-    "How many results at most, for every search type but these: GRAPH_COMPLETION_COT, "
-    "GRAPH_COMPLETION_CONTEXT_EXTENSION and GRAPH_COMPLETION_DECOMPOSITION give the union of one "
-    "search per round or sub-question, top_k results each; AGENTIC_COMPLETION, the union of its "
-    "steps' searches, 5 results each. The graph completion types give at most 15 results"
+    "How many results at most, for every search type: a search of several rounds, sub-questions "
+    "or steps (GRAPH_COMPLETION_COT, _CONTEXT_EXTENSION, _DECOMPOSITION, AGENTIC_COMPLETION) reads "
+    "more for its context and gives its top_k best. The graph completion types give at most 15; "
+    "CYPHER and NATURAL_LANGUAGE give the query's rows (at most KENNING_CYPHER_MAX_ROWS)"
 )
 
 
