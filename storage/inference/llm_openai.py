@@ -767,7 +767,10 @@ class _ChatCaller:
         with stream:
             if "json" in stream.response.headers.get("content-type", ""):
                 stream.response.read()
-                return _whole_answer(ChatCompletion.model_validate(stream.response.json()))
+                try:
+                    return _whole_answer(ChatCompletion.model_validate(stream.response.json()))
+                except ValueError as exc:  # not JSON, or not a chat completion
+                    raise _Retry(f"the answer was not usable: {_describe(exc)}", transient=False) from exc
             parts: list[str] = []
             refusal: list[str] = []
             finish: str | None = None
