@@ -20,9 +20,9 @@ Two rules bound the calls in flight, and the lower one holds:
   The signs of saturation are: a call answered after a wait for its first token far above the
   least seen (`QUEUE_FACTOR` times it plus `QUEUE_MARGIN_S`: it queued behind the others in
   flight, as Vegas reads a round trip above the base one); a call the server gave up on for
-  another (a stream ended before its finish, a 429 or 503); a call silent past its timeout while
-  another call to the same server was answering (the server is busy, not dead). Several calls
-  of one episode report it: only the first, and those sent after the cut, cut again.
+  another (a stream ended before its finish, a 429 or 503); a call silent past its timeout (a
+  busy server, or a dead one, which the circuit breaker tells apart). Several calls of one
+  episode report it: only the first, and those sent after the cut, cut again.
 
   Why AIMD with a delay signal rather than either alone: loss alone (timeouts) comes minutes late
   from a server that queues quietly, and costs a whole call each time; delay alone cannot tell a
@@ -87,7 +87,7 @@ class Outcome(enum.Enum):
     # The server gave the call up for another, or said it is too busy (a stream ended before its
     # finish, 429, 503).
     DROPPED = "dropped"
-    # No byte within the call's timeout, while another call to the server was answering.
+    # No byte within the call's timeout.
     STALLED = "stalled"
 
 
