@@ -334,6 +334,11 @@ class Simulator:
         self._stats.add("completion_tokens", reply.completion_tokens)
 
 
+# A test's way to start simulators with options, each stopped when the test ends (the
+# `start_simulator` fixture).
+StartSimulator = Callable[..., Simulator]
+
+
 def check_options(simulator: Simulator) -> None:
     rates = (simulator.error_rate, simulator.timeout_rate, simulator.malformed_rate)
     if any(not 0.0 <= rate <= 1.0 for rate in rates) or sum(rates) > 1.0:

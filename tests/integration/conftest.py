@@ -1,14 +1,16 @@
-"""Fixtures of the integration tests: a distributed deployment and its workers."""
+"""Fixtures of the integration tests: a distributed deployment and its workers, LLM simulators."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, settings_of
+from tests.simulator import Simulator, StartSimulator
 
 
 @pytest.fixture
@@ -44,3 +46,19 @@ def workers(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def start_simulator() -> Iterator[StartSimulator]:
+    """Starts simulators with the options given; stops them all when the test ends."""
+    started: list[Simulator] = []
+
+    def start(**options: Any) -> Simulator:
+        simulator = Simulator(**options)
+        simulator.start()
+        started.append(simulator)
+        return simulator
+
+    yield start
+    for simulator in started:
+        simulator.stop()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
 from contextlib import closing
 from typing import Any
 
@@ -17,7 +16,7 @@ from kenning.pipeline.models import Extraction
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.storage.inference.llm_openai import LLMConfig, OpenAIExtractor, split_in_two, tolerant_extraction
 from kenning.storage.metadata.memory import MemoryOutputRungs
-from tests.simulator import _MALFORMED_CONTENT, Simulator
+from tests.simulator import _MALFORMED_CONTENT, Simulator, StartSimulator
 
 TEXT = (
     "Ada Lovelace worked with Charles Babbage in London. "
@@ -28,23 +27,6 @@ LONG = (
     "at Harrow Point for thirty years.\n\nThe Marigold ran aground near Gull Rock in 1931. Thomas Reed "
     "rowed out from Harrow Point with Martha Reed and brought the crew of the Marigold ashore."
 )
-
-StartSimulator = Callable[..., Simulator]
-
-
-@pytest.fixture
-def start_simulator() -> Iterator[StartSimulator]:
-    started: list[Simulator] = []
-
-    def start(**options: Any) -> Simulator:
-        simulator = Simulator(**options)
-        simulator.start()
-        started.append(simulator)
-        return simulator
-
-    yield start
-    for simulator in started:
-        simulator.stop()
 
 
 def config_for(simulator: Simulator, **overrides: Any) -> LLMConfig:

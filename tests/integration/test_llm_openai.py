@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import urllib.request
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any
@@ -25,29 +24,12 @@ from kenning.storage.inference.llm_openai import (
     unwrap_chunk,
     wrap_chunk,
 )
-from tests.simulator import EMBEDDING_DIMENSION, Simulator
+from tests.simulator import EMBEDDING_DIMENSION, Simulator, StartSimulator
 
 TEXT = (
     "Ada Lovelace worked with Charles Babbage in London. "
     "She published her notes on the Analytical Engine in 1843."
 )
-
-StartSimulator = Callable[..., Simulator]
-
-
-@pytest.fixture
-def start_simulator() -> Iterator[StartSimulator]:
-    started: list[Simulator] = []
-
-    def start(**options: Any) -> Simulator:
-        simulator = Simulator(**options)
-        simulator.start()
-        started.append(simulator)
-        return simulator
-
-    yield start
-    for simulator in started:
-        simulator.stop()
 
 
 def config_for(simulator: Simulator, **overrides: Any) -> LLMConfig:

@@ -3,36 +3,16 @@ asked no more than it takes at once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any
 
-import pytest
-
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.storage.inference.llm_openai import LLMConfig, OpenAIExtractor
-from tests.simulator import Simulator
+from tests.simulator import Simulator, StartSimulator
 
 TEXT = "Ada Lovelace worked with Charles Babbage in London. She published her notes in 1843."
 OTHER = "Grace Hopper worked at Harvard University in 1944 on the Mark I computer."
-
-StartSimulator = Callable[..., Simulator]
-
-
-@pytest.fixture
-def start_simulator() -> Iterator[StartSimulator]:
-    started: list[Simulator] = []
-
-    def start(**options: Any) -> Simulator:
-        simulator = Simulator(**options)
-        simulator.start()
-        started.append(simulator)
-        return simulator
-
-    yield start
-    for simulator in started:
-        simulator.stop()
 
 
 def extractor_for(simulator: Simulator, **overrides: Any) -> OpenAIExtractor:
