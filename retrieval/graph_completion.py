@@ -5,7 +5,9 @@ closest to it and its closest chunks, see retrieval.graph_ppr). From each of the
 come the facts extracted from it, closest to the question first (by their triplets' vectors);
 they are taken in rounds, one per chunk at a time, so the context covers many chunks. Only
 facts between entities are given: the pipeline's own edges (a chunk `contains` an entity,
-`is_part_of` a document, an entity `is_a` type...) are structure, not knowledge.
+`is_part_of` a document, an entity `is_a` type...) are structure, not knowledge. A chunk the
+walk ranks among the best that holds no fact (a message that joins no two names) takes its
+turn with its own text, once.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.linking import document_title
 from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
-from kenning.pipeline.validity import held_phrase
+from kenning.pipeline.validity import held_phrase, holds
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
-from kenning.retrieval.reference import best_first, chunk_nodes, first
+from kenning.retrieval.reference import best_first, chunk_hit, chunk_nodes, first
+from kenning.retrieval.timeline import every_fact
 
 TOP_EDGES = 15
 NODE_TEXT_CHARS = 300
@@ -36,6 +39,8 @@ class Fragment:
 
     nodes: dict[str, GraphNode] = field(default_factory=dict)
     edges: dict[str, GraphEdge] = field(default_factory=dict)
+    # Chunks some fact was extracted from, whether it holds at the moment searched or not.
+    told: set[str] = field(default_factory=set)
 
 
 def is_fact(edge: GraphEdge) -> bool:
@@ -45,20 +50,21 @@ def is_fact(edge: GraphEdge) -> bool:
 
 def in_rounds(
     fragment: Fragment, chunks: Sequence[str], ended: Walk, closeness: Mapping[str, float]
-) -> list[tuple[GraphEdge, float]]:
-    """Each chunk's facts in order (`chunk_facts`), taken in rounds: the first fact of every chunk
-    in walk order, then the second... The score is the round plus the chunk's place over the
-    number of chunks: lower is closer."""
+) -> list[tuple[GraphEdge | str, float]]:
+    """Each chunk's facts in order (`chunk_facts`), or its id alone where none was ever extracted
+    from it (its text takes its turn: a chunk whose facts no longer hold gives nothing), taken in
+    rounds: the first of every chunk in walk order, then the second... The score is the round
+    plus the chunk's place over the number of chunks: lower is closer."""
     owned: dict[str, list[GraphEdge]] = {chunk: [] for chunk in chunks}
     for edge in fragment.edges.values():
         owner = _chunk_of(edge)
         if owner in owned and is_fact(edge):
             owned[owner].append(edge)
-    found = [
-        (edge, turn + place / len(chunks))
-        for place, chunk in enumerate(chunks)
-        for turn, edge in enumerate(chunk_facts(owned[chunk], ended, closeness))
-    ]
+    found: list[tuple[GraphEdge | str, float]] = []
+    for place, chunk in enumerate(chunks):
+        turns: list[GraphEdge | str] = [*chunk_facts(owned[chunk], ended, closeness)]
+        turns = turns or ([] if chunk in fragment.told else [chunk])
+        found += [(item, turn + place / len(chunks)) for turn, item in enumerate(turns)]
     return sorted(found, key=lambda item: item[1])
 
 
@@ -97,18 +103,20 @@ class GraphCompletionRetriever:
         for scope in request.scopes:
             ended = walk(self._ports, scope, request.query, config, vector)
             chunks = [entry.chunk_id for entry in ended.ranked[: min(request.top_k, top)]]
-            fragment = self._project(scope, chunks)
+            fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
             ranked = in_rounds(fragment, chunks, ended, closeness)[:top]
-            self._add_nodes(scope, fragment, chunks, [edge for edge, _ in ranked])
-            hits += [self._hit(scope, fragment, edge, score) for edge, score in ranked]
+            edges = [item for item, _ in ranked if isinstance(item, GraphEdge)]
+            self._add_nodes(scope, fragment, chunks, edges, passages=len(edges) < len(ranked))
+            hits += [hit for item, score in ranked if (hit := self._hit(scope, fragment, item, score))]
         return best_first(hits, min(top, request.top_k))
 
-    def _project(self, scope: Scope, chunks: list[str]) -> Fragment:
-        """The facts extracted from the chunks (between the entities they contain); no nodes."""
+    def _project(self, scope: Scope, chunks: list[str], as_of: str | None) -> Fragment:
+        """The facts extracted from the chunks (between the entities they contain) that hold at
+        `as_of` (now when None), and which chunks any fact came from; no nodes."""
         if not chunks:
             return Fragment()
-        graph, wanted = self._ports.graph, set(chunks)
+        graph, wanted = every_fact(self._ports.graph), set(chunks)
         touching = graph.edge_shapes(scope, chunks)
         entities = sorted(
             {
@@ -122,7 +130,8 @@ class GraphCompletionRetriever:
             for edge in (graph.get_edges(scope, entities, among=True, provenance=False) if entities else [])
             if is_fact(edge) and _chunk_of(edge) in wanted
         ]
-        return Fragment(edges={edge.id: edge for edge in facts})
+        held = {edge.id: edge for edge in facts if holds(edge.properties, as_of)}
+        return Fragment(edges=held, told={_chunk_of(edge) for edge in facts})
 
     def _closeness(self, scope: Scope, vector: Sequence[float], edge_ids: list[str]) -> dict[str, float]:
         """Each fact's cosine similarity to the question, by its triplet's stored vector; a fact
@@ -137,11 +146,13 @@ class GraphCompletionRetriever:
         stored = np.asarray([point.vector for point in points], dtype=np.float64)
         return dict(zip((point.id for point in points), (stored @ query).tolist(), strict=True))
 
-    def _add_nodes(self, scope: Scope, fragment: Fragment, chunks: list[str], edges: list[GraphEdge]) -> None:
+    def _add_nodes(
+        self, scope: Scope, fragment: Fragment, chunks: list[str], edges: list[GraphEdge], passages: bool
+    ) -> None:
         """The chunks and the ends of `edges`, read once the edges are ranked: the triplets name
         only the ends of the edges they keep. Only the chunks come with their data ids: a hit's
         data item is its chunk's."""
-        if not edges:
+        if not edges and not passages:
             return
         graph, wanted = self._ports.graph, set(chunks)
         ends = sorted({end for edge in edges for end in (edge.source_id, edge.target_id)} - wanted)
@@ -151,7 +162,12 @@ class GraphCompletionRetriever:
         ]
         fragment.nodes.update((node.id, node) for node in nodes)
 
-    def _hit(self, scope: Scope, fragment: Fragment, edge: GraphEdge, score: float) -> Hit:
+    def _hit(self, scope: Scope, fragment: Fragment, item: GraphEdge | str, score: float) -> Hit | None:
+        """A triplet's hit; a chunk's (its text) for a chunk id, unless the chunk is gone."""
+        if not isinstance(item, GraphEdge):
+            node = fragment.nodes.get(item)
+            return chunk_hit(scope, node, 1.0 / (1.0 + score)) if node is not None else None
+        edge = item
         chunk_id = _chunk_of(edge)
         chunk = fragment.nodes.get(chunk_id) if chunk_id else None
         document_id = chunk.properties.get("document_id") if chunk else None
@@ -171,7 +187,8 @@ class GraphCompletionRetriever:
         )
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
-        """One triplet a line, each followed by its source: `[document: title, chunk n]`."""
+        """One triplet (or a chunk's text) a line, each followed by its source: `[document: title,
+        chunk n]`."""
         labels = source_labels(self._ports.graph, request.scopes, objects)
         return "\n".join(with_source(hit.text, labels.get(hit.chunk_id or "", "")) for hit in objects)
 

@@ -1,8 +1,9 @@
 """GRAPH_PPR: chunks ranked by personalized PageRank over the entity-chunk graph (HippoRAG 2 style).
 
 The walk restarts at the question's entities (its names matched against Entity names, and
-each name's nearest Entity_name vectors), at the ends of the facts closest to the question
-(what it asks, beside the names it gives) and at the closest chunks by vector search. It runs
+each name's nearest Entity_name vectors) and at the closest chunks by vector search; with
+`fact_seeds`, at the ends of the facts closest to the question too (what it asks, beside the
+names it gives). It runs
 on a projected subgraph, never the whole graph: the `contains` edges between chunks and
 entities, and the facts between entities, a bounded number of hops around those seeds.
 Every step divides a node's score among all its edges in the whole graph, and an entity's
@@ -58,15 +59,18 @@ class WalkConfig(BaseModel):
         description="Restart weight of the chunk seeds in all, beside the entities' 1 (alone: all of it)",
     )
     fact_seeds: int = Field(
-        default=3, ge=0, le=200, description="Facts closest to the question whose ends the walk restarts at"
+        default=0,
+        ge=0,
+        le=200,
+        description="Facts closest to the question whose ends the walk restarts at where no name links",
     )
     fact_share: float = Field(
-        default=0.25,
+        default=0.0,
         ge=0.0,
         description="Restart weight of the facts' ends in all, beside the named entities' 1 (alone: all)",
     )
     entity_links: int = Field(default=3, ge=0, le=50, description="Entity_name hits per question name")
-    link_distance: float = Field(default=0.15, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
+    link_distance: float = Field(default=0.2, ge=0.0, le=2.0, description="Farthest Entity_name hit linked")
     hops: int = Field(default=2, ge=0, le=5, description="Hops around the seeds projected")
     max_edges: int = Field(default=4000, ge=1, le=100_000, description="Edges projected at most")
     max_degree: int = Field(default=100, ge=1, description="A node with more edges is not expanded")
@@ -152,8 +156,12 @@ def walk(
     chunk_seeds = {point.id: max(1.0 - point.score, 0.0) for point in chunk_points}
     linked = link_entities(ports, scope, embedded, config)
     entity_seeds = linked | {entity_id: 1.0 for entity_id in exact.values()}
-    fact_seeds = fact_ends(ports, scope, query_vector, config)
-    seeds = list(dict.fromkeys([*entity_seeds, *fact_seeds, *chunk_seeds]))
+    # With no share beside the names, the facts' ends seed only a question whose names link nothing.
+    beside = config.fact_share > 0 or not entity_seeds
+    fact_seeds = fact_ends(ports, scope, query_vector, config) if beside else {}
+    # Beside named entities, the facts' ends only restart the walk within the names' subgraph:
+    # projecting around them too left the names' own neighbourhood out of the edge budget.
+    seeds = list(dict.fromkeys([*(entity_seeds or fact_seeds), *chunk_seeds]))
     if not seeds:
         return Walk(ranked=[], scores={})
     projected = ports.graph.neighbourhood(

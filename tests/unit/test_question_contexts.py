@@ -9,17 +9,18 @@ pipeline's own structure (a chunk `contains` an entity, `is_part_of` a document.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.collection import TRIPLETS
 from kenning.pipeline.ingest import Source, add
-from kenning.pipeline.models import GraphEdge, Scope, VectorPoint
+from kenning.pipeline.models import GraphEdge, Scope, ScoredPoint, VectorPoint
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
 from kenning.retrieval.graph_completion import chunk_facts
-from kenning.retrieval.graph_ppr import Walk, restart_weights
+from kenning.retrieval.graph_ppr import Walk, WalkConfig, restart_weights, walk
 from kenning.retrieval.registry import search
 from kenning.storage.inference.embedder import LocalEmbedder
 from kenning.workers.cli.main import DEMO_QUESTIONS, SAMPLES
@@ -124,6 +125,31 @@ def test_with_search_default_results_the_lamp_question_gets_every_change_the_gra
     assert "the-lamp.md" in result.context.splitlines()[0]
 
 
+def test_the_walk_starts_at_the_closest_facts_where_the_question_names_no_entity(
+    samples: TwinServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a store that notes the collections searched
+    searched: list[str] = []
+    search_vectors = samples.vectors.search
+
+    def noting(scope: Scope, name: str, *args: Any, **kwargs: Any) -> list[ScoredPoint]:
+        searched.append(name)
+        return search_vectors(scope, name, *args, **kwargs)
+
+    monkeypatch.setattr(samples.vectors, "search", noting)
+    # When the walk, seeded by facts, starts from a question whose only name is no entity's
+    facts = WalkConfig(fact_seeds=3)
+    walked = walk(samples, DEMO, DEMO_QUESTIONS[0], facts)
+    # Then it starts from the facts closest to the question, and ends at the guild's chunk
+    assert TRIPLETS in searched
+    [best] = samples.graph.get_nodes(DEMO, [walked.ranked[0].chunk_id])
+    assert "Elinor Vance founded" in str(best.properties["text"])
+    # And a question naming an entity starts there alone: the facts are not searched
+    searched.clear()
+    walk(samples, DEMO, "Who was Elinor Vance?", facts)
+    assert searched and TRIPLETS not in searched
+
+
 def test_the_ends_of_the_closest_facts_take_their_share_of_the_restart_beside_the_names() -> None:
     projected = Neighbourhood(edges=[], degrees={"named": 1, "founder": 1, "guild": 3})
     facts = {"founder": 0.6, "guild": 0.6}
@@ -151,6 +177,36 @@ def test_a_chunks_facts_come_closest_first_and_a_fact_told_by_the_same_sentence_
     ordered = chunk_facts([cargo, year, reef], Walk(ranked=[], scores={}), closeness)
     # Then the closest comes first, and the one repeating its sentence after the one with news
     assert [edge.id for edge in ordered] == ["reef", "cargo", "year"]
+
+
+def test_a_chunk_with_no_fact_gives_its_text_once_in_graph_completion() -> None:
+    # Given a document whose sentence joins no two names: no fact is extracted from it
+    made = TwinServices()
+    scope = Scope(tenant="t1", dataset="notes")
+    texts = {
+        "compiler.txt": "Grace Hopper built the first compiler at Remington Rand in 1952.",
+        "sailing.txt": "Grace Hopper liked sailing on quiet mornings.",
+    }
+    add(
+        made.metadata,
+        made.blobs,
+        scope,
+        [Source(name=n, uri=f"t:{n}", data=t.encode()) for n, t in texts.items()],
+    )
+    assert LocalRunner(made, made.lock).run(scope).status.value == "completed"
+    # When GRAPH_COMPLETION answers about it, with room for more than the facts
+    request = SearchRequest(
+        query="What did Grace Hopper like?",
+        type=SearchType.GRAPH_COMPLETION,
+        scopes=[scope],
+        only_context=True,
+    )
+    result = search(made, request)
+    # Then the chunk takes its turn with its text, once, and no structural edge is given
+    passages = [hit for hit in result.results if hit.kind == "chunk"]
+    assert [hit.text for hit in passages] == [texts["sailing.txt"]]
+    assert any(hit.kind == "edge" and "Remington Rand" in hit.text for hit in result.results)
+    assert not STRUCTURE.search(result.context)
 
 
 def test_triplet_completion_leaves_out_a_triplet_of_a_structural_relationship(samples: TwinServices) -> None:
