@@ -89,7 +89,9 @@ class FactsAt:
         skip: Sequence[str] = (),
         shape_only: bool = False,
     ) -> Neighbourhood:
-        found = self._inner.neighbourhood(scope, node_ids, hops, limit, max_degree, skip, shape_only)
+        found = self._inner.neighbourhood(
+            scope, node_ids, hops=hops, limit=limit, max_degree=max_degree, skip=skip, shape_only=shape_only
+        )
         if shape_only:
             return found
         edges = [e for e in found.edges if not isinstance(e, GraphEdge) or holds(e.properties, self._as_of)]
