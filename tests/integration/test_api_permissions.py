@@ -263,7 +263,8 @@ def check_records(
     if who.may(READ, dataset) and world.exists(who.tenant, dataset):
         assert answer.status_code == 200
         for record in answer.json()["records"]:
-            assert world.owner.get(record["id"]) == (who.tenant, dataset)
+            # A record's id stays across its versions; its current version is a data item.
+            assert world.owner.get(record["data_id"]) == (who.tenant, dataset)
     else:
         assert answer.status_code == 404, answer.text
 

@@ -105,7 +105,7 @@ def graph_view(
 ) -> GraphView:
     """The view of an exported graph: its `Entity` nodes and the relations among them, the
     best connected `max_nodes` entities when there are more; `items` names the data items; `now`
-    (default: the clock's) is where the page's time slider starts."""
+    (default: the end of today) is where the page's time slider ends."""
     entities = {node.id: node for node in nodes if node.type == ENTITY}
     relations = [
         e
@@ -136,7 +136,7 @@ def graph_view(
         total_nodes=len(entities),
         total_links=len(relations),
         types=type_colours(type_name(node) for node in entities.values()),
-        now=_ms(now or datetime.now(UTC)),
+        now=_ms(now or end_of_today()),
     )
 
 
@@ -284,6 +284,13 @@ def _periods(held: object) -> list[tuple[int, int | None]]:
         ]
     except (KeyError, TypeError, ValueError):
         return []
+
+
+def end_of_today() -> datetime:
+    """The last moment of today (UTC): the slider's last day is read at its end, as `as_of` is,
+    and a page made twice today is the same page."""
+    today = datetime.now(UTC).date()
+    return datetime.combine(today, datetime.max.time(), tzinfo=UTC)
 
 
 def _ms(moment: datetime) -> int:
