@@ -120,6 +120,12 @@ PLAN: tuple[Step, ...] = (
 STEPS = {step.name: step for step in PLAN}
 
 
+def streamed_after(plan: Sequence[Step], index: int) -> Step | None:
+    """The step after `plan[index]` (a fan-out) when it streams over the fan-out's work, else None."""
+    following = plan[index + 1] if index + 1 < len(plan) else None
+    return following if following is not None and following.streams else None
+
+
 def start_run(services: Services, scope: Scope, run_id: str | None = None, *, mode: str = DISTRIBUTED) -> Job:
     """Create the dataset if needed and a new pipeline run for it (of `run_id`, when the caller
     had to name the run before it could start), recorded as run by `mode`'s runner."""

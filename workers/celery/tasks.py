@@ -55,6 +55,7 @@ from kenning.pipeline.plan import (
     finish_run,
     merge_counts,
     record_step,
+    streamed_after,
 )
 from kenning.pipeline.ports import chunked
 from kenning.storage.coordination.run_lock import Deliveries
@@ -199,11 +200,10 @@ def register_part(step: Step) -> None:
     app.task(run_part, bind=True, name=f"kenning.{step.name}_part", base=RunTask, **RETRY)
 
 
-def streamed_after(step: str) -> Step | None:
+def part_after(step: str) -> Step | None:
     """The step after the fan-out `step` that has a part to stream over its batches, if any."""
-    index = [each.name for each in PLAN].index(step)
-    following = PLAN[index + 1] if index + 1 < len(PLAN) else None
-    return following if following is not None and following.streams and following.part else None
+    streamed = streamed_after(PLAN, [each.name for each in PLAN].index(step))
+    return streamed if streamed is not None and streamed.part else None
 
 
 def fan_out(self: Any, state: dict[str, Any], step: str) -> Any:
@@ -223,7 +223,7 @@ def fan_out(self: Any, state: dict[str, Any], step: str) -> Any:
     # Each batch task has the error callback itself: when one fails, the chord does not call
     # the callbacks of the rest of the chain, which it runs as its body.
     errback = app.signature("kenning.fail", args=(message.job.model_dump(mode="json"),))
-    streamed = streamed_after(step)
+    streamed = part_after(step)
 
     def member(batch: list[str]) -> Any:
         """The batch's task, then the part of the streamed step over what it finished, if any."""

@@ -22,6 +22,7 @@ from kenning.pipeline.plan import (
     interrupt_others,
     record_step,
     start_run,
+    streamed_after,
 )
 from kenning.pipeline.ports import Lock, MetadataStore, chunked
 from kenning.pipeline.progress import reporting
@@ -160,8 +161,7 @@ class LocalRunner:
             if self._cancelled(job):
                 raise _Cancelled
             if step.fan_out:
-                following = self._plan[index + 1] if index + 1 < len(self._plan) else None
-                streamed = following if following is not None and following.streams else None
+                streamed = streamed_after(self._plan, index)
                 # Each batch is recorded as it ends, so a killed run keeps what it spent.
                 self._fan_out(step, job, items, streamed)
                 continue
