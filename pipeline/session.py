@@ -11,7 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence, Set
 from datetime import UTC, datetime, timedelta
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -25,6 +25,23 @@ IDLE_AFTER = timedelta(minutes=30)
 EntryKind = Literal["qa", "message"]
 SessionStatus = Literal["running", "ended"]
 SessionState = Literal["running", "idle", "abandoned", "ended"]
+
+# The one rule for a session id, which every surface that takes one declares and checks (the HTTP
+# API's schemas, the MCP tools'). The session stores keep an id as a file name of at most 240
+# characters, with each character other than a-z, 0-9, "_" and "-" written as %XX: printable
+# ASCII up to 80 always fits.
+MAX_SESSION_ID_CHARS = 80
+SESSION_ID_PATTERN = r"^[\x20-\x7e]+$"
+SESSION_ID_RULE = f"1 to {MAX_SESSION_ID_CHARS} printable ASCII characters"
+SessionId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_SESSION_ID_CHARS,
+        pattern=SESSION_ID_PATTERN,
+        description=f"A session: short-term memory of one conversation ({SESSION_ID_RULE})",
+    ),
+]
 
 
 class SessionKey(BaseModel):

@@ -24,7 +24,7 @@ from kenning.pipeline.forget import Forgotten
 from kenning.pipeline.ingest import AddResult, Source, text_source
 from kenning.pipeline.names import MAX_NAME_CHARS
 from kenning.pipeline.permission import Permission, find_user
-from kenning.pipeline.session import SessionEntry, search_entries
+from kenning.pipeline.session import SessionEntry, SessionId, search_entries
 from kenning.pipeline.validity import Fact
 from kenning.retrieval.contract import SearchResult
 from kenning.workers.api.access import Access, authorized
@@ -57,7 +57,6 @@ from kenning.workers.api.schemas import (
     RunList,
     RunView,
     SearchIn,
-    SessionId,
     valid_name,
 )
 from kenning.workers.application import sessions

@@ -23,6 +23,7 @@ from pydantic.config import JsonDict
 from kenning.pipeline.models import DataItem, PipelineRun
 from kenning.pipeline.names import MAX_NAME_CHARS, name_problem
 from kenning.pipeline.permission import Permission
+from kenning.pipeline.session import SessionId
 from kenning.retrieval.contract import SearchType
 from kenning.workers.application.lifecycle import Message
 
@@ -61,20 +62,6 @@ UserName = Annotated[
     AfterValidator(valid_name("user")),
 ]
 Identifier = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
-# The session stores keep a session id as a file name of at most 240 characters, with each
-# character other than a-z, 0-9, "_" and "-" written as %XX: printable ASCII up to 80 always fits.
-SESSION_ID_PATTERN = r"^[\x20-\x7e]+$"
-MAX_SESSION_ID_CHARS = 80
-SESSION_ID_RULE = f"1 to {MAX_SESSION_ID_CHARS} printable ASCII characters"
-SessionId = Annotated[
-    str,
-    Field(
-        min_length=1,
-        max_length=MAX_SESSION_ID_CHARS,
-        pattern=SESSION_ID_PATTERN,
-        description=f"A session: short-term memory of one conversation ({SESSION_ID_RULE})",
-    ),
-]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
 
 

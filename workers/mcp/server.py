@@ -32,6 +32,7 @@ from kenning.pipeline.models import Dataset
 from kenning.pipeline.models import Scope as DataScope
 from kenning.pipeline.names import MAX_NAME_CHARS, name_problem
 from kenning.pipeline.permission import Caller, Permission, authenticate
+from kenning.pipeline.session import SessionId
 from kenning.pipeline.validity import Fact
 from kenning.retrieval.contract import SearchResult, SearchType
 from kenning.workers.application.gate import readable_datasets
@@ -75,9 +76,7 @@ DatasetsArg = Annotated[
     Field(description="Dataset names (default: every dataset the caller may read)"),
     AfterValidator(_dataset_names),
 ]
-SessionArg = Annotated[
-    str | None, Field(description="A session id: short-term memory of one conversation", max_length=255)
-]
+SessionArg = SessionId | None
 TopK = Annotated[int, Field(ge=1, le=1000, description="How many results")]
 AsOf = Annotated[
     str | None,
