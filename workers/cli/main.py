@@ -125,6 +125,12 @@ def cognify_command(dataset: str | None, distributed: bool, dry_run: bool, tempo
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--remote", is_flag=True, help="Run on a query worker (kenning.search) instead of here.")
 @click.option("--as-of", "as_of", default=None, help=AS_OF_HELP)
+@click.option(
+    "--session",
+    "session_id",
+    default=None,
+    help="A session: its history goes to a completion, the answer is kept in it, the spend is its.",
+)
 def search_command(
     query: str,
     search_type: str,
@@ -134,10 +140,12 @@ def search_command(
     as_json: bool,
     remote: bool,
     as_of: str | None,
+    session_id: str | None,
 ) -> None:
     """Search a dataset's memory (its facts: those that hold now, or --as-of a moment)."""
-    if remote and as_of:
-        raise click.UsageError("--as-of searches here: leave out --remote")
+    for given, option in ((as_of, "--as-of"), (session_id, "--session")):
+        if remote and given is not None:
+            raise click.UsageError(f"{option} searches here: leave out --remote")
     with open_memory() as memory:
         if remote:
             with needs_extra("search --remote"):
@@ -153,6 +161,7 @@ def search_command(
                 datasets=list(datasets) or None,
                 top_k=top_k,
                 only_context=only_context,
+                session_id=session_id,
                 as_of=as_of,
             )
     if as_json:
