@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections import Counter
@@ -36,6 +37,7 @@ from kenning.workers.cli.show import DATASET_NAME, printable, safe
 from kenning.workers.control.runs import StallDetector, llm_breaker, load_placement, mark_stalled
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.extras import needs_extra
+from kenning.workers.runtime.local_runner import Interrupted
 
 console = Console(stderr=True)
 SAMPLES = Path(__file__).parent.parent / "samples"
@@ -480,13 +482,27 @@ def run() -> None:
         fail(f"{error.format_message()}{where}", error.exit_code)
     except click.ClickException as error:
         fail(error.format_message(), error.exit_code)
-    except click.Abort:  # a confirmation answered no, or Ctrl-C
+    except click.Abort as error:  # a confirmation answered no, or Ctrl-C
+        if isinstance(error.__cause__, KeyboardInterrupt):
+            interrupted(error.__cause__)
         fail("stopped", 1)
     except KenningError as error:
         fail(str(error), 2)
     except Exception as error:  # a fault of kenning's own: still one line, never a traceback
         fail(f"unexpected {type(error).__name__}: {error}", 1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def interrupted(error: KeyboardInterrupt) -> NoReturn:
+    """Ctrl-C: one line (what it stopped, when that was a run: recorded as interrupted), then exit
+    130 at once. The work it abandoned (LLM requests in flight) is not waited for: the threads that
+    still wait for it would hold the process's exit until their calls end."""
+    said = f"interrupted: {error}" if isinstance(error, Interrupted) else "interrupted (Ctrl-C)"
+    line = printable(" ".join(said.split()))
+    console.print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 def fail(message: str, code: int) -> NoReturn:

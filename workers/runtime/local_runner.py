@@ -8,8 +8,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
+from typing import Any
 
 from kenning.pipeline.context import Job, Services
+from kenning.pipeline.errors import StoreError
 from kenning.pipeline.locking import held, lock_name
 from kenning.pipeline.models import EMBEDDED, PipelineRun, RunStatus, Scope, utcnow
 from kenning.pipeline.pacing import Metered, Pacer, window_of
@@ -56,6 +58,23 @@ def as_is(run: PipelineRun) -> PipelineRun:
 
 class _Cancelled(Exception):
     """The run's record says it was cancelled: the runner stops between batches."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) stopped a run, which is recorded as interrupted; its message says which."""
+
+
+class _Pool(ThreadPoolExecutor):
+    """A thread pool that an interrupt leaves at once: no batch it holds starts, and those in flight
+    are abandoned (each thread ends when its call does) instead of waited for."""
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: Any
+    ) -> bool | None:
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            self.shutdown(wait=False, cancel_futures=True)
+            return None
+        return super().__exit__(kind, error, trace)
 
 
 def close_dead_runs(metadata: MetadataStore, dataset_id: str) -> list[str]:
@@ -138,6 +157,8 @@ class LocalRunner:
                 self._run_steps(job)
             except _Cancelled:
                 return self._ended(self._stopped(job))
+            except KeyboardInterrupt as error:
+                raise Interrupted(self._interrupted(job)) from error
             except BaseException as error:
                 fail_run(self._services, job, f"{type(error).__name__}: {error}")
                 raise
@@ -146,6 +167,20 @@ class LocalRunner:
     def _cancelled(self, job: Job) -> bool:
         run = self._services.metadata.get_run(job.run_id)
         return run is not None and run.status == RunStatus.CANCELLED
+
+    def _interrupted(self, job: Job) -> str:
+        """Record the run interrupted, now, by an interrupt in its process; what happened, in words.
+        The batches in flight are left to end with their calls: what they finish stays done."""
+        resumes = "the next cognify resumes its work"
+        try:
+            run = self._services.metadata.get_run(job.run_id)
+            if run is not None:
+                run.status, run.finished_at = RunStatus.INTERRUPTED, utcnow()
+                run.error = f"stopped by an interrupt (Ctrl-C) in its process; {resumes}"
+                self._services.metadata.save_run(run)
+        except StoreError as error:  # its process is ending: `close_dead_runs` marks it later
+            return f"run {job.run_id} interrupted (Ctrl-C), not recorded ({error}); {resumes}"
+        return f"run {job.run_id} interrupted (Ctrl-C); {resumes}"
 
     def _stopped(self, job: Job) -> PipelineRun:
         """The cancelled run, its end set to now: when its last batch was recorded."""
@@ -188,8 +223,8 @@ class LocalRunner:
         self._progress(step.name, 0, len(items))
         done = 0
         with (
-            ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix=step.name) as pool,
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream") as writer,
+            _Pool(max_workers=self._concurrency, thread_name_prefix=step.name) as pool,
+            _Pool(max_workers=1, thread_name_prefix="stream") as writer,
         ):
             passes = _Passes(self._progress)
             if streamed is not None:
