@@ -7,9 +7,12 @@ attempts of a task killed mid-call are already recorded: so a run's spend, summe
 ledger, is what the provider saw, not what the tasks that finished reported.
 
 A step is charged to its run by `charged_to(job)` (the plan's `Step.run` does it); a search is
-charged as an operation of its own (`kind="completion"`, its id in `run_id`) to the first dataset
-it searched. The LLM client asks `current_charge()` for whom it sends. An operation with an agent
-session (`in_session`) charges every request made in it (in this thread) to that session too.
+charged as an operation of its own (`kind="completion"`, its id in `run_id`) to every dataset it
+read: each dataset's spend (`by_dataset`) counts it, and every sum over several datasets
+(`across`), over the search (`totals`) or over a session (`by_session`) counts it once, so those
+equal what the provider saw. The LLM client asks `current_charge()` for whom it sends. An
+operation with an agent session (`in_session`) charges every request made in it (in this thread)
+to that session too.
 """
 
 from __future__ import annotations
@@ -39,12 +42,15 @@ KINDS: tuple[ChargeKind, ...] = ("extraction", "completion")
 @dataclass(frozen=True)
 class Charge:
     """Whom an LLM request is charged to: a run of a dataset (an extraction), or a search
-    (a completion: `run_id` is the search's own id), and the agent session it was made for."""
+    (a completion: `run_id` is the search's own id), and the agent session it was made for. A
+    search of several datasets names the first in `dataset_id` and the others in `shared`: it is
+    charged to each of them."""
 
     run_id: str
     dataset_id: str
     kind: ChargeKind = "extraction"
     session: SessionKey | None = None
+    shared: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,12 @@ class SpendLedger(Protocol):
         ...
 
     def by_dataset(self, dataset_ids: Sequence[str]) -> dict[str, dict[ChargeKind, Spend]]:
-        """The spend charged to each dataset that has any, by kind (extraction, completion)."""
+        """The spend charged to each dataset that has any, by kind (extraction, completion): an
+        attempt charged to several (a search of several datasets) counts in each."""
+        ...
+
+    def across(self, dataset_ids: Sequence[str]) -> dict[ChargeKind, Spend]:
+        """The spend charged to any of the datasets, by kind, each attempt counted once."""
         ...
 
     def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
@@ -209,6 +220,10 @@ class HeldLedger:
         self._try_drain()
         return self._ledger.by_dataset(dataset_ids)
 
+    def across(self, dataset_ids: Sequence[str]) -> dict[ChargeKind, Spend]:
+        self._try_drain()
+        return self._ledger.across(dataset_ids)
+
     def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
         self._try_drain()
         return self._ledger.by_session(keys)
@@ -278,10 +293,15 @@ _session: ContextVar[SessionKey | None] = ContextVar("kenning_charge_session", d
 
 
 @contextmanager
-def charged_to(run_id: str, dataset_id: str, kind: ChargeKind = "extraction") -> Iterator[None]:
+def charged_to(
+    run_id: str, dataset_id: str, kind: ChargeKind = "extraction", shared: Sequence[str] = ()
+) -> Iterator[None]:
     """Charge the LLM requests made in this block (and this context) to the run, or to the
-    search whose id is `run_id` (`kind="completion"`); and to the session it is `in_session` of."""
-    token = _charge.set(Charge(run_id=run_id, dataset_id=dataset_id, kind=kind, session=_session.get()))
+    search whose id is `run_id` (`kind="completion"`), of the dataset (and of the `shared` ones: the
+    other datasets a search read); and to the session it is `in_session` of."""
+    others = tuple(dict.fromkeys(d for d in shared if d != dataset_id))
+    charge = Charge(run_id=run_id, dataset_id=dataset_id, kind=kind, session=_session.get(), shared=others)
+    token = _charge.set(charge)
     try:
         yield
     finally:

@@ -412,8 +412,14 @@ class Kenning:
 
         Each run, and each dataset over all its runs, has its LLM `tokens` ({prompt,
         completion}) and their `cost` at the settings' prices; a dataset also its `llm_calls`.
+        A search of several datasets is in the figures of each (see `spend_total`).
         """
         return status.status(self.context, dataset)
+
+    def spend_total(self, dataset: str | None = None) -> dict[str, Any]:
+        """The `llm_calls`, `tokens` and `cost` of the datasets `status` shows, each LLM request
+        counted once: what the provider billed for them."""
+        return status.total(self.context, dataset)
 
     def started_jobs(self, dataset: str | None = None) -> list[Job]:
         """The runs now started, of the dataset or of every dataset of the tenant."""

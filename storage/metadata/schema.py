@@ -217,6 +217,16 @@ llm_attempts = sa.Table(
     sa.Index("ix_llm_attempts_session", "tenant", "user_id", "session_id"),
 )
 
+# The other datasets an attempt is charged to (0010): a search of several datasets is charged to
+# each it read; `llm_attempts.dataset_id` holds the first.
+llm_attempt_datasets = sa.Table(
+    "llm_attempt_datasets",
+    metadata,
+    sa.Column("attempt_id", sa.String(64), primary_key=True),
+    sa.Column("dataset_id", sa.String(64), primary_key=True),
+    sa.Index("ix_llm_attempt_datasets_dataset", "dataset_id"),
+)
+
 # The LLM circuit breaker of each endpoint and model (storage/inference/llm_openai.py), as its last
 # change left it: so that `status`, in any process, shows whether calls to it are failing fast.
 llm_breakers = sa.Table(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,7 +16,7 @@ from kenning.pipeline.models import utcnow
 from kenning.pipeline.ports import chunked
 from kenning.pipeline.session import SessionKey
 from kenning.pipeline.spend import Breaker, Charge, ChargeKind, Spend
-from kenning.storage.metadata.schema import llm_attempts, llm_breakers
+from kenning.storage.metadata.schema import llm_attempt_datasets, llm_attempts, llm_breakers
 from kenning.storage.sql.errors import translated_sql
 
 BATCH = 500
@@ -101,7 +102,14 @@ class SqlSpendLedger:
             "user_id": session.user if session else "",
             "session_id": session.session_id if session else "",
         }
-        self._writes.run(lambda conn: conn.execute(sa.insert(llm_attempts), [row]))
+        shares = [{"attempt_id": attempt_id, "dataset_id": dataset_id} for dataset_id in charge.shared]
+
+        def write(conn: sa.Connection) -> None:
+            conn.execute(sa.insert(llm_attempts), [row])
+            if shares:  # in the attempt's transaction: it is charged to all its datasets or to none
+                conn.execute(sa.insert(llm_attempt_datasets), shares)
+
+        self._writes.run(write)
 
     def answered(self, attempt_id: str, prompt_tokens: int, completion_tokens: int) -> None:
         table = llm_attempts
@@ -120,14 +128,26 @@ class SqlSpendLedger:
         return found
 
     def by_dataset(self, dataset_ids: Sequence[str]) -> dict[str, dict[ChargeKind, Spend]]:
-        table = llm_attempts
+        table, shares = llm_attempts, llm_attempt_datasets
+        shared = table.join(shares, shares.c.attempt_id == table.c.id)
         found: dict[str, dict[ChargeKind, Spend]] = {}
         for batch in chunked(list(dict.fromkeys(dataset_ids)), BATCH):
-            for (dataset_id, kind), spend in self._sums(
-                [table.c.dataset_id, table.c.kind], table.c.dataset_id.in_(batch)
-            ):
-                found.setdefault(dataset_id, {})[kind] = spend
+            first = self._sums([table.c.dataset_id, table.c.kind], table.c.dataset_id.in_(batch))
+            others = self._sums([shares.c.dataset_id, table.c.kind], shares.c.dataset_id.in_(batch), shared)
+            for (dataset_id, kind), spend in [*first, *others]:
+                kinds = found.setdefault(dataset_id, {})
+                kinds[kind] = kinds.get(kind, Spend()) + spend
         return found
+
+    def across(self, dataset_ids: Sequence[str]) -> dict[ChargeKind, Spend]:
+        table, shares = llm_attempts, llm_attempt_datasets
+        wanted = list(dict.fromkeys(dataset_ids))
+        if not wanted:
+            return {}
+        # One query (not batches), so that an attempt charged to datasets of two batches counts once.
+        shared = sa.select(shares.c.attempt_id).where(shares.c.dataset_id.in_(wanted))
+        where = table.c.dataset_id.in_(wanted) | table.c.id.in_(shared)
+        return {kind: spend for (kind,), spend in self._sums([table.c.kind], where)}
 
     def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
         table = llm_attempts
@@ -152,9 +172,13 @@ class SqlSpendLedger:
         self._writes.run(lambda conn: conn.execute(update))
 
     def _sums(
-        self, group: Sequence[sa.ColumnElement[Any]], where: sa.ColumnElement[bool]
+        self,
+        group: Sequence[sa.ColumnElement[Any]],
+        where: sa.ColumnElement[bool],
+        source: sa.FromClause = llm_attempts,
     ) -> list[tuple[tuple[Any, ...], Spend]]:
-        """The spend of the attempts `where` holds, per value of the `group` columns."""
+        """The spend of the attempts `where` holds (in `source`: the attempts, or a join of them),
+        per value of the `group` columns."""
         table = llm_attempts
         nothing_billed = (table.c.prompt_tokens == 0) & (table.c.completion_tokens == 0)
         query = (
@@ -165,6 +189,7 @@ class SqlSpendLedger:
                 sa.func.sum(table.c.completion_tokens),
                 sa.func.count().filter(nothing_billed),
             )
+            .select_from(source)
             .where(where)
             .group_by(*group)
         )
@@ -247,14 +272,17 @@ class MemorySpendLedger:
         return {run_id: spend for (run_id,), spend in sums.items()}
 
     def by_dataset(self, dataset_ids: Sequence[str]) -> dict[str, dict[ChargeKind, Spend]]:
-        wanted = set(dataset_ids)
         found: dict[str, dict[ChargeKind, Spend]] = {}
-        sums = self._sums(
-            lambda a: (a.charge.dataset_id, a.charge.kind), lambda a: a.charge.dataset_id in wanted
-        )
-        for (dataset_id, kind), spend in sums.items():
-            found.setdefault(dataset_id, {})[kind] = spend
+        for dataset_id in dict.fromkeys(dataset_ids):
+            sums = self._sums(lambda a: (a.charge.kind,), partial(_is_charged, dataset=dataset_id))
+            if sums:
+                found[dataset_id] = {kind: spend for (kind,), spend in sums.items()}
         return found
+
+    def across(self, dataset_ids: Sequence[str]) -> dict[ChargeKind, Spend]:
+        wanted = set(dataset_ids)
+        sums = self._sums(lambda a: (a.charge.kind,), lambda a: not wanted.isdisjoint(_charged(a)))
+        return {kind: spend for (kind,), spend in sums.items()}
 
     def by_session(self, keys: Sequence[SessionKey]) -> dict[SessionKey, dict[str, Spend]]:
         wanted = set(keys)
@@ -289,3 +317,12 @@ class _Attempt:
     charge: Charge
     model: str
     spend: Spend
+
+
+def _charged(attempt: _Attempt) -> tuple[str, ...]:
+    """Every dataset the attempt is charged to."""
+    return (attempt.charge.dataset_id, *attempt.charge.shared)
+
+
+def _is_charged(attempt: _Attempt, dataset: str) -> bool:
+    return dataset in _charged(attempt)

@@ -73,8 +73,8 @@ def _search(
     with (
         timed_search(request.type.value),
         traced(context.settings.otel_endpoint, "kenning.search", type=request.type.value),
-        # Its completions, once each, to the first dataset it searched.
-        charged_to(f"search-{uuid.uuid4().hex}", searched[0].id, "completion"),
+        # Its completions, once each, to every dataset it searched (see kenning.pipeline.spend).
+        charged_to(f"search-{uuid.uuid4().hex}", searched[0].id, "completion", [d.id for d in searched[1:]]),
     ):
         result = faded(context, accessed, run_search_type(context.wiring, request), searched)
     if session_id is not None:

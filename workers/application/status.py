@@ -1,6 +1,7 @@
 """What a caller is shown of its datasets: items by status, failures, graph size, recent runs, and
 the LLM calls, tokens and cost of each run and of the dataset (from the spend ledger): its runs'
-extractions and the completions of the searches charged to it."""
+extractions and the completions of the searches that read it. A search of several datasets is
+charged to each of them; their `total` counts each request once."""
 
 from __future__ import annotations
 
@@ -66,6 +67,22 @@ def dataset_status(context: Context, dataset: Dataset) -> dict[str, Any]:
             for run in runs[:5]
         ],
     }
+
+
+def total(context: Context, dataset: str | None = None) -> dict[str, Any]:
+    """The LLM calls, tokens and cost of the datasets `status` shows, each request counted once
+    (a search of several of them is in each one's figures): what the provider billed for them."""
+    datasets = visible_datasets(context, dataset)
+    spend = context.wiring.spend
+    counted: Counter[str] = Counter()
+    for kind in spend.across([d.id for d in datasets]).values():
+        counted.update(_counters(kind))
+    for d in datasets:  # runs made before the ledger, by their own counters
+        runs = context.wiring.metadata.list_runs(d.id)
+        in_ledger = spend.totals([run.id for run in runs])
+        for counters in spent_by_run([run for run in runs if run.id not in in_ledger], {}).values():
+            counted.update(counters)
+    return {"llm_calls": counted["llm_calls"], **priced(context, counted)}
 
 
 def spent_by_run(runs: Sequence[PipelineRun], ledger: Mapping[str, Spend]) -> dict[str, dict[str, int]]:

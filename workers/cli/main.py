@@ -323,13 +323,17 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
         if watch:
             watch_started(memory, dataset, timeout_s)
         status = memory.status(dataset)
+        total = memory.spend_total(dataset)
         mark_stalled(memory, status)
         llm = llm_breaker(memory)
         load = load_placement(memory)
         home = str(memory.settings.home.resolve())
     if as_json:
         click.echo(
-            json.dumps({"home": home, "llm": llm, "load": load, "datasets": status}, ensure_ascii=False)
+            json.dumps(
+                {"home": home, "llm": llm, "load": load, "datasets": status, "total": total},
+                ensure_ascii=False,
+            )
         )
         return
     print_deployment(home, llm, load)
@@ -350,6 +354,11 @@ def status_command(dataset: str | None, as_json: bool, watch: bool, timeout_s: f
             f"{tokens['prompt']} in, {tokens['completion']} out",
             f"{entry['cost']:.4f}",
         )
+    if len(status) > 1:  # a search of several datasets is in each one's row, and once here
+        tokens = total["tokens"]
+        spent = (str(total["llm_calls"]), f"{tokens['prompt']} in, {tokens['completion']} out")
+        table.add_section()
+        table.add_row("total", "", "", "", *spent, f"{total['cost']:.4f}")
     Console().print(table)
     for entry in status:
         for stalled in (run for run in entry["runs"] if run["stalled"]):
