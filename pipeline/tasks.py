@@ -21,6 +21,7 @@ from kenning.pipeline.assembly import Assembly, IndexEntry, assemble, graph_edge
 from kenning.pipeline.checks import REPLIES_REPAIRED, REPLIES_SPLIT
 from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
+from kenning.pipeline.contradiction import judge_of, settle_batch
 from kenning.pipeline.errors import InputError, LLMError, LLMUnreachable
 from kenning.pipeline.forget import forget_superseded
 from kenning.pipeline.linking import document_title
@@ -43,7 +44,6 @@ from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
 from kenning.pipeline.temporal import document_time, moment
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_item, unit_text, units_of
-from kenning.pipeline.validity import settle_facts
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +411,7 @@ def _write_batch(
     (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
     with writing():
         counts = _write(services, job, assembly, indexed)
-        counts["facts_retimed"] += _settle(services, job, assembly)
+        counts.update(_settle(services, job, assembly))
     built = assembly.chunk_ids
     missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
     services.chunks.set_chunk_status([i for i in chunk_ids if i in built], ChunkStatus.LOADED)
@@ -442,13 +442,16 @@ def _write(services: Services, job: Job, assembly: Assembly, indexed: Indexed) -
     return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=len(vectors))
 
 
-def _settle(services: Services, job: Job, assembly: Assembly) -> int:
+def _settle(services: Services, job: Job, assembly: Assembly) -> Counter[str]:
     """Work out again when the facts about the batch's entities held (a newer fact may end an
-    older one: `kenning.pipeline.validity`). Runs where the batch is written, so one write of the
-    dataset at a time settles its facts. The facts retimed."""
+    older one: `kenning.pipeline.validity`, and with an LLM `kenning.pipeline.contradiction`).
+    Runs where the batch is written, so one write of the dataset at a time settles its facts."""
     ends = {end for edge in assembly.edges.values() if edge.said for end in (edge.source_id, edge.target_id)}
     rules = services.config.facts
-    return settle_facts(services.graph, services.vectors, job.scope, rules, sorted(ends), set(assembly.edges))
+    judge = judge_of(services.extractor, rules)
+    return settle_batch(
+        services.graph, services.vectors, job.scope, rules, sorted(ends), set(assembly.edges), judge
+    )
 
 
 OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED)

@@ -25,9 +25,15 @@ from kenning.pipeline.ports import GraphStore, VectorStore
 from kenning.pipeline.temporal import moment_last, moment_start
 
 # Edge properties (JSON values, so every graph store keeps them as they are).
-SAID = "said"  # [{data_id, chunk_id, at, recorded_at}]: each statement of the fact
-PERIODS = "periods"  # [{from, from_by, to, to_by, retired_at, retired_by}]: when it held
+SAID = "said"  # [{data_id, chunk_id, at, recorded_at, ends?, judged_at?}]: each statement of the fact
+PERIODS = "periods"  # [{from, from_by, to, to_by, retired_at, retired_by, judged?}]: when it held
 NEGATES = "negates"  # true on a negation ("Ana stopped eating meat"): it ends its pair's facts
+# In a statement, what an LLM judged (`kenning.pipeline.contradiction`): the facts (edge ids) the
+# statement's fact ends, and the entities whose facts it was put against.
+ENDS = "ends"
+JUDGED_AT = "judged_at"
+# In a period, true when a judgment (not a rule) ended it.
+JUDGED = "judged"
 TIME_FIELDS = (
     SAID,
     PERIODS,
@@ -121,6 +127,11 @@ class FactRules(BaseModel):
         default_factory=lambda: dict(DEFAULT_SYNONYMS),
         description="relation name -> the relation it means (e.g. moved_to -> lives_in)",
     )
+    llm_endings: bool = Field(
+        default=False,
+        description="With an LLM configured, also ask it, once per entity a load batch gives new "
+        "facts, which of the entity's facts each new one ends (`kenning.pipeline.contradiction`)",
+    )
 
     @field_validator("functional", "synonyms")
     @classmethod
@@ -171,12 +182,20 @@ def statement(data_id: str, chunk_id: str, at: str, recorded_at: str) -> dict[st
 
 
 def merged_statements(*groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The statements of all groups, one per (data item, chunk), in a set order."""
+    """The statements of all groups, one per (data item, chunk), in a set order; what was judged
+    of a statement (`ENDS`, `JUDGED_AT`) is the union of what every copy of it says."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
+    judged: dict[tuple[str, str], dict[str, set[str]]] = {}
     for group in groups:
         for said in group:
             key = (str(said.get("data_id", "")), str(said.get("chunk_id", "")))
             found[key] = min(found.get(key, said), said, key=_said_key)
+            for name in (ENDS, JUDGED_AT):
+                if isinstance(said.get(name), list):
+                    judged.setdefault(key, {}).setdefault(name, set()).update(map(str, said[name]))
+    for key, lists in judged.items():
+        plain = {name: value for name, value in found[key].items() if name not in (ENDS, JUDGED_AT)}
+        found[key] = plain | {name: sorted(ids) for name, ids in sorted(lists.items())}
     return sorted(found.values(), key=_said_key)
 
 
@@ -195,6 +214,7 @@ class _Said:
     recorded_at: str
     start: datetime
     negation: bool
+    ends: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -211,6 +231,13 @@ def settle(graph: GraphStore, scope: Scope, node_ids: Sequence[str], rules: Fact
     counts only while its data item still supports the fact; the others are dropped from it."""
     wanted = set(node_ids)
     edges = [e for e in graph.get_edges(scope, sorted(wanted)) if SAID in e.properties] if wanted else []
+    # A fact a judgment ended may be ended by a fact at its other end: read both its ends.
+    beyond = {end for edge in edges if _judged(edge) for end in (edge.source_id, edge.target_id)} - wanted
+    if beyond:
+        known = {edge.id for edge in edges}
+        more = graph.get_edges(scope, sorted(beyond))
+        edges += [edge for edge in more if SAID in edge.properties and edge.id not in known]
+        wanted |= beyond
     if not edges:
         return Settled({}, [])
     names = _names(graph, scope, edges)
@@ -263,13 +290,22 @@ def _names(graph: GraphStore, scope: Scope, edges: Sequence[GraphEdge]) -> dict[
 
 def _complete(edge: GraphEdge, rules: FactRules, names: dict[str, str], read: set[str]) -> bool:
     """Whether every statement that could end the edge was read: the nodes its groups are keyed by
-    were among those whose edges were read."""
+    were among those whose edges were read. A fact a judgment ended needs both its ends: the fact
+    that ended it may be at either."""
+    if _judged(edge):
+        return {edge.source_id, edge.target_id} <= read
     if _is_negation(edge):
         return bool({edge.source_id, edge.target_id} & read)
     per_source, per_target = rules.ends_of(rules.family(edge.relationship, names.get(edge.target_id, "")))
     needed = {edge.source_id} if per_source else set()
     needed |= {edge.target_id} if per_target else set()
     return needed <= read if needed else bool({edge.source_id, edge.target_id} & read)
+
+
+def _judged(edge: GraphEdge) -> bool:
+    """Whether a judgment ended some period of the edge, as it was last settled."""
+    held = edge.properties.get(PERIODS)
+    return isinstance(held, list) and any(isinstance(p, dict) and p.get(JUDGED) for p in held)
 
 
 def periods(
@@ -281,6 +317,11 @@ def periods(
     pairs: dict[tuple[str, str], list[_Said]] = {}
     keys: dict[str, list[tuple[str, ...]]] = {}
     said = {edge.id: _statements(edge) for edge in edges}
+    # Edge id -> the statements judged to end it (`ENDS`), in time order.
+    enders: dict[str, list[_Said]] = {}
+    for one in (one for statements in said.values() for one in statements):
+        for ended in one.ends:
+            enders.setdefault(ended, []).append(one)
     for edge in edges:
         family = rules.family(edge.relationship, names.get(edge.target_id, ""))
         per_source, per_target = rules.ends_of(family)
@@ -290,14 +331,12 @@ def periods(
         for key in keys[edge.id]:
             groups.setdefault(key, []).extend(said[edge.id])
         pairs.setdefault((edge.source_id, edge.target_id), []).extend(said[edge.id])
-    for group in (*groups.values(), *pairs.values()):
-        group.sort(key=lambda s: (s.start, s.recorded_at, s.data_id))
+    for group in (*groups.values(), *pairs.values(), *enders.values()):
+        group.sort(key=_order)
     found: dict[str, list[dict[str, Any]]] = {}
     for edge in edges:
-        spans = []
-        for one in said[edge.id]:
-            ender = _first_ender(one, keys[edge.id], groups, pairs)
-            spans.append((one, ender))
+        judged = enders.get(edge.id, [])
+        spans = [_first_ender(one, keys[edge.id], groups, pairs, judged) for one in said[edge.id]]
         found[edge.id] = _merged(spans)
     return found
 
@@ -314,8 +353,19 @@ def _statements(edge: GraphEdge) -> list[_Said]:
         except ValueError:
             continue
         data_id, at, recorded = str(said["data_id"]), str(said["at"]), str(said.get("recorded_at") or "")
-        found.append(_Said(edge, data_id, at, recorded, start, negation))
+        ends = frozenset(map(str, said.get(ENDS) or ())) - {edge.id}
+        found.append(_Said(edge, data_id, at, recorded, start, negation, ends))
     return found
+
+
+@dataclass(frozen=True)
+class _Span:
+    """A statement, the earliest later statement that ends it (None: none does), and whether
+    only a judgment says that one ends it."""
+
+    one: _Said
+    ender: _Said | None
+    judged: bool = False
 
 
 def _first_ender(
@@ -323,9 +373,11 @@ def _first_ender(
     keys: list[tuple[str, ...]],
     groups: dict[tuple[str, ...], list[_Said]],
     pairs: dict[tuple[str, str], list[_Said]],
-) -> _Said | None:
+    judged: list[_Said],
+) -> _Span:
     """The earliest later statement that ends what `one` says: in one of its functional groups,
-    another value; on its pair of ends, a negation (or, of a negation, a fact again)."""
+    another value; on its pair of ends, a negation (or, of a negation, a fact again); or one
+    judged to end its fact (`judged`, in time order)."""
     candidates: list[_Said] = []
     for key in keys:
         value = one.edge.target_id if key[0] == "source" else one.edge.source_id
@@ -339,36 +391,52 @@ def _first_ender(
         if other.start > one.start and other.negation != one.negation:
             candidates.append(other)
             break
-    return min(candidates, key=lambda s: (s.start, s.recorded_at, s.data_id), default=None)
+    by_rule = min(candidates, key=_order, default=None)
+    by_judgment = next((other for other in judged if other.start > one.start), None)
+    if by_judgment is not None and (by_rule is None or _order(by_judgment) < _order(by_rule)):
+        return _Span(one, by_judgment, judged=True)
+    return _Span(one, by_rule)
 
 
-def _merged(spans: list[tuple[_Said, _Said | None]]) -> list[dict[str, Any]]:
+def _order(said: _Said) -> tuple[datetime, str, str]:
+    return said.start, said.recorded_at, said.data_id
+
+
+def _merged(spans: list[_Span]) -> list[dict[str, Any]]:
     """The statements' spans, overlapping ones joined, as periods."""
     result: list[dict[str, Any]] = []
     last_end: datetime | None = None
-    for one, ender in sorted(spans, key=lambda span: (span[0].start, span[0].recorded_at, span[0].data_id)):
+    for span in sorted(spans, key=lambda span: _order(span.one)):
+        one, ender = span.one, span.ender
         end = ender.start if ender else None
         if result and (last_end is None or one.start < last_end):
             if last_end is not None and (end is None or end > last_end):
-                result[-1].update(_closing(one, ender))
+                _close(result[-1], span)
                 last_end = end
             continue
         result.append({"from": one.at, "from_by": one.data_id, "recorded_at": one.recorded_at})
-        result[-1].update(_closing(one, ender))
+        _close(result[-1], span)
         last_end = end
     return result
 
 
-def _closing(one: _Said, ender: _Said | None) -> dict[str, Any]:
+def _close(period: dict[str, Any], span: _Span) -> None:
+    one, ender = span.one, span.ender
+    period.pop(JUDGED, None)
     if ender is None:
-        return {"to": None, "to_by": None, "retired_at": None, "retired_by": None}
+        period.update({"to": None, "to_by": None, "retired_at": None, "retired_by": None})
+        return
     # Learned after what ended it, a fact was retired as soon as it was learned.
-    return {
-        "to": ender.at,
-        "to_by": ender.data_id,
-        "retired_at": max(ender.recorded_at, one.recorded_at),
-        "retired_by": ender.edge.id,
-    }
+    period.update(
+        {
+            "to": ender.at,
+            "to_by": ender.data_id,
+            "retired_at": max(ender.recorded_at, one.recorded_at),
+            "retired_by": ender.edge.id,
+        }
+    )
+    if span.judged:
+        period[JUDGED] = True
 
 
 def timed_properties(edge: GraphEdge, held: list[dict[str, Any]], rules: FactRules) -> dict[str, Any]:

@@ -5,7 +5,9 @@ It binds 127.0.0.1 only and answers deterministically:
 - `POST /v1/chat/completions`: with a `json_schema` or `json_object` response format, an
   `Extraction` of the chunk in the last user message holding one (the offline extractor's);
   without one, that extraction in a ```json fence when a user message holds a chunk (a prompt
-  asking for JSON), else a short text answer built from the last user message.
+  asking for JSON), else a short text answer built from the last user message. A user message
+  holding a listing of an entity's facts (`kenning.pipeline.contradiction`) is answered with
+  `simulated_endings`: which listed fact ends which earlier one (in a fence without a format).
 - `POST /v1/embeddings`: 384-dimension hashed bag-of-words vectors, L2-normalized.
 - `GET /v1/models`, `GET /stats`, `POST /stats/reset` (counters, rate window and
   fault sequence start over).
@@ -70,13 +72,16 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal
 
+from kenning.pipeline.contradiction import unwrap_listing
 from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.models import Extraction, KnowledgeGraph
 from kenning.pipeline.offline import OfflineExtractor
+from kenning.pipeline.temporal import moment_start
 from kenning.storage.inference.llm_openai import unwrap_chunk
 
 EMBEDDING_DIMENSION = 384
@@ -512,7 +517,11 @@ def chat_reply(body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = Fa
     question = users[-1] if users else _text_of(messages[-1].get("content"))
     # A repair request follows the chunk's message: the chunk is in the last message holding one.
     chunk = next((text for text in reversed(users) if unwrap_chunk(text) is not None), None)
-    if _wants_schema(body):
+    listing = next((found for text in reversed(users) if (found := unwrap_listing(text)) is not None), None)
+    if listing is not None:
+        content = json.dumps(simulated_endings(listing), sort_keys=True)
+        content = content if _wants_schema(body) else f"Here are the endings:\n```json\n{content}\n```"
+    elif _wants_schema(body):
         content = _structured_answer(chunk or question, extractor, unlisted_ends)
     elif chunk is not None:
         content = (
@@ -533,6 +542,35 @@ def chat_reply(body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = Fa
         "usage": _usage(prompt_tokens, completion_tokens),
     }
     return _Reply(completion, prompt_tokens, completion_tokens)
+
+
+def simulated_endings(listing: JSON) -> JSON:
+    """The judgment of a listing of an entity's facts (`kenning.pipeline.contradiction`), as a
+    model's stand-in: a fact ends an earlier one with the same source and relationship and
+    another target, where either is new. Every relation is read as one value at a time, as
+    none is in the listings the benchmarks and tests make, whatever a real model would say."""
+    facts = [fact for fact in listing.get("facts") or [] if isinstance(fact, dict)]
+    endings = []
+    for later in facts:
+        ended = [
+            str(earlier.get("id"))
+            for earlier in facts
+            if (later.get("new") or earlier.get("new"))
+            and _moment(later) > _moment(earlier)
+            and (later.get("source"), later.get("relationship"))
+            == (earlier.get("source"), earlier.get("relationship"))
+            and later.get("target") != earlier.get("target")
+        ]
+        if ended:
+            endings.append({"fact": str(later.get("id")), "ends": ended})
+    return {"endings": endings}
+
+
+def _moment(fact: JSON) -> datetime:
+    try:
+        return moment_start(str(fact.get("since") or ""))
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
 
 
 def _wants_schema(body: JSON) -> bool:

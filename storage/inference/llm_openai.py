@@ -304,6 +304,59 @@ class OpenAIExtractor:
         extraction.usage = usage
         return extraction
 
+    def ask_structured(
+        self, system: str, user: str, shape: type[Shaped], max_tokens: int
+    ) -> tuple[Shaped, dict[str, int]]:
+        """A reply of `shape` (a `kenning.pipeline.contradiction.FactJudge`), asked on the rung of
+        structured output the endpoint takes, as an extraction is: validated by pydantic, retried
+        when unusable on the schema's rung, read tolerantly and repaired once on the others. The
+        checks it took (`REPLIES_REPAIRED`)."""
+        schema = shape.model_json_schema()
+        rung = self._ladder.current()
+        while True:
+            try:
+                found = self._ask_shape_on(rung, system, user, shape, schema, max_tokens)
+            except _FormatRefused as refused:
+                rung = self._ladder.refused(rung, refused.cause)
+                continue
+            self._ladder.worked(rung)
+            return found
+
+    def _ask_shape_on(
+        self,
+        rung: Rung,
+        system: str,
+        user: str,
+        shape: type[Shaped],
+        schema: dict[str, Any],
+        max_tokens: int,
+    ) -> tuple[Shaped, dict[str, int]]:
+        if rung is Rung.JSON_SCHEMA:
+            response_format: ResponseFormat = {
+                "type": "json_schema",
+                "json_schema": {"name": shape.__name__.lower(), "schema": schema, "strict": False},
+            }
+            value, _ = self._chat.ask(system, user, shape.model_validate_json, response_format, max_tokens)
+            return value, {}
+        loose = cast(ResponseFormat, {"type": "json_object", "schema": schema})
+        asked = loose if rung is Rung.JSON_OBJECT else None
+        system = f"{system}\n\n{schema_instruction(schema)}"
+        content, _ = self._chat.ask(system, user, _nonempty, asked, max_tokens)
+        try:
+            return shape.model_validate(json_of_reply(content)), {}
+        except ValueError as exc:
+            follow: list[ChatCompletionMessageParam] = [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": repair_instruction(_describe(exc))},
+            ]
+            repaired, _ = self._chat.ask(system, user, _nonempty, asked, max_tokens, follow)
+            try:
+                return shape.model_validate(json_of_reply(repaired)), {REPLIES_REPAIRED: 1}
+            except ValueError as again:
+                raise LLMError(
+                    f"the answer was not usable, even repaired once: {_describe(again)}"
+                ) from again
+
     def _output_budget(self, text: str) -> int:
         """The `max_tokens` of an extraction: in proportion to the text's tokens, within bounds."""
         config = self._chat.config
@@ -478,6 +531,7 @@ class OpenAICompleter:
 
 
 T = TypeVar("T")
+Shaped = TypeVar("Shaped", bound=BaseModel)
 
 
 class CircuitOpen(LLMUnreachable):

@@ -158,6 +158,11 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='More names of relations, as JSON: {"dwells_in": "lives_in"}; added to the defaults',
     )
+    facts_llm: bool = Field(
+        default=False,
+        description="With an LLM configured, also ask it which of an entity's facts a new fact ends: "
+        "one call per entity a load batch gives new facts, beside the offline rules",
+    )
     fk_references: dict[str, str] = Field(
         default_factory=dict,
         description='CSV/JSON key columns naming no table, e.g. {"employer_id": "companies"}',
@@ -300,6 +305,7 @@ class Settings(BaseSettings):
             facts=FactRules(
                 functional=self.functional_relations,
                 synonyms={**DEFAULT_SYNONYMS, **self.relation_synonyms},
+                llm_endings=self.facts_llm,
             ),
             entity_types=self.entity_types,
         )
