@@ -7,6 +7,7 @@ messages ("message"), oldest first. Entries expire a while after the session's l
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence, Set
@@ -15,6 +16,7 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kenning.pipeline.errors import InputError
 from kenning.pipeline.lexical import bm25_term, query_terms, tokenize
 from kenning.pipeline.models import utcnow
 
@@ -42,6 +44,13 @@ SessionId = Annotated[
         description=f"A session: short-term memory of one conversation ({SESSION_ID_RULE})",
     ),
 ]
+
+
+def check_session_id(session_id: str) -> str:
+    """The session id if it keeps `SESSION_ID_RULE`; an InputError naming `session_id` otherwise."""
+    if len(session_id) > MAX_SESSION_ID_CHARS or not re.fullmatch(SESSION_ID_PATTERN, session_id):
+        raise InputError(f"session_id must be {SESSION_ID_RULE}, not {session_id[:MAX_SESSION_ID_CHARS]!r}")
+    return session_id
 
 
 class SessionKey(BaseModel):

@@ -1,5 +1,6 @@
-"""A session id means the same over MCP as over HTTP: 1 to 80 printable ASCII characters, from
-one definition (`kenning.pipeline.session`), in the tools' schemas and in what they accept."""
+"""A session id means the same over MCP as over HTTP, in Python and on the command line: 1 to 80
+printable ASCII characters, from one definition (`kenning.pipeline.session`), in the tools' schemas
+and in what every surface accepts."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from typing import Any
 
 import anyio
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
+from kenning.pipeline.errors import InputError
 from kenning.pipeline.permission import User, issue_key
 from kenning.workers.api import create_app
+from kenning.workers.cli.main import main
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from tests.integration.test_mcp import connected, served, text_of
@@ -86,3 +90,26 @@ def test_mcp_tools_take_the_session_ids_the_http_api_takes(memory: Kenning, toke
     assert not remembered.is_error and not recalled.is_error, [text_of(remembered), text_of(recalled)]
     for answer in refused:
         assert answer.is_error and "session_id" in text_of(answer), text_of(answer)
+
+
+@pytest.mark.parametrize("session_id", ["%" * 81, "tab\there", "line\n", "caf\u00e9", ""])
+def test_python_and_the_command_line_refuse_a_session_id_past_the_rule(
+    memory: Kenning, session_id: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a session id that HTTP and MCP refuse
+    # When Python remembers, recalls or searches with it, Then it is refused, naming session_id
+    for attempt in (
+        lambda: memory.remember("a note", "notes", session_id),
+        lambda: memory.recall("note", ["notes"], session_id),
+        lambda: memory.search("note", "CHUNKS", datasets=["notes"], session_id=session_id),
+    ):
+        with pytest.raises(InputError, match="session_id must be 1 to 80 printable ASCII characters"):
+            attempt()
+    # And the command line refuses it too (`kenning` prints the error in one line, exit 2)
+    monkeypatch.setenv("KENNING_HOME", str(memory.settings.home))
+    monkeypatch.setenv("KENNING_EMBEDDING_PROVIDER", "hash")
+    note = tmp_path / "note.txt"
+    note.write_text("a note")
+    assert CliRunner().invoke(main, ["add", str(note), "--dataset", "notes"]).exit_code == 0
+    done = CliRunner().invoke(main, ["recall", "note", "--dataset", "notes", "--session", session_id])
+    assert isinstance(done.exception, InputError) and "session_id" in str(done.exception)

@@ -8,7 +8,7 @@ from kenning.pipeline.errors import ConfigError
 from kenning.pipeline.models import Scope
 from kenning.pipeline.names import check_name
 from kenning.pipeline.permission import Caller
-from kenning.pipeline.session import SessionKey, SessionStore
+from kenning.pipeline.session import SessionKey, SessionStore, check_session_id
 from kenning.workers.runtime.settings import Settings
 from kenning.workers.runtime.wiring import Wiring
 
@@ -37,4 +37,7 @@ class Context:
         return store
 
     def session_key(self, session_id: str) -> SessionKey:
-        return SessionKey(tenant=self.caller.tenant, user=self.caller.user, session_id=session_id)
+        """The caller's session of that id; an InputError for an id that breaks the rule every
+        surface declares (`kenning.pipeline.session.SESSION_ID_RULE`)."""
+        checked = check_session_id(session_id)
+        return SessionKey(tenant=self.caller.tenant, user=self.caller.user, session_id=checked)
