@@ -59,7 +59,7 @@ from tests.simulator import Simulator
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DATASET = "bench"
-SAMPLE_S = 0.5
+SAMPLE_S = 0.1
 STEADY = (0.1, 0.9)
 
 

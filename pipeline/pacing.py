@@ -100,15 +100,18 @@ class Observation:
     in_flight: int
     sent_at: float
     first_token_s: float | None = None
+    # The window's size when the call was sent (None: as it is now).
+    limit: int | None = None
 
 
 @dataclass(eq=False)
 class Turn:
-    """A call's turn in the window: the most calls in flight while it is (itself included), and
-    when it began."""
+    """A call's turn in the window: the most calls in flight while it is (itself included), when
+    it began, and the window's size then."""
 
     in_flight: int
     sent_at: float
+    limit: int = 1
 
 
 class Window:
@@ -151,7 +154,7 @@ class Window:
                     f"no turn to call the LLM within {wait_s:g} s: {len(self._turns)} calls in flight, "
                     f"the {self.limit} it takes at once"
                 )
-            taken = Turn(len(self._turns) + 1, self._clock())
+            taken = Turn(len(self._turns) + 1, self._clock(), self.limit)
             self._turns.add(taken)
             for other in self._turns:
                 other.in_flight = max(other.in_flight, len(self._turns))
@@ -168,7 +171,7 @@ class Window:
         with self._changed:
             if seen.outcome is not Outcome.ANSWERED or self._queued(seen):
                 self._cut(seen)
-            elif seen.in_flight >= self.limit:
+            elif seen.in_flight >= (seen.limit or self.limit):
                 self._grow()
             if seen.first_token_s is not None:
                 self._first_tokens.append(seen.first_token_s)
@@ -181,7 +184,9 @@ class Window:
         return seen.first_token_s > QUEUE_FACTOR * min(self._first_tokens) + QUEUE_MARGIN_S
 
     def _grow(self) -> None:
-        # Only a full window grows: calls fewer than it say nothing about more.
+        # Only a call sent while the window was full grows it: calls fewer than it say nothing
+        # about more. Each such answer counts, however many came back together: a round of w
+        # calls answered at once doubles the window in slow start, as w answers one by one do.
         self._calm += 1
         if self._ceiling == math.inf:
             self._size = min(self._cap, self._size + 1)  # slow start: one more per answer

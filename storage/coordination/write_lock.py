@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,13 +24,42 @@ log = logging.getLogger(__name__)
 WRITE_WAIT_S = 120.0
 # The lock's ttl, extended every third of it while its holder writes.
 WRITE_LOCK_TTL_S = 10.0
+# How often a writer waiting on another process's write asks again (redis-py polls).
+WRITE_POLL_S = 0.01
+
+# The writers of this process wait on each other here, not by asking Redis over and over.
+_local: dict[str, threading.Lock] = {}
+_local_mutex = threading.Lock()
+
+
+def _local_lock(name: str) -> threading.Lock:
+    with _local_mutex:
+        return _local.setdefault(name, threading.Lock())
 
 
 @contextmanager
 def one_writer(client: redis.Redis, name: str) -> Iterator[None]:
     """Hold the Redis lock `name` while the block runs: taken within `WRITE_WAIT_S`, or the block
-    fails as a store that is away (and its task's work is tried again); a Redis that is away too."""
-    lock = client.lock(name, timeout=WRITE_LOCK_TTL_S, blocking_timeout=WRITE_WAIT_S, thread_local=False)
+    fails as a store that is away (and its task's work is tried again); a Redis that is away too.
+    The writers of one process take turns on a lock of their own first, so only one of them at a
+    time waits on the Redis lock."""
+    started = time.monotonic()
+    local = _local_lock(name)
+    if not local.acquire(timeout=WRITE_WAIT_S):
+        raise TransientStoreError(f"the write lock {name} was held longer than {WRITE_WAIT_S:.0f} s")
+    try:
+        left = max(0.0, WRITE_WAIT_S - (time.monotonic() - started))
+        with _redis_writer(client, name, left):
+            yield
+    finally:
+        local.release()
+
+
+@contextmanager
+def _redis_writer(client: redis.Redis, name: str, wait_s: float) -> Iterator[None]:
+    lock = client.lock(
+        name, timeout=WRITE_LOCK_TTL_S, sleep=WRITE_POLL_S, blocking_timeout=wait_s, thread_local=False
+    )
     try:
         taken = lock.acquire()
     except redis.RedisError as error:

@@ -859,7 +859,7 @@ class _ChatCaller:
             heard.own, heard.parts = self._heard, heard.parts + 1
 
     def _observe(self, turn: Turn, outcome: Outcome, first_token_s: float | None = None) -> None:
-        self.window.observe(Observation(outcome, turn.in_flight, turn.sent_at, first_token_s))
+        self.window.observe(Observation(outcome, turn.in_flight, turn.sent_at, first_token_s, turn.limit))
 
     def _record_sent(self, messages: list[ChatCompletionMessageParam]) -> str:
         """Record the request about to be sent in the ledger, charged to the current run; its id,

@@ -201,3 +201,18 @@ def test_the_pacer_keeps_the_lower_of_the_rate_limit_and_the_window() -> None:
     assert Pacer(60, 32, latency_s=1.0, window=window).limit == in_flight(60, 1.0, 32) == 2
     # And no window: the rate limit's alone, as before
     assert Pacer(0, 32).limit == 32
+
+
+def test_a_full_round_answered_at_once_doubles_the_window_in_slow_start() -> None:
+    # Given a window of four over a server that answers every call of a round together
+    clock = Clock()
+    window = Window(cap=32, start=4, clock=clock)
+    held = [window.turn(wait_s=0) for _ in range(4)]
+    turns = [each.__enter__() for each in held]
+    # When all four are answered before any other call is sent
+    for each, turn in zip(held, turns, strict=True):
+        clock.now += 0.01
+        window.observe(Observation(Outcome.ANSWERED, turn.in_flight, turn.sent_at, 1.0, turn.limit))
+        each.__exit__(None, None, None)
+    # Then each of them counted: the window doubled, as four answers one by one double it
+    assert window.limit == 8

@@ -42,6 +42,8 @@ exactly one load worker. Extraction workers never open the vector store, so they
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import socket
@@ -69,6 +71,8 @@ from kenning.workers.runtime.metrics import metrics, serve_worker_metrics, wirin
 from kenning.workers.runtime.schedule import beat_schedule
 from kenning.workers.runtime.settings import Settings, in_mode, load_settings
 from kenning.workers.runtime.wiring import Wiring, open_run_lock
+
+log = logging.getLogger(__name__)
 
 MAX_TASKS_PER_CHILD = 500
 # Waits for a Redis that went away: about a minute in all, then the task fails.
@@ -336,6 +340,7 @@ def run_worker(queues: str | None, concurrency: int | None, loglevel: str) -> No
     settings = load_settings()
     configure_app(app, settings)
     names = worker_queues(settings, queues)
+    _QUEUES[:] = names  # for the pool processes, which warm up as they start
     pool, default = worker_pool(settings, names)
     argv = [
         "worker",
@@ -345,9 +350,37 @@ def run_worker(queues: str | None, concurrency: int | None, loglevel: str) -> No
         f"--hostname={_node_name(names)}",
         f"--pool={pool}",
     ]
-    if pool == "threads" and settings.metrics_port:
-        _serve_metrics(settings)  # no pool process starts: serve from here
+    if pool == "threads":
+        warm_up(names)  # tasks run in this process: its ports are made before it says ready
+        if settings.metrics_port:
+            _serve_metrics(settings)  # no pool process starts: serve from here
     app.worker_main(argv)
+
+
+# The queues this process's worker consumes, set as it starts.
+_QUEUES: list[str] = []
+# The ports each queue's tasks use, made as a worker starts rather than by its first tasks.
+WARM_PORTS = {
+    "pipeline": ("metadata", "chunks", "blobs"),
+    "extract": ("metadata", "chunks", "cache", "extractor", "limiter", "breakers", "spend"),
+    "load": ("metadata", "chunks", "cache", "graph", "vectors", "lexical", "embedder"),
+}
+
+
+def warm_up(queues: list[str]) -> None:
+    """Make this process's resources and the ports its queues' tasks use, so that the first
+    tasks of a run spend no time importing and connecting. A port that fails to open is left
+    for the task that uses it to meet and report."""
+    resources = app.resources()
+    kinds = [kind for kind in WARM_PORTS if queue_name(app.settings, kind) in queues]
+    for name in dict.fromkeys(port for kind in kinds for port in WARM_PORTS[kind]):
+        try:
+            getattr(resources.wiring, name)
+        except Exception as error:  # noqa: BLE001 - reported by the task that needs the port
+            log.warning("port %s not made at start: %s", name, error)
+    if "extract" in kinds:
+        with contextlib.suppress(Exception):
+            resources.slots  # noqa: B018 - made now, not by the first batch
 
 
 def worker_pool(settings: Settings, queues: list[str]) -> tuple[str, int]:
@@ -374,6 +407,7 @@ def _node_name(queues: list[str]) -> str:
 def _on_process_start(**_: object) -> None:
     app.forget_resources()
     settle()
+    warm_up(_QUEUES)
     if app.settings.metrics_port:
         _serve_metrics(app.settings)
 
