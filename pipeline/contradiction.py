@@ -3,18 +3,20 @@
 The rules know functional relations and negations. For the rest ("Ana supports Arsenal", then
 "Ana supports Chelsea"), the load step asks the LLM, when one is configured and
 `FactRules.llm_endings` is on: once per entity that a load batch gives new statements of facts,
-in one call listing the entity's facts that hold now and the batch's new ones, each with the
-time it began, which listed fact ends which earlier one. The reply is checked like every other:
-it must have the `Endings` shape (the client's structured-output ladder asks for it, repairs or
-retries it), its ids must be among those listed (unknown ones are dropped and counted), and a
-pair that involves no new fact, that goes back in time, or that the rules settle is left out.
+in one call listing them and the entity's facts that held since, a row for each moment a fact
+was said to begin, which listed fact ends which earlier one. Only rows a judgment may pair are
+listed: two facts of the entity as subject, or of two subjects the same relation to the entity
+(one holder of an office at a time), one of them new, not a pair the rules settle (a relation
+they know, a negation and its fact). The reply is checked like every other: it must have the
+`Endings` shape (the client's structured-output ladder asks for it, repairs or retries it), its
+ids must be among those listed (unknown ones are dropped and counted), and a pair it may not make
+(no new fact, back in time, one the rules settle) is left out and counted.
 
 What was judged is kept in the statements themselves (`ENDS`, `JUDGED_AT`), so the periods still
 follow from the statements alone: a fact judged to end another retires it from when it began,
 with its own data item as the period's `to_by` and its id as `retired_by`; loading the batch
-again asks nothing again (its statements were judged at their entities already) and retires
-nothing twice (every fact listed was marked judged at the entity); forgetting the ending fact's
-data item makes the ended fact current again.
+again asks nothing again (every statement listed was marked judged at the entity) and retires
+nothing twice; forgetting the ending fact's data item makes the ended fact current again.
 
 The calls are made under the dataset's write lock, as settling is, several at once; a call the LLM
 gives no usable reply to is counted and leaves the facts as the rules settled them (loading them
@@ -163,8 +165,8 @@ def endings_question(listing: dict[str, Any]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class _Listed:
-    """A fact as listed to the model: its edge, its key in the listing, when it began (its last
-    period's start), and whether it is new."""
+    """A row of the listing: its key, its fact, a moment the fact was said to begin at (a fact
+    said to begin at several has a row for each), and whether a new statement says it."""
 
     key: str
     edge: GraphEdge
@@ -254,23 +256,24 @@ def _questions(
 ) -> list[_Question]:
     """One question per entity that a written fact has a statement not judged at, and some pair
     a judgment may make; in entity order."""
-    pending: dict[str, list[GraphEdge]] = {}
-    for edge in facts:
-        if edge.id not in written:
-            continue
-        for entity in sorted({edge.source_id, edge.target_id}):
-            if any(entity not in (said.get(JUDGED_AT) or []) for said in _live(edge)):
-                pending.setdefault(entity, []).append(edge)
     by_entity: dict[str, list[GraphEdge]] = {}
     for edge in facts:
         for entity in {edge.source_id, edge.target_id}:
             by_entity.setdefault(entity, []).append(edge)
     questions = []
-    for entity in sorted(pending):
-        new = sorted(pending[entity], key=lambda edge: (_since(edge), edge.id))
+    for entity in sorted(by_entity):
+        new = [
+            (edge, at)
+            for edge in by_entity[entity]
+            if edge.id in written
+            for at in _moments(said for said in _live(edge) if entity not in (said.get(JUDGED_AT) or []))
+        ]
+        if not new:
+            continue
+        new.sort(key=lambda row: (_start(row[1]), row[0].id))
         if len(new) > MAX_NEW:
             result.counts[NEW_LEFT_OUT] += len(new) - MAX_NEW
-            new = new[:MAX_NEW]
+            new = new[-MAX_NEW:]
         question = _question(entity, new, by_entity[entity], names, rules)
         if question is not None:
             questions.append(question)
@@ -278,25 +281,42 @@ def _questions(
 
 
 def _question(
-    entity: str, new: list[GraphEdge], around: list[GraphEdge], names: dict[str, str], rules: FactRules
+    entity: str,
+    new: list[tuple[GraphEdge, str]],
+    around: list[GraphEdge],
+    names: dict[str, str],
+    rules: FactRules,
 ) -> _Question | None:
-    fresh = {edge.id for edge in new}
-    others = [edge for edge in around if edge.id not in fresh and holds(edge.properties)]
-    rows = [(edge, True) for edge in new]
-    # The entity's facts most likely to be ended, or to end a new one, first: those of a
-    # relationship a new fact has, then the latest.
-    relations = {rules.family(edge.relationship, names.get(edge.target_id, "")) for edge in new}
-    others.sort(
-        key=lambda edge: (
-            rules.family(edge.relationship, names.get(edge.target_id, "")) not in relations,
-            -_start(_since(edge)).timestamp(),
-            edge.id,
+    """The question about `entity`: its new statements of facts, and those of its facts that held
+    at some time since the earliest of them that a judgment may pair with one (`_may_end`), one
+    row for each moment a fact was said to begin; None when there is no such pair."""
+    earliest = _start(new[0][1])
+    fresh = {(edge.id, at) for edge, at in new}
+    others = [
+        (edge, at)
+        for edge in around
+        if _held_since(edge, earliest)
+        for at in _moments(_live(edge))
+        if (edge.id, at) not in fresh
+    ]
+
+    def pair(one: tuple[GraphEdge, str], other: tuple[GraphEdge, str]) -> bool:
+        first, second = _start(one[1]), _start(other[1])
+        return (first > second and _may_end(entity, one[0], other[0], rules, names)) or (
+            second > first and _may_end(entity, other[0], one[0], rules, names)
         )
-    )
-    rows += [(edge, False) for edge in others[:MAX_CURRENT]]
+
+    others = [row for row in others if any(pair(one, row) for one in new)]
+    new = [row for row in new if any(pair(row, other) for other in [*new, *others])]
+    if not new:
+        return None
+    # The latest first, where there are too many.
+    others.sort(key=lambda row: (_start(row[1]), row[0].id), reverse=True)
+    rows = [(edge, at, True) for edge, at in new] + [(edge, at, False) for edge, at in others[:MAX_CURRENT]]
+    rows.sort(key=lambda row: (_start(row[1]), row[0].id))
     listed = [
-        _Listed(f"f{number}", edge, _since(edge), _start(_since(edge)), is_new)
-        for number, (edge, is_new) in enumerate(sorted(rows, key=lambda row: (_since(row[0]), row[0].id)), 1)
+        _Listed(f"f{number}", edge, at, _start(at), is_new)
+        for number, (edge, at, is_new) in enumerate(rows, 1)
     ]
     pairs = {
         (later.key, earlier.key)
@@ -304,26 +324,43 @@ def _question(
         for earlier in listed
         if (later.new or earlier.new)
         and later.start > earlier.start
-        and not _settled_by_rules(later.edge, earlier.edge, rules, names)
+        and _may_end(entity, later.edge, earlier.edge, rules, names)
     }
-    if not pairs:
-        return None
-    return _Question(entity, listed, pairs)
+    return _Question(entity, listed, pairs) if pairs else None
 
 
-def _settled_by_rules(later: GraphEdge, earlier: GraphEdge, rules: FactRules, names: dict[str, str]) -> bool:
-    """Whether the offline rules decide if `later` ends `earlier`: one relation of one value at a
-    time at an end they share, or a negation and its fact on the same two ends."""
-    if (later.source_id, later.target_id) == (earlier.source_id, earlier.target_id):
-        if negates(later.relationship) != negates(earlier.relationship):
-            return True
-    family = rules.family(later.relationship, names.get(later.target_id, ""))
-    if family != rules.family(earlier.relationship, names.get(earlier.target_id, "")):
+def _moments(statements: Iterable[dict[str, Any]]) -> list[str]:
+    """The distinct moments statements say their fact began at."""
+    return sorted({str(said["at"]) for said in statements if said.get("at")}, key=_start)
+
+
+def _held_since(edge: GraphEdge, moment: datetime) -> bool:
+    """Whether the fact holds now, or held at some time since `moment`."""
+    if holds(edge.properties):
+        return True
+    held = edge.properties.get(PERIODS)
+    last = held[-1] if isinstance(held, list) and held else {}
+    return bool(last.get("to")) and _start(str(last["to"])) > moment
+
+
+def _may_end(
+    entity: str, later: GraphEdge, earlier: GraphEdge, rules: FactRules, names: dict[str, str]
+) -> bool:
+    """Whether a judgment may say that `later` ends `earlier`, two facts of `entity`: of the same
+    subject (the entity the source of both), or of two subjects the same relation to the entity
+    (one holder of an office at a time); and not a pair the offline rules settle (a relation they
+    know, or a negation and its fact)."""
+    if later.id == earlier.id:
         return False
-    per_source, per_target = rules.ends_of(family)
-    return (per_source and later.source_id == earlier.source_id) or (
-        per_target and later.target_id == earlier.target_id
-    )
+    family = rules.family(later.relationship, names.get(later.target_id, ""))
+    same = family == rules.family(earlier.relationship, names.get(earlier.target_id, ""))
+    if same and family in rules.functional:
+        return False  # the rules know the relation: which values may hold together is theirs
+    if (later.source_id, later.target_id) == (earlier.source_id, earlier.target_id):
+        return negates(later.relationship) == negates(earlier.relationship)
+    if later.source_id == earlier.source_id == entity:
+        return True
+    return same and later.target_id == earlier.target_id == entity
 
 
 def _ask(judge: FactJudge, question: _Question, names: dict[str, str]) -> Endings | None:
@@ -431,15 +468,6 @@ def _live(edge: GraphEdge) -> list[dict[str, Any]]:
     return [
         said for said in merged_statements(edge.properties.get(SAID) or []) if said.get("data_id") in live
     ]
-
-
-def _since(edge: GraphEdge) -> str:
-    """When the fact began to hold: its last period's start, else its latest statement's."""
-    held = edge.properties.get(PERIODS)
-    if isinstance(held, list) and held and held[-1].get("from"):
-        return str(held[-1]["from"])
-    moments = [str(said.get("at")) for said in _live(edge) if said.get("at")]
-    return max(moments, key=_start) if moments else ""
 
 
 def _start(moment: str) -> datetime:

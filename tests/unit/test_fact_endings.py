@@ -3,9 +3,11 @@ replies (`kenning.pipeline.contradiction`), on the in-memory graph with a script
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
 from pydantic import BaseModel
 
 from kenning.pipeline.contradiction import (
@@ -168,6 +170,25 @@ def test_a_pair_the_rules_settle_is_not_the_llms_to_end() -> None:
     assert judge.asked == [] and graph.current() == {"oslo"}
 
 
+def test_facts_of_other_subjects_at_an_entity_are_put_together_only_for_one_relation() -> None:
+    # Given a city two people speak of in two ways, and a team two people play for
+    graph = Graph()
+    judge = ScriptedJudge(ending("nobody"))
+    graph.load(
+        judge, ("ana", "visited", "oslo", "2021-01-01"), ("rovers", "sponsored_by", "oslo", "2021-02-01")
+    )
+    graph.load(judge, ("united", "plays_against", "rovers", "2021-03-01"))
+    # When a new fact of a third subject comes to each
+    graph.load(judge, ("berlin", "twinned_with", "oslo", "2022-01-01"))
+    assert judge.asked == []  # another subject, another relation: nothing to ask at Oslo
+    graph.load(judge, ("ana", "plays_against", "rovers", "2022-01-01", "d-ana"))
+    # Then Ana's facts were put together, and at Rovers only those of the same relation to it
+    listed = {listing["entity"]: {fact["target"] for fact in listing["facts"]} for listing in judge.asked}
+    assert listed == {"Ana": {"Oslo", "Rovers"}, "Rovers": {"Rovers"}}
+    [rovers] = [listing for listing in judge.asked if listing["entity"] == "Rovers"]
+    assert {fact["source"] for fact in rovers["facts"]} == {"Ana", "United"}
+
+
 def test_loading_again_asks_nothing_and_retires_at_the_same_time() -> None:
     graph = Graph()
     judge = ScriptedJudge(ending("united", "rovers"))
@@ -190,6 +211,54 @@ def test_a_later_fact_loaded_first_ends_the_earlier_one_loaded_after() -> None:
     graph.load(judge, ("ana", "plays_for", "rovers", "2021-03-04"))
     assert graph.current() == {"united"}
     assert graph.fact("ana-plays_for-rovers").properties["periods"][0]["to"] == "2023-05-01"
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+@pytest.mark.parametrize("together", [False, True])
+def test_a_team_again_after_another_holds_twice_in_any_order(order: tuple[int, ...], together: bool) -> None:
+    # Given Ana played for Rovers, then United, then Rovers again, loaded in any order (the last
+    # two in one batch, or each in a batch of its own)
+    said = [
+        ("ana", "plays_for", "rovers", "2020-01-01", "d1"),
+        ("ana", "plays_for", "united", "2021-01-01", "d2"),
+        ("ana", "plays_for", "rovers", "2022-01-01", "d3"),
+    ]
+    graph = Graph()
+    judge = ScriptedJudge(same_relation_ends)
+    batches = (
+        [[said[i] for i in order[:1]], [said[i] for i in order[1:]]]
+        if together
+        else [[said[i]] for i in order]
+    )
+    for batch in batches:
+        graph.load(judge, *batch)
+
+    # Then each held until the next began
+    def spans(edge_id: str) -> list[tuple[str, str | None]]:
+        return [(p["from"], p["to"]) for p in graph.fact(edge_id).properties["periods"]]
+
+    assert spans("ana-plays_for-rovers") == [("2020-01-01", "2021-01-01"), ("2022-01-01", None)]
+    assert spans("ana-plays_for-united") == [("2021-01-01", "2022-01-01")]
+
+
+def same_relation_ends(listing: dict[str, Any]) -> dict[str, Any]:
+    """A later fact ends an earlier one of the same relationship with another target."""
+    facts = listing["facts"]
+    return {
+        "endings": [
+            {
+                "fact": later["id"],
+                "ends": [
+                    e["id"]
+                    for e in facts
+                    if e["relationship"] == later["relationship"]
+                    and e["target"] != later["target"]
+                    and e["since"] < later["since"]
+                ],
+            }
+            for later in facts
+        ]
+    }
 
 
 def test_no_usable_reply_leaves_the_rules_settlement_and_asks_again_next_time() -> None:
