@@ -505,6 +505,15 @@ def held_phrase(properties: dict[str, Any], as_of: str | None = None) -> str:
     return f"({start} to {_day(str(period['to']))})"
 
 
+def fact_line(head: str, properties: dict[str, Any], as_of: str | None = None, description: str = "") -> str:
+    """A fact as every context gives it: its ends and relationship (`head`, in the search type's
+    layout), when it held (`held_phrase`: of several periods, the one covering `as_of`), then
+    what it says: `Ana --[moved_to]--> Berlin (since 2024-05): We moved to Berlin`."""
+    held = held_phrase(properties, as_of)
+    line = f"{head} {held}" if held else head
+    return f"{line}: {description}" if description else line
+
+
 def _day(moment: str) -> str:
     return moment[:10] if moment.endswith("Z") else moment
 
@@ -546,9 +555,8 @@ class Fact(BaseModel):
     @property
     def line(self) -> str:
         """`source relationship target (since ...)`: the fact as a context shows it."""
-        held = held_phrase({PERIODS: [_raw(p) for p in self.periods]})
         text = f"{self.source} {self.relationship.replace('_', ' ')} {self.target}"
-        return f"{text} {held}" if held else text
+        return fact_line(text, {PERIODS: [_raw(p) for p in self.periods]})
 
 
 def _raw(period: Period) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from kenning.pipeline.validity import (
     SAID,
     STRUCTURAL,
     FactRules,
+    fact_line,
     held_phrase,
     holds,
 )
@@ -205,5 +206,4 @@ def _fact_hit(scope: Scope, fact: Stated, score: float, as_of: str | None) -> Hi
 
 
 def _line(fact: Stated, as_of: str | None) -> str:
-    held = held_phrase(fact.properties, as_of)
-    return f"{fact.line} {held}" if held else fact.line
+    return fact_line(fact.line, fact.properties, as_of)

@@ -22,7 +22,7 @@ from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.linking import document_title
 from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
-from kenning.pipeline.validity import held_phrase, holds
+from kenning.pipeline.validity import fact_line, holds
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
 from kenning.retrieval.reference import best_first, chunk_hit, chunk_nodes, first
@@ -108,7 +108,11 @@ class GraphCompletionRetriever:
             ranked = in_rounds(fragment, chunks, ended, closeness)[:top]
             edges = [item for item, _ in ranked if isinstance(item, GraphEdge)]
             self._add_nodes(scope, fragment, chunks, edges, passages=len(edges) < len(ranked))
-            hits += [hit for item, score in ranked if (hit := self._hit(scope, fragment, item, score))]
+            hits += [
+                hit
+                for item, score in ranked
+                if (hit := self._hit(scope, fragment, item, score, request.as_of))
+            ]
         return best_first(hits, min(top, request.top_k))
 
     def _project(self, scope: Scope, chunks: list[str], as_of: str | None) -> Fragment:
@@ -162,8 +166,11 @@ class GraphCompletionRetriever:
         ]
         fragment.nodes.update((node.id, node) for node in nodes)
 
-    def _hit(self, scope: Scope, fragment: Fragment, item: GraphEdge | str, score: float) -> Hit | None:
-        """A triplet's hit; a chunk's (its text) for a chunk id, unless the chunk is gone."""
+    def _hit(
+        self, scope: Scope, fragment: Fragment, item: GraphEdge | str, score: float, as_of: str | None
+    ) -> Hit | None:
+        """A triplet's hit, saying when it held (as of `as_of`); a chunk's (its text) for a chunk
+        id, unless the chunk is gone."""
         if not isinstance(item, GraphEdge):
             node = fragment.nodes.get(item)
             return chunk_hit(scope, node, 1.0 / (1.0 + score)) if node is not None else None
@@ -172,7 +179,7 @@ class GraphCompletionRetriever:
         chunk = fragment.nodes.get(chunk_id) if chunk_id else None
         document_id = chunk.properties.get("document_id") if chunk else None
         return Hit(
-            text=render_triplet(fragment, edge),
+            text=render_triplet(fragment, edge, as_of),
             score=1.0 / (1.0 + score),  # its place in the rounds, as a score in (0, 1]
             kind="edge",
             dataset=scope.dataset,
@@ -250,10 +257,9 @@ def node_text(node: GraphNode | None) -> str:
     return node.type
 
 
-def render_triplet(fragment: Fragment, edge: GraphEdge) -> str:
+def render_triplet(fragment: Fragment, edge: GraphEdge, as_of: str | None = None) -> str:
+    """`source --[relationship]--> target (when it held): description` (`fact_line`)."""
     source = node_text(fragment.nodes.get(edge.source_id))
     target = node_text(fragment.nodes.get(edge.target_id))
-    held = held_phrase(edge.properties)
-    line = f"{source} --[{edge.relationship}]--> {target}" + (f" {held}" if held else "")
     description = str(edge.properties.get("description") or "")
-    return f"{line}: {description}" if description else line
+    return fact_line(f"{source} --[{edge.relationship}]--> {target}", edge.properties, as_of, description)

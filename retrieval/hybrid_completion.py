@@ -20,7 +20,7 @@ from typing import Any
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
-from kenning.pipeline.validity import held_phrase
+from kenning.pipeline.validity import fact_line
 from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
 from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
@@ -81,7 +81,7 @@ class HybridCompletionRetriever:
         points = self._indexed(scope, [e.id for e in fused if e.id in searched and e.id not in nodes])
         hits = [self._hit(scope, entry, nodes, points, rrf[entry.id]) for entry in fused]
         found = [hit for hit in hits if hit is not None]
-        _attach_facts(found, top_facts, nodes)
+        _attach_facts(found, top_facts, nodes, request.as_of)
         return found
 
     def _lanes(
@@ -221,22 +221,24 @@ def _containing_chunks(edges: Iterable[GraphEdge], weights: dict[str, float]) ->
     return [chunk_id for chunk_id, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))]
 
 
-def _attach_facts(hits: list[Hit], facts: list[ScoredPoint], nodes: dict[str, GraphNode]) -> None:
+def _attach_facts(
+    hits: list[Hit], facts: list[ScoredPoint], nodes: dict[str, GraphNode], as_of: str | None
+) -> None:
     by_chunk = {hit.chunk_id: hit for hit in hits}
     for rank, point in enumerate(facts, 1):
         hit = by_chunk.get(str(point.payload.get("chunk_id") or ""))
         if hit is not None:
-            hit.extra.setdefault("facts", []).append({"rank": rank, "text": render_fact(point, nodes)})
+            hit.extra.setdefault("facts", []).append({"rank": rank, "text": render_fact(point, nodes, as_of)})
 
 
-def render_fact(point: ScoredPoint, nodes: dict[str, GraphNode]) -> str:
-    """`source -> relationship -> target: description`, with node names where the graph has them."""
+def render_fact(point: ScoredPoint, nodes: dict[str, GraphNode], as_of: str | None = None) -> str:
+    """`source -> relationship -> target (when it held): description` (`fact_line`), with node
+    names where the graph has them."""
     source = _name(nodes.get(str(point.payload.get("source_id", ""))))
     target = _name(nodes.get(str(point.payload.get("target_id", ""))))
     relationship = str(point.payload.get("relationship", "related_to")).replace("_", " ")
-    held = held_phrase(point.payload)
-    when = f" {held}" if held else ""
-    return f"{source} -> {relationship} -> {target}{when}: {point.payload.get('text', '')}"
+    head = f"{source} -> {relationship} -> {target}"
+    return fact_line(head, point.payload, as_of, str(point.payload.get("text", "")))
 
 
 def _name(node: GraphNode | None) -> str:

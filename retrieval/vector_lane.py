@@ -30,11 +30,17 @@ class VectorLaneRetriever:
         for scope in request.scopes:
             points = self._points(scope, vector, request.top_k)
             chunks = chunk_nodes(self._ports.graph, scope, (p.payload.get("chunk_id") for p in points))
+            texts = self._texts(scope, points, request.as_of)
             for point in points:
                 hit = point_hit(scope, point, self.kind, chunks)
+                hit.text = texts.get(point.id, hit.text)
                 hit.extra.update({key: point.payload.get(key) for key in self.extra_fields})
                 hits.append(hit)
         return best_first(hits, request.top_k)
+
+    def _texts(self, scope: Scope, points: list[ScoredPoint], as_of: str | None) -> dict[str, str]:
+        """The text each point's hit gives, where it is not the point's own (`text`): none here."""
+        return {}
 
     def _points(self, scope: Scope, vector: list[float], top_k: int) -> list[ScoredPoint]:
         """The closest points but those of a skipped relationship."""
