@@ -6,6 +6,14 @@ current value, the value as of a date, and the history.
 
     python -m bench.changing_facts                       # 200 people, 30 companies, seed 7
     python -m bench.changing_facts --people 400 --seed 3
+    python -m bench.changing_facts --llm simulator --teams 60
+
+With `--llm simulator` the project's LLM simulator (in this process) extracts, and the load step
+also asks it which facts a new fact ends (`KENNING_FACTS_LLM`, `kenning.pipeline.contradiction`);
+`llm` then says how many calls each part made. With `--teams N`, N of the people also play for
+football teams and change team now and then ("I play for Harbour United now."): a relation no
+offline rule knows, scored apart as `beyond_rules` (its world is drawn with its own generator, so
+the rest of the world is the same with or without it).
 
 Each answer is read from `Kenning.history(entity, as_of=...)`: the values of the asked relation
 (lives in, works for, holds the office "CEO of X") among the facts that hold now or held at the
@@ -24,15 +32,25 @@ import random
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
+from kenning.pipeline.contradiction import (
+    ENDED_BY_JUDGMENT,
+    JUDGMENTS,
+    JUDGMENTS_FAILED,
+    NEW_LEFT_OUT,
+    PAIRS_LEFT_OUT,
+    UNKNOWN_IDS,
+)
 from kenning.pipeline.ingest import text_source
 from kenning.pipeline.validity import Fact, FactRules
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
+from tests.simulator import Simulator
 
 FIRST = [
     "Ana", "Bruno", "Carla", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lars",
@@ -64,6 +82,10 @@ COMPANIES = [
     "Wyvern Aero", "Yarrow Textiles", "Zephyr Mobility", "Alder Finance", "Bramble Games", "Cobalt Mills",
     "Dunmore Health", "Ember Networks", "Fjord Shipping", "Granite Cloud", "Heron Studios",
     "Ironwood Motors", "Juniper Pharma",
+]  # fmt: skip
+TEAMS = [
+    "Celtic Rovers", "Harbour United", "Northgate Athletic", "Riverside Wanderers", "Kingsbridge Town",
+    "Eastport Rangers", "Millbrook Albion", "Westfield Harriers", "Stonebridge Celtic", "Ashford Villa",
 ]  # fmt: skip
 START, END = date(2020, 1, 1), date(2024, 12, 31)
 NOW = "now"
@@ -104,6 +126,7 @@ class World:
     cities: dict[str, Timeline] = field(default_factory=dict)
     employers: dict[str, Timeline] = field(default_factory=dict)
     ceos: dict[str, Timeline] = field(default_factory=dict)
+    teams: dict[str, Timeline] = field(default_factory=dict)
 
 
 def generate(people: int, rng: random.Random) -> World:
@@ -120,6 +143,24 @@ def generate(people: int, rng: random.Random) -> World:
     for company in COMPANIES:
         _succeed(world, company, [executives.pop() for _ in range(rng.randint(1, 3))], rng)
     return world
+
+
+def play(world: World, players: int, rng: random.Random) -> None:
+    """`players` of the world's people play for a team, and change team now and then."""
+    for name in sorted(world.cities)[:players]:
+        team = rng.choice(TEAMS)
+        first = START + timedelta(days=rng.randrange(0, 200))
+        timeline = Timeline([(first.isoformat(), team)])
+        say = _speaker(world, name)
+        say(first, f"I play for {team}.")
+        month = date(first.year, first.month, 1)
+        while (month := _next_month(month)) <= END:
+            day = month + timedelta(days=rng.randrange(2, 26))
+            if day <= END and rng.random() < 0.06:
+                team = rng.choice([t for t in TEAMS if t != team])
+                timeline.changes.append((day.isoformat(), team))
+                say(day, f"I play for {team} now.")
+        world.teams[name] = timeline
 
 
 def _live(world: World, name: str, rng: random.Random) -> None:
@@ -217,7 +258,17 @@ def _some_day(rng: random.Random) -> date:
     return date(2020, 7, 1) + timedelta(days=rng.randrange(0, (END - date(2020, 7, 1)).days))
 
 
+def team_questions(world: World, rng: random.Random) -> list[Question]:
+    asked = []
+    for name in world.teams:
+        asked += [Question("current", name, "play_for"), Question("as_of", name, "play_for", _some_day(rng))]
+        asked += [Question("history", name, "play_for")]
+    return asked
+
+
 def truth_of(world: World, question: Question) -> Timeline:
+    if question.relation == "play_for":
+        return world.teams[question.entity]
     if question.relation == "lives_in":
         return world.cities[question.entity]
     if question.relation == "works_for":
@@ -283,25 +334,36 @@ def _share(found: list[bool]) -> float | None:
     return round(sum(found) / len(found), 4) if found else None
 
 
-def run(people: int, seed: int, home: Path) -> dict[str, Any]:
+def run(people: int, seed: int, home: Path, llm: str = "offline", teams: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
     world = generate(people, rng)
     asked = questions(world, rng)
+    team_rng = random.Random(f"teams-{seed}")
+    play(world, teams, team_rng)
+    beyond = team_questions(world, team_rng)
     texts = list(world.texts)
     rng.shuffle(texts)  # loaded in no particular order: periods follow from the texts' own times
-    settings = load_settings(home=home, embedding_provider="hash")
-    with Kenning(settings) as memory:
+    with ExitStack() as stack:
+        options: dict[str, Any] = {}
+        if llm == "simulator":
+            simulator = stack.enter_context(Simulator())
+            options = {"llm_url": simulator.base_url, "llm_api_key": "bench", "facts_llm": True}
+        settings = load_settings(home=home, embedding_provider="hash", **options)
+        memory = stack.enter_context(Kenning(settings))
         started = time.perf_counter()
         memory.add([text_source(text, name=name) for name, text in texts], "changes")
         run = memory.cognify("changes")
         ingest_s = time.perf_counter() - started
         started = time.perf_counter()
         scored = score(memory, world, asked, "changes")
+        beyond_scored = score(memory, world, beyond, "changes") if beyond else None
         nodes, edges = memory.wiring.graph.export(memory.scope("changes"))
+        [status] = memory.status("changes")
+        calls = simulator.stats()["calls"].get("chat", 0) if llm == "simulator" else 0
     timed = [edge for edge in edges if edge.properties.get("periods")]
-    return {
+    result = {
         "benchmark": "changing_facts",
-        "mode": "offline (no LLM, hashed embeddings)",
+        "mode": MODES[llm],
         "seed": seed,
         "people": people,
         "companies": len(world.ceos),
@@ -317,16 +379,38 @@ def run(people: int, seed: int, home: Path) -> dict[str, Any]:
         "graph": {"nodes": len(nodes), "edges": len(edges)},
         "targets": {"current_accuracy": 0.95, "as_of_accuracy": 0.90},
     }
+    if beyond_scored is not None:
+        result["beyond_rules"] = {"relation": "play_for", "players": len(world.teams), **beyond_scored}
+    if llm == "simulator":
+        judgments = {name: run.stats.get(name, 0) for name in JUDGMENT_STATS}
+        result["llm"] = {
+            "calls": calls,
+            "calls_in_status": status["llm_calls"],
+            "extraction_calls": calls - judgments[JUDGMENTS],
+            **judgments,
+        }
+    return result
+
+
+MODES = {
+    "offline": "offline (no LLM, hashed embeddings)",
+    "simulator": "LLM simulator (extraction and fact judgments, KENNING_FACTS_LLM), hashed embeddings",
+}
+JUDGMENT_STATS = (JUDGMENTS, JUDGMENTS_FAILED, ENDED_BY_JUDGMENT, UNKNOWN_IDS, PAIRS_LEFT_OUT, NEW_LEFT_OUT)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--people", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", default="bench/results/changing_facts.json")
+    parser.add_argument("--llm", choices=sorted(MODES), default="offline")
+    parser.add_argument("--teams", type=int, default=0, help="people who also play for teams")
+    parser.add_argument("--out", default=None, help="default: bench/results/changing_facts[_simulator].json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kenning-changing-") as home:
-        result = run(args.people, args.seed, Path(home))
+        result = run(args.people, args.seed, Path(home), args.llm, args.teams)
+    suffix = "" if args.llm == "offline" else f"_{args.llm}"
+    args.out = args.out or f"bench/results/changing_facts{suffix}.json"
     text = json.dumps(result, indent=2)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
