@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.locomo import DEFAULT, conversation_of, grid, option_label, report, run_conversation, split, table
+from bench.locomo import (
+    DEFAULT,
+    conversation_of,
+    grid,
+    option_label,
+    recall_latency,
+    report,
+    run_conversation,
+    split,
+    table,
+)
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from tests.integration.test_bench_locomo import record
@@ -35,3 +45,20 @@ def test_the_tuning_grid_tries_the_time_and_graph_lanes() -> None:
     labels = [option_label(options) for options in grid()]
     assert "timed=1,ordered=1,graph=0" in labels and "timed=3,ordered=1,graph=1" in labels
     assert all(options["weights"]["dated"] == 2.0 for options in grid())
+
+
+def test_the_default_recall_latency_is_given_per_question_against_its_target() -> None:
+    # Given 100 recalls of 10 to 109 ms, in two conversations
+    rows = [{"seconds": (10 + n) / 1000} for n in range(100)]
+    figures = recall_latency(rows, {"a": rows[:50], "b": rows[50:]})
+
+    # Then the percentiles are of every question, each conversation's of its own
+    assert (figures["questions"], figures["p50_ms"], figures["p95_ms"], figures["max_ms"]) == (
+        100,
+        60.0,
+        105.0,
+        109.0,
+    )
+    assert figures["p95_under_target"] is False
+    assert figures["per_conversation"]["a"] == {"p50_ms": 35.0, "p95_ms": 57.0}
+    assert recall_latency(rows[:30], {})["p95_under_target"] is True
