@@ -40,6 +40,8 @@ attempt, so a window that shrinks holds back the calls already in flight too.
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 import math
 import threading
 import time
@@ -267,12 +269,18 @@ def window_of(client: object) -> Window | None:
 
 class Slots:
     """A gate of calls in flight shared by every thread of a process: as many as `pacer` allows
-    at the latency it observes (`client`'s answers, followed as each call ends)."""
+    at the latency it observes (`client`'s answers, followed as each call ends).
+
+    A free slot goes to the waiter of least rank, not to whichever thread wakes first: the items
+    of the batch that started first are called first, so its batch ends (and is loaded) while
+    later ones wait, rather than every batch ending together at the last."""
 
     def __init__(self, pacer: Pacer, client: Metered | None = None) -> None:
         self._pacer = pacer
         self._client = client
         self._busy = 0
+        self._waiting: list[tuple[float, int, int]] = []  # a heap of ranks, each made unique
+        self._tickets = itertools.count()
         self._changed = threading.Condition()
         if client is not None:
             pacer.follow(client)
@@ -285,13 +293,27 @@ class Slots:
     def busy(self) -> int:
         return self._busy
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     @contextmanager
-    def taken(self) -> Iterator[None]:
-        """Hold a slot while the block runs; wait for one first when all are busy."""
+    def taken(self, rank: tuple[float, int] | None = None) -> Iterator[None]:
+        """Hold a slot while the block runs; wait for one first when all are busy, behind the
+        waiters of lower `rank` (by default, those that came before)."""
+        ticket = next(self._tickets)
+        mine = (*(rank or (time.monotonic(), 0)), ticket)
         with self._changed:
-            # Each slot is given back when its call ends, which its deadline bounds. A window that
-            # grows meanwhile is seen when the next slot is given back.
-            self._changed.wait_for(lambda: self._busy < self._pacer.limit)
+            heapq.heappush(self._waiting, mine)
+            self._changed.notify_all()
+            try:
+                # Each slot is given back when its call ends, which its deadline bounds. A window
+                # that grows meanwhile is seen when the next slot is given back.
+                self._changed.wait_for(lambda: self._busy < self._pacer.limit and self._waiting[0] == mine)
+            finally:
+                self._waiting.remove(mine)
+                heapq.heapify(self._waiting)
+                self._changed.notify_all()
             self._busy += 1
         try:
             yield

@@ -33,6 +33,8 @@ from kenning.pipeline.models import (
     DataItem,
     Document,
     DocumentRecord,
+    GraphEdge,
+    GraphNode,
     ItemStatus,
     VectorPoint,
     content_hash,
@@ -409,8 +411,12 @@ def _write_batch(
 ) -> Counter[str]:
     """Write the batch and mark its chunks loaded; a chunk the assembly has no extraction for
     (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
+    # The batch's own chunks (their vectors and words) are no other batch's: written outside
+    # the dataset's one write at a time, which guards what batches share (nodes, facts).
+    _write_vectors(services, job, indexed, own=True)
+    nodes, edges = _graph_of(assembly)
     with writing():
-        counts = _write(services, job, assembly, indexed)
+        counts = _write(services, job, nodes, edges, indexed)
         counts.update(_settle(services, job, assembly))
     built = assembly.chunk_ids
     missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
@@ -421,14 +427,31 @@ def _write_batch(
     return counts
 
 
-def _write(services: Services, job: Job, assembly: Assembly, indexed: Indexed) -> Counter[str]:
-    services.graph.upsert_nodes(job.scope, [graph_node(node) for node in assembly.nodes.values()])
-    services.graph.upsert_edges(
-        job.scope, [graph_edge(edge, assembly.chunk_of[edge.id]) for edge in assembly.edges.values()]
-    )
+def _graph_of(assembly: Assembly) -> tuple[list[GraphNode], list[GraphEdge]]:
+    """The assembly's nodes and facts as the graph store takes them (made outside the write lock:
+    checking them is most of what upserting them costs here)."""
+    nodes = [graph_node(node) for node in assembly.nodes.values()]
+    edges = [graph_edge(edge, assembly.chunk_of[edge.id]) for edge in assembly.edges.values()]
+    return nodes, edges
+
+
+def _write(
+    services: Services, job: Job, nodes: list[GraphNode], edges: list[GraphEdge], indexed: Indexed
+) -> Counter[str]:
+    services.graph.upsert_nodes(job.scope, nodes)
+    services.graph.upsert_edges(job.scope, edges)
+    _write_vectors(services, job, indexed, own=False)
+    return Counter(nodes=len(nodes), edges=len(edges), embeddings=len(indexed.vectors))
+
+
+def _write_vectors(services: Services, job: Job, indexed: Indexed, own: bool) -> None:
+    """Write the batch's points of the chunks collection and its chunks' words (`own`), or its
+    points of every other collection."""
     by_collection: dict[str, list[VectorPoint]] = {}
     entries, vectors = indexed.entries, indexed.vectors
     for entry in entries:
+        if (entry.collection == collection.CHUNKS) != own:
+            continue
         # Unchecked: built from the batch's own fields; checking 384 floats costs more than writing them.
         point = VectorPoint.model_construct(
             id=entry.point_id, vector=vectors[entry.text], payload=entry.payload
@@ -437,9 +460,9 @@ def _write(services: Services, job: Job, assembly: Assembly, indexed: Indexed) -
     for name, points in by_collection.items():
         services.vectors.ensure_collection(name, services.embedder.dimension)
         services.vectors.upsert(job.scope, name, points)
-    chunk_texts = [(e.point_id, e.text, e.payload) for e in entries if e.collection == collection.CHUNKS]
-    services.lexical.index(job.scope, chunk_texts)
-    return Counter(nodes=len(assembly.nodes), edges=len(assembly.edges), embeddings=len(vectors))
+    if own:
+        chunk_texts = [(e.point_id, e.text, e.payload) for e in entries if e.collection == collection.CHUNKS]
+        services.lexical.index(job.scope, chunk_texts)
 
 
 def _settle(services: Services, job: Job, assembly: Assembly) -> Counter[str]:
@@ -492,7 +515,9 @@ def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
         assembly.add_node(record, "")
     for edge in edges:
         assembly.add_edge(edge, "")
-    return dict(_write(services, job, assembly, _embed(services, assembly)))
+    indexed = _embed(services, assembly)
+    _write_vectors(services, job, indexed, own=True)
+    return dict(_write(services, job, *_graph_of(assembly), indexed))
 
 
 def _table_name(name: str) -> str:

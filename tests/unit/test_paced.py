@@ -137,3 +137,41 @@ def test_the_first_item_that_fails_stops_those_not_started_and_the_batch_raises_
     # Then the items waiting for the slot did not start, and the slot was given back
     assert len(gate.entered) == 1
     assert slots.busy == 0
+
+
+def test_a_free_slot_goes_to_the_waiter_of_least_rank_the_batch_that_started_first() -> None:
+    # Given one slot, held, and waiters of two batches, the later batch's waiter first in line
+    slots, order, holding = Slots(Pacer(rpm=0, cap=1)), [], threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with slots.taken():
+            holding.set()
+            assert release.wait(WAIT_S)
+
+    def wait_for_slot(rank: tuple[float, int]) -> None:
+        with slots.taken(rank):
+            order.append(rank)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(WAIT_S)
+    waiters = []
+    for rank in [(2.0, 0), (1.0, 1), (1.0, 0)]:
+        waiter = threading.Thread(target=wait_for_slot, args=(rank,))
+        waiter.start()
+        waiters.append(waiter)
+        assert in_line(slots, len(waiters))
+    # When the slot is given back
+    release.set()
+    for thread in [holder, *waiters]:
+        thread.join(WAIT_S)
+    # Then the earlier batch's items went first, in their order, then the later batch's
+    assert order == [(1.0, 0), (1.0, 1), (2.0, 0)]
+    assert slots.busy == 0 and slots.waiting == 0
+
+
+def in_line(slots: Slots, count: int) -> bool:
+    """Wait until `count` threads wait for a slot (woken as each gets in line)."""
+    with slots._changed:  # noqa: SLF001
+        return slots._changed.wait_for(lambda: slots.waiting == count, timeout=WAIT_S)  # noqa: SLF001

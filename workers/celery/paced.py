@@ -15,6 +15,7 @@ that raises stops the items not yet started, and the batch raises it once the ot
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
@@ -30,12 +31,13 @@ def run_paced(slots: Slots, step: Step, services: Services, job: Job, items: Seq
         with slots.taken():
             return step.run(services, job, items).counts
     stop = threading.Event()
+    started = time.monotonic()  # the batch's rank: its items go before those of later batches
 
-    def one(item: str) -> StepResult:
+    def one(index: int, item: str) -> StepResult:
         if stop.is_set():
             return StepResult()
         try:
-            with slots.taken():
+            with slots.taken((started, index)):
                 if stop.is_set():
                     return StepResult()
                 return step.run(services, job, [item])
@@ -44,7 +46,7 @@ def run_paced(slots: Slots, step: Step, services: Services, job: Job, items: Seq
             raise
 
     with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix=step.name) as pool:
-        futures = [pool.submit(copy_context().run, one, item) for item in items]
+        futures = [pool.submit(copy_context().run, one, index, item) for index, item in enumerate(items)]
     failed = next((future.exception() for future in futures if future.exception() is not None), None)
     if failed is not None:
         raise failed
