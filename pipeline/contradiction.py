@@ -191,7 +191,9 @@ class Judged:
 
     counts: Counter[str] = field(default_factory=Counter)
     ends: dict[str, set[str]] = field(default_factory=dict)  # ender edge id -> ended edge ids
-    judged: dict[str, set[str]] = field(default_factory=dict)  # new edge id -> entity ids
+    # Edge id -> (entity, moment) of each row it was listed in: its statements of that moment were
+    # put to the LLM at that entity.
+    judged: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
 
 
 def settle_batch(
@@ -271,10 +273,12 @@ def _questions(
         if not new:
             continue
         new.sort(key=lambda row: (_start(row[1]), row[0].id))
+        fresh = {(edge.id, at) for edge, at in new}
         if len(new) > MAX_NEW:
+            # Left out of this call and unmarked: loading them again asks about them.
             result.counts[NEW_LEFT_OUT] += len(new) - MAX_NEW
             new = new[-MAX_NEW:]
-        question = _question(entity, new, by_entity[entity], names, rules)
+        question = _question(entity, new, fresh, by_entity[entity], names, rules)
         if question is not None:
             questions.append(question)
     return questions
@@ -283,15 +287,16 @@ def _questions(
 def _question(
     entity: str,
     new: list[tuple[GraphEdge, str]],
+    fresh: set[tuple[str, str]],
     around: list[GraphEdge],
     names: dict[str, str],
     rules: FactRules,
 ) -> _Question | None:
-    """The question about `entity`: its new statements of facts, and those of its facts that held
-    at some time since the earliest of them that a judgment may pair with one (`_may_end`), one
-    row for each moment a fact was said to begin; None when there is no such pair."""
+    """The question about `entity`: its `new` statements of facts, and those of its facts that
+    held at some time since the earliest of them that a judgment may pair with one (`_may_end`),
+    one row for each moment a fact was said to begin (none of the `fresh` ones, every new one);
+    None when there is no such pair."""
     earliest = _start(new[0][1])
-    fresh = {(edge.id, at) for edge, at in new}
     others = [
         (edge, at)
         for edge in around
@@ -419,13 +424,13 @@ def _read(question: _Question, endings: Endings, result: Judged) -> None:
                 result.counts[ENDED_BY_JUDGMENT] += 1
     # Every listed fact was put against the others: loading any of them again asks nothing.
     for listed in question.listed:
-        result.judged.setdefault(listed.edge.id, set()).add(question.entity)
+        result.judged.setdefault(listed.edge.id, set()).add((question.entity, listed.since))
 
 
 def _record(graph: GraphStore, scope: Scope, node_ids: Sequence[str], judged: Judged) -> set[str]:
     """Write what was judged into the statements of the facts: each ending into every statement
-    of its ender, each entity a fact was put to the LLM at into its statements. The ends of the
-    facts whose periods may change (to settle again)."""
+    of its ender, each entity a statement was put to the LLM at (in a row of its moment) into it.
+    The ends of the facts whose periods may change (to settle again)."""
     changed = set(judged.ends) | set(judged.judged)
     if not changed:
         return set()
@@ -441,8 +446,9 @@ def _record(graph: GraphStore, scope: Scope, node_ids: Sequence[str], judged: Ju
         for said in statements:
             if edge_id in judged.ends:
                 said[ENDS] = sorted({*said.get(ENDS, []), *judged.ends[edge_id]})
-            if edge_id in judged.judged:
-                said[JUDGED_AT] = sorted({*said.get(JUDGED_AT, []), *judged.judged[edge_id]})
+            at = {entity for entity, moment in judged.judged.get(edge_id, set()) if moment == said.get("at")}
+            if at:
+                said[JUDGED_AT] = sorted({*said.get(JUDGED_AT, []), *at})
         properties = {**edge.properties, SAID: merged_statements(edge.properties.get(SAID) or [], statements)}
         if properties != edge.properties:
             updated.append(edge.model_copy(update={"properties": properties}))

@@ -15,6 +15,8 @@ from kenning.pipeline.contradiction import (
     FACTS_RETIMED,
     JUDGMENTS,
     JUDGMENTS_FAILED,
+    MAX_NEW,
+    NEW_LEFT_OUT,
     PAIRS_LEFT_OUT,
     UNKNOWN_IDS,
     Endings,
@@ -259,6 +261,27 @@ def same_relation_ends(listing: dict[str, Any]) -> dict[str, Any]:
             for later in facts
         ]
     }
+
+
+def test_new_facts_beyond_a_call_are_counted_and_asked_about_when_loaded_again() -> None:
+    # Given one batch giving Ana more new teams than a call lists
+    graph = Graph()
+    teams = [f"team{number:02}" for number in range(MAX_NEW + 2)]
+    graph.graph.upsert_nodes(
+        SCOPE, [GraphNode(id=t, type="Entity", properties={"name": t}, data_ids=["seed"]) for t in teams]
+    )
+    batch = [("ana", "plays_for", team, f"2021-01-{number + 1:02}") for number, team in enumerate(teams)]
+    judge = ScriptedJudge(same_relation_ends)
+    counts = graph.load(judge, *batch)
+
+    # Then the latest were listed, the two earliest counted as left out and not marked judged
+    assert counts[NEW_LEFT_OUT] == 2 and len(judge.asked) == 1
+    assert {fact["target"] for fact in judge.asked[0]["facts"]} == set(teams[2:])
+    # And loading the batch again asks about them, and a third time asks nothing
+    graph.load(judge, *batch)
+    assert len(judge.asked) == 2 and {"team00", "team01"} <= {f["target"] for f in judge.asked[1]["facts"]}
+    graph.load(judge, *batch)
+    assert len(judge.asked) == 2 and graph.current() == {teams[-1]}
 
 
 def test_no_usable_reply_leaves_the_rules_settlement_and_asks_again_next_time() -> None:
