@@ -244,8 +244,9 @@ def judge_endings(
     ) as pool:
         replies = [pool.submit(copy_context().run, _ask, judge, question, names) for question in questions]
         for question, reply in zip(questions, replies, strict=True):
-            endings = reply.result()
+            endings, checks = reply.result()
             result.counts[JUDGMENTS] += 1
+            result.counts.update(checks)  # the repairs the replies took, as extractions count them
             if endings is None:
                 result.counts[JUDGMENTS_FAILED] += 1
                 continue
@@ -368,19 +369,20 @@ def _may_end(
     return same and later.target_id == earlier.target_id == entity
 
 
-def _ask(judge: FactJudge, question: _Question, names: dict[str, str]) -> Endings | None:
+def _ask(
+    judge: FactJudge, question: _Question, names: dict[str, str]
+) -> tuple[Endings | None, dict[str, int]]:
     listing = {
         "entity": names.get(question.entity, ""),
         "facts": [_row(listed, names) for listed in question.listed],
     }
     system, user = endings_question(listing)
     try:
-        endings, _checks = judge.ask_structured(system, user, Endings, _reply_budget(len(question.listed)))
+        return judge.ask_structured(system, user, Endings, _reply_budget(len(question.listed)))
     except LLMError as error:
         # The facts stay as the rules settled them; loading the batch again asks again.
         log.warning("no judgment of the facts of %r: %s", names.get(question.entity, ""), error)
-        return None
-    return endings
+        return None, {}
 
 
 def _reply_budget(listed: int) -> int:

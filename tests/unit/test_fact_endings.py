@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import BaseModel
 
+from kenning.pipeline.checks import REPLIES_REPAIRED
 from kenning.pipeline.contradiction import (
     ENDED_BY_JUDGMENT,
     FACTS_RETIMED,
@@ -51,7 +52,7 @@ class ScriptedJudge:
         listing = unwrap_listing(user)
         assert listing is not None and max_tokens > 0
         self.asked.append(listing)
-        return shape.model_validate(self.reply(listing)), {}
+        return shape.model_validate(self.reply(listing)), {REPLIES_REPAIRED: 1}
 
 
 def key_of(listing: dict[str, Any], target: str) -> str:
@@ -126,6 +127,7 @@ def test_one_call_per_entity_with_the_facts_of_now_and_the_new_ones() -> None:
 
     # Then Ana's facts were asked about once (the teams and the city have no other fact)
     assert counts[JUDGMENTS] == 1 and counts[ENDED_BY_JUDGMENT] == 1, counts
+    assert counts[REPLIES_REPAIRED] == 1  # what the reply took is counted as an extraction's is
     [listing] = judge.asked
     assert listing["entity"] == "Ana"
     assert {(f["target"], f["since"], f["new"]) for f in listing["facts"]} == {
