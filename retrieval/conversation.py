@@ -44,16 +44,24 @@ from kenning.retrieval.fusion import Weight, known_lanes, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
 from kenning.retrieval.reference import best_first, by_feedback, feedback, first, relevance
 from kenning.retrieval.timeline import every_fact
-from kenning.retrieval.when import Asked, Span, anchored, asked, overlaps, timed, told, within
+from kenning.retrieval.turn_cache import (
+    STAMP,
+    TIME,
+    TURN_FIELDS,
+    TURNS,
+    Known,
+    new_stamp,
+    said_on,
+    turn_cache,
+)
+from kenning.retrieval.when import Asked, Span, anchored, asked, overlaps, within
 
-TURNS = "ConversationTurn_text"
-TURN_FIELDS = ("text", "data_ids", "document_id", "previous", "next", "speaker", "said_at")
+__all__ = ["TURNS", "TURN_FIELDS", "said_on"]  # kept here for those reading turns
 LANES = ("turns", "chunks", "lexical", "lexical_context", "dated", "timed", "ordered", "speaker", "graph")
 # The lanes a query opens by naming a day or a speaker count double: few turns qualify.
 NAMED_LANE_WEIGHT = 2.0
 ASKED_LANES = ("dated", "timed", "ordered", "speaker")
 LINKS = ("previous", "next")
-TIME = re.compile(r"^\[[^\]]*\] ")  # the `[time] ` a message's text starts with
 
 
 class ConversationConfig(BaseModel):
@@ -141,6 +149,7 @@ def turn_points(turns: Sequence[Turn], vectors: Sequence[Sequence[float]]) -> li
     """
     if len(turns) != len(vectors):
         raise ValueError(f"{len(turns)} turns but {len(vectors)} vectors")
+    stamp = new_stamp()  # what reads turns keeps a payload by its stamp (kenning.retrieval.turn_cache)
     points = []
     for index, turn in enumerate(turns):
         previous = turns[index - 1].chunk_id if index > 0 else None
@@ -155,6 +164,7 @@ def turn_points(turns: Sequence[Turn], vectors: Sequence[Sequence[float]]) -> li
             "chunk_id": turn.chunk_id,
             "previous": previous,
             "next": following,
+            STAMP: stamp,
         }
         points.append(VectorPoint(id=turn.chunk_id, vector=list(vectors[index]), payload=payload))
     return points
@@ -178,7 +188,8 @@ def mend_turns(
     wanted = sorted({turn for gap in gaps for turn in gap if turn})
     found = {point.id: point for point in vectors.retrieve(scope, TURNS, wanted)} if wanted else {}
     pairs = [(_kept(found, before), _kept(found, after)) for before, after in sorted(gaps, key=str)]
-    links = {before: {"next": after} for before, after in pairs if before}
+    stamp = new_stamp()
+    links = {before: {"next": after, STAMP: stamp} for before, after in pairs if before}
     if links:
         vectors.set_payload(scope, TURNS, links)
     mended = [(before, found[after]) for before, after in pairs if after]
@@ -189,7 +200,9 @@ def mend_turns(
         for before, point in mended
     ]
     points = [
-        VectorPoint(id=point.id, vector=list(vector), payload={**point.payload, "previous": before})
+        VectorPoint(
+            id=point.id, vector=list(vector), payload={**point.payload, "previous": before, STAMP: stamp}
+        )
         for (before, point), vector in zip(mended, embedder.embed(texts), strict=True)
     ]
     vectors.upsert(scope, TURNS, points)
@@ -267,7 +280,7 @@ class ConversationRetriever:
         self, scope: Scope, request: SearchRequest, config: ConversationConfig, vector: list[float]
     ) -> list[Hit]:
         ports = self._ports
-        turns = ports.vectors.search(scope, TURNS, vector, config.max_turns, TURN_FIELDS)
+        turns, known = turn_cache(ports.vectors).read(ports.vectors, scope, vector, config.max_turns)
         chunks = by_feedback(ports.vectors.search(scope, CHUNKS, vector, config.depth))
         lexical = ports.lexical.search(scope, request.query, config.depth)
         candidates = _candidates(turns, chunks, lexical)
@@ -286,7 +299,7 @@ class ConversationRetriever:
         ask, speaker = asked(request.query, last_day(turns)), named_speaker(turns, request.query)
         if ask.spans or ask.anchor or ask.when or ask.order or speaker:
             close = closeness(turns, chunks, bm25)
-            lanes.update(asked_lanes(turns, ask, speaker, close, config))
+            lanes.update(asked_lanes(turns, ask, speaker, close, config, known))
         fused = reciprocal_rank_fusion(lanes, config.weights, config.rrf_k)
         # Every lane's items are read (a walk's chunk not read by a lane has no text to show).
         found = {entry.id: entry.score for entry in fused if entry.id in candidates}
@@ -302,7 +315,7 @@ class ConversationRetriever:
         shares = {item: score / best + moved.get(item, 0.0) for item, score in scores.items()}
         hits = []
         for item in ranked(shares)[: request.top_k]:
-            hit = _hit(scope, candidates[item].point, ask)
+            hit = _hit(scope, candidates[item].point, ask, known.get(item))
             hit.score = relevance(shares[item])
             hit.extra["fused"] = scores[item]
             hits.append(hit)
@@ -336,54 +349,74 @@ def asked_lanes(
     speaker: str | None,
     close: Mapping[str, float],
     config: ConversationConfig,
+    known: Mapping[str, Known] | None = None,
 ) -> dict[str, list[str]]:
-    """The lanes the query's words open (see the module's docstring), each at most `depth` deep."""
+    """The lanes the query's words open (see the module's docstring), each at most `depth` deep;
+    `known`: what is known of the turns (else worked out here)."""
     lanes = {
-        "dated": dated(turns, list(ask.spans) or event_spans(turns, ask.anchor, close), close),
-        "timed": timed_turns(turns, close) if ask.when else [],
-        "ordered": in_order(turns, close, ask.order, config.order_pool),
+        "dated": dated(turns, list(ask.spans) or event_spans(turns, ask.anchor, close, known), close, known),
+        "timed": timed_turns(turns, close, known) if ask.when else [],
+        "ordered": in_order(turns, close, ask.order, config.order_pool, known),
         "speaker": spoken_by(turns, speaker, close),
     }
     return {lane: found[: config.depth] for lane, found in lanes.items()}
 
 
-def event_spans(turns: Sequence[ScoredPoint], anchor: str, close: Mapping[str, float]) -> list[Span]:
+def event_spans(
+    turns: Sequence[ScoredPoint],
+    anchor: str,
+    close: Mapping[str, float],
+    known: Mapping[str, Known] | None = None,
+) -> list[Span]:
     """The days "the day before the concert" names: beside the day the turn closest to the query
     speaks of (the day it says, "yesterday" said the day after, else the day it was said)."""
     if not anchor or not turns:
         return []
-    top = max(turns, key=lambda point: close[point.id])
-    day = said_on(top.payload)
+    top = _known(max(turns, key=lambda point: close[point.id]), known)
+    day = top.day
     if day is None:
         return []
-    spoken = [start for start, end in told(_words(top.payload), day) if end - start == timedelta(days=1)]
+    spoken = [start for start, end in top.told() if end - start == timedelta(days=1)]
     return [anchored(anchor, spoken[0] if spoken else day)]
 
 
-def dated(turns: Sequence[ScoredPoint], spans: list[Span], close: Mapping[str, float]) -> list[str]:
+def dated(
+    turns: Sequence[ScoredPoint],
+    spans: list[Span],
+    close: Mapping[str, float],
+    known: Mapping[str, Known] | None = None,
+) -> list[str]:
     """The turns said in the spans, or whose words speak of a day in them, closest first."""
     if not spans:
         return []
-    return _closest([p.id for p in turns if _dated(p.payload, spans)], close)
+    return _closest([p.id for p in turns if _dated(_known(p, known), spans)], close)
 
 
-def _dated(payload: Mapping[str, Any], spans: list[Span]) -> bool:
-    day = said_on(payload)
+def _dated(turn: Known, spans: list[Span]) -> bool:
+    day = turn.day
     if day is None:
         return False
-    return within(day, spans) or overlaps(told(_words(payload), day), spans)
+    return within(day, spans) or overlaps(turn.told(), spans)
 
 
-def timed_turns(turns: Sequence[ScoredPoint], close: Mapping[str, float]) -> list[str]:
+def timed_turns(
+    turns: Sequence[ScoredPoint], close: Mapping[str, float], known: Mapping[str, Known] | None = None
+) -> list[str]:
     """The turns whose words say a time or a length of time, closest first."""
-    return _closest([point.id for point in turns if timed(_words(point.payload))], close)
+    return _closest([point.id for point in turns if _known(point, known).timed()], close)
 
 
-def in_order(turns: Sequence[ScoredPoint], close: Mapping[str, float], order: int, pool: int) -> list[str]:
+def in_order(
+    turns: Sequence[ScoredPoint],
+    close: Mapping[str, float],
+    order: int,
+    pool: int,
+    known: Mapping[str, Known] | None = None,
+) -> list[str]:
     """The `pool` turns closest to the query, earliest said first (order 1) or latest first (-1)."""
     if not order:
         return []
-    dated_turns = [(point.id, day) for point in turns if (day := said_on(point.payload))]
+    dated_turns = [(point.id, day) for point in turns if (day := _known(point, known).day)]
     closest = sorted(dated_turns, key=lambda pair: -close[pair[0]])[:pool]
     return [item for item, _ in sorted(closest, key=lambda pair: pair[1], reverse=order < 0)]
 
@@ -399,9 +432,10 @@ def _said_at(point: ScoredPoint) -> str:
     return str(point.payload.get("said_at"))
 
 
-def _words(payload: Mapping[str, Any]) -> str:
-    """A turn's own words, without the time its text starts with (read as a date it names)."""
-    return TIME.sub("", str(payload.get("text", "")), count=1)
+def _known(point: ScoredPoint, known: Mapping[str, Known] | None) -> Known:
+    """What is known of a turn: from `known` when it holds it, else worked out now."""
+    found = known.get(point.id) if known else None
+    return found if found is not None else Known(point.payload, None)
 
 
 def named_speaker(turns: Sequence[ScoredPoint], query: str) -> str | None:
@@ -422,18 +456,6 @@ def spoken_by(turns: Sequence[ScoredPoint], speaker: str | None, close: Mapping[
 
 def _closest(found: list[str], close: Mapping[str, float]) -> list[str]:
     return sorted(found, key=lambda item: -close[item])
-
-
-def said_on(payload: Mapping[str, Any]) -> date | None:
-    """The day a turn was said: its `said_at`, else the `[time] ` its text starts with."""
-    said = str(payload.get("said_at") or "")
-    if not said:
-        stamp = TIME.match(str(payload.get("text", "")))
-        said = stamp.group(0)[1:-2] if stamp else ""
-    try:
-        return date.fromisoformat(said[:10])
-    except ValueError:
-        return None
 
 
 def best_possible(config: ConversationConfig, opened: Sequence[str] = LANES) -> float:
@@ -460,18 +482,18 @@ def _candidates(
     return found
 
 
-def _hit(scope: Scope, point: ScoredPoint, ask: Asked) -> Hit:
+def _hit(scope: Scope, point: ScoredPoint, ask: Asked, known: Known | None = None) -> Hit:
     """The message of a turn, with its speaker, when it was said, and (asked when) the days its
-    words speak of, as ISO dates or ranges."""
+    words speak of, as ISO dates or ranges; `known`: what is known of the turn, if it is one."""
     payload = point.payload
+    turn = known if known is not None and known.payload is payload else Known(payload, None)
     document_id = payload.get("document_id")
     extra: dict[str, Any] = {
         "speaker": str(payload.get("speaker") or ""),
         "said_at": str(payload.get("said_at") or ""),
     }
-    day = said_on(payload)
-    if day is not None and (ask.when or ask.spans or ask.anchor or ask.order):
-        extra["speaks_of"] = [_iso(span) for span in told(_words(payload), day)]
+    if turn.day is not None and (ask.when or ask.spans or ask.anchor or ask.order):
+        extra["speaks_of"] = [_iso(span) for span in turn.told()]
     return Hit(
         text=str(payload.get("text", "")),
         score=1.0,

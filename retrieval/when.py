@@ -29,7 +29,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
-from functools import lru_cache
 
 Span = tuple[date, date]  # [start, end): the days an expression names
 EVER: Span = (date.min, date.max)
@@ -160,14 +159,13 @@ def anchored(anchor: str, day: date) -> Span:
     return _shifted(near, (day, day + timedelta(days=1))) if near else (day, day + timedelta(days=1))
 
 
-@lru_cache(maxsize=65536)
 def told(text: str, said: date) -> tuple[Span, ...]:
-    """The days a message said on `said` speaks of ("yesterday" is the day before), cached: the same
-    messages are read by every query."""
+    """The days a message said on `said` speaks of ("yesterday" is the day before). Not cached here:
+    a cache of message texts would keep forgotten ones (`kenning.retrieval.turn_cache` keeps what
+    is read from a dataset's turns, and drops it with them)."""
     return tuple(spans_in(text, said))
 
 
-@lru_cache(maxsize=65536)
 def timed(text: str) -> bool:
     """Whether a message says when or for how long: a date, a relative time or a length of time."""
     return bool(_DURATION.search(text) or _found(text, date(2000, 1, 1)))

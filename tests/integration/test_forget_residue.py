@@ -16,6 +16,7 @@ from kenning.pipeline.ingest import text_source
 from kenning.pipeline.models import DataItem, Dataset, Scope
 from kenning.pipeline.permission import User, issue_key
 from kenning.pipeline.session import SessionEntry
+from kenning.retrieval.turn_cache import STAMP
 from kenning.workers.api import create_app
 from kenning.workers.application.lifecycle import Message
 from kenning.workers.memory import Kenning
@@ -174,7 +175,11 @@ def stores(kenning: Kenning, point_ids: list[str]) -> dict[str, Any]:
     vectors = kenning.wiring.vectors
     for name in vectors.list_collections():
         found = vectors.retrieve(scope, name, point_ids)
-        points[name] = (vectors.count(scope, name), {point.id: _untimed(point.payload) for point in found})
+        # A turn's stamp marks each write of it (kenning.retrieval.turn_cache): no two ingests share one.
+        payloads = {
+            point.id: _untimed({k: v for k, v in point.payload.items() if k != STAMP}) for point in found
+        }
+        points[name] = (vectors.count(scope, name), payloads)
     return {"graph": graph, "points": points}
 
 

@@ -32,6 +32,7 @@ from kenning.pipeline.session import SessionEntry
 from kenning.pipeline.tasks import load
 from kenning.retrieval.contract import SearchType
 from kenning.retrieval.conversation import mend_turns, turns_of
+from kenning.retrieval.turn_cache import forget_turns
 from kenning.workers.application import gate
 from kenning.workers.application.context import Context
 from kenning.workers.application.decay import AccessBuffer, stale_items
@@ -195,6 +196,9 @@ def forget_held(
     # The turns beside a forgotten message embed its words: read its links before it goes.
     gone = turns_of(wiring.vectors, dataset.scope, chunk_ids) if data_ids is not None else {}
     forgotten = forget_items(wiring, job, ids, memory_only)
+    # What this process keeps of the turns read goes with them (other processes drop theirs at
+    # their next read of the dataset).
+    forget_turns(wiring.vectors, dataset.scope, chunk_ids if data_ids is not None else None)
     if gone:
         mend_turns(wiring.vectors, wiring.embedder, dataset.scope, gone)
     if data_ids is None and not _active_runs(wiring.metadata, dataset):
