@@ -14,9 +14,10 @@ one written since, by this process or any other. A turn with no stamp (indexed b
 is read whole each time. What is worked out from a payload is kept with the text and time it
 came from, and worked out again when they differ.
 
-A dataset's entry holds the turns its last read found, no others: a turn forgotten elsewhere
-goes at the next query of its dataset, and `forget` in this process drops what it forgets at
-once (`forget_turns`). Entries are kept for the `MAX_TURNS` most recently read turns in all.
+A dataset's entry holds the turns its last read found, no others. `forget` in this process
+drops what it forgets at once (`forget_turns`); a turn deleted any other way (by another
+process, or a message replaced under its id) goes at the next read of its dataset. Entries are
+kept for the `MAX_TURNS` most recently read turns in all.
 """
 
 from __future__ import annotations
