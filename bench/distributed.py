@@ -19,8 +19,9 @@ made to when 90% were), that rate as a fraction of the limit, and the 429s.
 distributed (two `kenning worker` processes as the README starts them, their default
 concurrency, PostgreSQL metadata), for each `--cases` entry `latency_ms:rpm` (rpm 0: no
 limit). Reported per case: each mode's seconds, chat calls in flight at most, the fraction of
-the ideal (calls / (rpm / 60) seconds) under a limit, and distributed's throughput over
-embedded's.
+the ideal (calls / (rpm / 60) seconds) under a limit, over the whole run and in the steady
+state (the admitted rate from 10% to 90% of the calls over the limit), and distributed's
+throughput over embedded's.
 
     python -m bench.distributed --mode overhead --documents 200
     python -m bench.distributed --mode limit --documents 300 --workers 1,2,4
@@ -34,6 +35,7 @@ import json
 import multiprocessing
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -195,11 +197,28 @@ def embedded(sources: list[Source], latency_ms: float, rpm: int, home: Path) -> 
         )
         with Kenning(settings, Wiring(settings)) as memory:
             memory.add(sources, DATASET)
+            samples: list[tuple[float, int]] = []
+            done = threading.Event()
             started = time.monotonic()
-            run = memory.cognify(DATASET)
-            elapsed = time.monotonic() - started
+            sampler = threading.Thread(target=sample, args=(simulator, started, samples, done), daemon=True)
+            sampler.start()
+            try:
+                run = memory.cognify(DATASET)
+            finally:
+                elapsed = time.monotonic() - started
+                done.set()
+                sampler.join(timeout=10.0)
         stats = simulator.stats()
-    return figures_of(run, elapsed, stats, rpm)
+    samples.append((elapsed, admitted(stats)))
+    return figures_of(run, elapsed, stats, rpm, samples)
+
+
+def sample(
+    simulator: Simulator, started: float, samples: list[tuple[float, int]], done: threading.Event
+) -> None:
+    """Record (seconds since `started`, calls admitted) every `SAMPLE_S` until `done`."""
+    while not done.wait(SAMPLE_S):
+        samples.append((time.monotonic() - started, admitted(simulator.stats())))
 
 
 def distributed(sources: list[Source], latency_ms: float, rpm: int, home: Path) -> dict[str, Any]:
@@ -210,15 +229,21 @@ def distributed(sources: list[Source], latency_ms: float, rpm: int, home: Path) 
     ):
         target = deployment(home, url, simulator.base_url, llm_rpm=str(rpm))
         pool = Workers(target, home, concurrency=None)
-        run, elapsed, _ = cognify(target, sources, [pool], simulator, 600.0)
+        run, elapsed, samples = cognify(target, sources, [pool], simulator, 600.0)
         stats = simulator.stats()
-    return figures_of(run, elapsed, stats, rpm)
+    samples.append((elapsed, admitted(stats)))
+    return figures_of(run, elapsed, stats, rpm, samples)
 
 
-def figures_of(run: PipelineRun, elapsed: float, stats: dict[str, Any], rpm: int) -> dict[str, Any]:
+def figures_of(
+    run: PipelineRun, elapsed: float, stats: dict[str, Any], rpm: int, samples: list[tuple[float, int]]
+) -> dict[str, Any]:
+    """The run's figures; under a limit, the fraction of the ideal over the whole run (its steps
+    before the first call and after the last included) and in the steady state."""
     calls = admitted(stats)
     ideal_s = calls / (rpm / 60) if rpm else None
     return {
+        "steady_fraction_of_limit": round(steady_rate(samples) / rpm, 4) if rpm else None,
         "status": run.status.value,
         "chunks": run.stats.get("chunks_to_extract", 0),
         "seconds": round(elapsed, 2),

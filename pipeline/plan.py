@@ -24,7 +24,7 @@ from kenning.pipeline.models import (
     utcnow,
 )
 from kenning.pipeline.spend import charged_to
-from kenning.pipeline.tasks import Writing
+from kenning.pipeline.tasks import Claim, Writing
 
 
 class StepResult(BaseModel):
@@ -35,7 +35,7 @@ class StepResult(BaseModel):
 
 
 StepFunction = Callable[[Services, Job, Sequence[str]], StepResult]
-PartFunction = Callable[[Services, Job, Sequence[str], Writing], StepResult]
+PartFunction = Callable[[Services, Job, Sequence[str], Writing, Claim | None], StepResult]
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,14 @@ class Step:
         writes through `fenced_services`: none of its writes happens once the fence is lost."""
         return self._timed(lambda fenced: self.function(fenced, job, items), services, job)
 
-    def run_part(self, services: Services, job: Job, items: Sequence[str], writing: Writing) -> StepResult:
+    def run_part(
+        self, services: Services, job: Job, items: Sequence[str], writing: Writing, claim: Claim | None = None
+    ) -> StepResult:
         """The step's `part` over the fan-out's batch `items`, as `run` runs the step."""
         part = self.part
         if part is None:
             raise ValueError(f"step {self.name} has no part")
-        return self._timed(lambda fenced: part(fenced, job, items, writing), services, job)
+        return self._timed(lambda fenced: part(fenced, job, items, writing, claim), services, job)
 
     def _timed(self, work: Callable[[Services], StepResult], services: Services, job: Job) -> StepResult:
         started = time.perf_counter()
@@ -95,8 +97,10 @@ def _load(services: Services, job: Job, _items: Sequence[str]) -> StepResult:
     return StepResult(counts=tasks.load(services, job))
 
 
-def _load_part(services: Services, job: Job, items: Sequence[str], writing: Writing) -> StepResult:
-    return StepResult(counts=tasks.load_part(services, job, items, writing))
+def _load_part(
+    services: Services, job: Job, items: Sequence[str], writing: Writing, claim: Claim | None
+) -> StepResult:
+    return StepResult(counts=tasks.load_part(services, job, items, writing, claim))
 
 
 def _prepare_load(services: Services, _job: Job) -> None:

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import copy_context
 from dataclasses import dataclass
+from typing import Protocol
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import Assembly, IndexEntry, assemble, graph_edge, graph_node, index_entries
@@ -52,6 +53,14 @@ log = logging.getLogger(__name__)
 # Around each write of a load batch: lets one write of the dataset at a time through, where
 # load parts run at once (a no-op where one writer does all the writes).
 Writing = Callable[[], AbstractContextManager[object]]
+
+
+class Claim(Protocol):
+    """Takes chunks for the caller's load part: of those given, in order, the ones no other part
+    of the run took first, at most `limit` (None: all of them)."""
+
+    def __call__(self, ids: Sequence[str], limit: int | None = None) -> list[str]: ...
+
 
 STRUCTURED_KINDS = frozenset({"csv", "json"})
 # Documents chunked between two writes of their chunks (one transaction for their chunks, one
@@ -292,7 +301,11 @@ def load(services: Services, job: Job, writing: Writing = nullcontext) -> dict[s
 
 
 def load_part(
-    services: Services, job: Job, items: Sequence[str], writing: Writing = nullcontext
+    services: Services,
+    job: Job,
+    items: Sequence[str],
+    writing: Writing = nullcontext,
+    claim: Claim | None = None,
 ) -> dict[str, int]:
     """Load the chunks of the extraction units `items` that are extracted, as `load` would, while
     the rest of the run is still extracted: the run's `load` then does what is left.
@@ -300,12 +313,33 @@ def load_part(
     Parts may run at once, on any workers: each writes its batches inside `writing()`, which
     must let one write of the dataset at a time through (a node or fact that several parts
     produce is merged with what is stored, a read then a write). Assembly and embeddings run
-    outside it, in parallel."""
+    outside it, in parallel.
+
+    With `claim`, a part also takes extracted chunks of the run that no part has taken yet, up to
+    a load batch: when the writes fall behind the extraction, each write carries more chunks, and
+    the parts of those chunks find them loaded and pass. A part always loads its own chunks that
+    are not loaded yet, whoever took them: a part that took them and died leaves nothing out."""
     records = services.chunks.get_chunks(chunk_ids_of(items))
     extracted = [record.id for record in records if record.status == ChunkStatus.EXTRACTED]
-    totals = _load_chunks(services, job, extracted, writing)
-    totals.update(streamed_chunks=len(extracted))
+    taken = extracted + _more_chunks(services, job, extracted, claim)
+    totals = _load_chunks(services, job, taken, writing)
+    totals.update(streamed_chunks=len(taken))
     return dict(totals)
+
+
+def _more_chunks(services: Services, job: Job, own: list[str], claim: Claim | None) -> list[str]:
+    """Extracted chunks of the run beyond `own` that this part takes, filling its load batch."""
+    if claim is None:
+        return []
+    claim(own)  # no other part takes these as more
+    room = services.config.load_batch - len(own)
+    if room <= 0:
+        return []
+    mine = set(own)
+    waiting = [
+        i for i in services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED) if i not in mine
+    ]
+    return claim(waiting, room)
 
 
 def _load_chunks(services: Services, job: Job, chunk_ids: list[str], writing: Writing) -> Counter[str]:

@@ -48,6 +48,7 @@ import math
 import os
 import socket
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -59,7 +60,7 @@ from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import Scope
 from kenning.pipeline.pacing import Metered, Pacer, Slots, window_of
 from kenning.pipeline.ports import RunLock
-from kenning.pipeline.tasks import Writing
+from kenning.pipeline.tasks import Claim, Writing
 from kenning.storage.coordination.lease_redis import RedisLeases
 from kenning.storage.coordination.queue_depth import queue_depths, waiting_with
 from kenning.storage.coordination.redis_client import open_redis
@@ -73,6 +74,19 @@ from kenning.workers.runtime.settings import Settings, in_mode, load_settings
 from kenning.workers.runtime.wiring import Wiring, open_run_lock
 
 log = logging.getLogger(__name__)
+
+# How long a run's claims on chunks outlive its last load part, if its end does not delete them.
+CLAIMS_TTL_S = 3600
+# Add the ids (ARGV[3..]) to the set, in order, until ARGV[1] were new; those new ones.
+CLAIM_SCRIPT = """
+local taken = {}
+for i = 3, #ARGV do
+  if #taken >= tonumber(ARGV[1]) then break end
+  if redis.call('SADD', KEYS[1], ARGV[i]) == 1 then taken[#taken + 1] = ARGV[i] end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return taken
+"""
 
 MAX_TASKS_PER_CHILD = 500
 # Waits for a Redis that went away: about a minute in all, then the task fails.
@@ -137,6 +151,31 @@ class Resources:
         with self._mutex:
             client = self._redis()
         return lambda: one_writer(client, name)
+
+    def claiming(self, run_id: str) -> Claim:
+        """The run's load parts' claim on chunks (a Redis set per run): of the ids given, those
+        no part took before, at most `limit`; none while Redis is away (the part then loads its
+        own chunks only)."""
+        with self._mutex:
+            client = self._redis()
+        key = keys.claims_prefix(self.settings.queue_prefix) + run_id
+        script = client.register_script(CLAIM_SCRIPT)
+
+        def claim(ids: Sequence[str], limit: int | None = None) -> list[str]:
+            if not ids:
+                return []
+            try:
+                taken = script(keys=[key], args=[limit or len(ids), CLAIMS_TTL_S, *ids])
+            except redis.RedisError as error:
+                log.warning("chunks of run %s not claimed: %s", run_id, error)
+                return []
+            return [value.decode() if isinstance(value, bytes) else str(value) for value in taken]
+
+        return claim
+
+    def forget_claims(self, run_id: str) -> None:
+        with contextlib.suppress(redis.RedisError), self._mutex:
+            self._redis().delete(keys.claims_prefix(self.settings.queue_prefix) + run_id)
 
     def waiting(self, run_id: str) -> int:
         """How many of the run's tasks wait in the broker's queues (0 if the broker is not Redis)."""

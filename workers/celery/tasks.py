@@ -188,11 +188,11 @@ def register_part(step: Step) -> None:
     def run_part(self: Any, done: dict[str, int], state: dict[str, Any], items: list[str]) -> dict[str, int]:
         message, resources = Message.model_validate(state), app.resources()
         unit = f"{step.name}_part:{items[0] if items else ''}"
-        writing = resources.writing(message.job.scope)
+        writing, claim = resources.writing(message.job.scope), resources.claiming(message.job.run_id)
 
         def work() -> dict[str, int]:
             with holding(resources, message, unit):
-                return step.run_part(resources.wiring, message.job, items, writing).counts
+                return step.run_part(resources.wiring, message.job, items, writing, claim).counts
 
         counts = riding_out(resources, unit, work)
         return merge_counts([StepResult(counts=done), StepResult(counts=counts)])
@@ -400,6 +400,8 @@ def _renew(resources: Resources, job: Job, unit: str) -> None:
 
 
 def _forget_leases(resources: Resources, job: Job) -> None:
+    """An ended run's leases, and its load parts' claims on chunks."""
+    resources.forget_claims(job.run_id)
     try:
         resources.leases.forget(job.run_id)
     except TransientStoreError as error:

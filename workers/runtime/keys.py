@@ -34,6 +34,11 @@ def write_lock_prefix(prefix: str) -> str:
     return f"{prefix}:writes:"
 
 
+def claims_prefix(prefix: str) -> str:
+    """Keys of the chunks each run's load parts have taken (a set per run)."""
+    return f"{prefix}:claims:"
+
+
 def deliveries_prefix(prefix: str) -> str:
     """Keys counting how often each task message was delivered."""
     return f"{prefix}:deliveries:"
