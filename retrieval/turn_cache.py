@@ -138,39 +138,52 @@ class TurnCache:
         self, vectors: VectorStore, scope: Scope, vector: Sequence[float], limit: int
     ) -> tuple[list[ScoredPoint], dict[str, Known]]:
         """The scope's `limit` closest turns, closest first, each with its `TURN_FIELDS` payload (as
-        `vectors.search` gives them), and what is known of each."""
+        `vectors.search` gives them), and what is known of each. A payload may be the one kept:
+        read it, never change it."""
         key = (scope.tenant, scope.dataset)
         with self._lock:
             generation = self._generation.get(key, 0)
-            held = self._held.get(key)
+            held = self._held.get(key) or {}
+        kept: dict[str, Known] = {}
         if not held or any(known.stamp is None for known in held.values()):
             # None held, or turns indexed before stamps: every payload is read.
             points = vectors.search(scope, TURNS, vector, limit, [*TURN_FIELDS, STAMP])
         else:
-            points = self._stamped(vectors, scope, vector, limit, held)
+            points = self._stamped(vectors, scope, vector, limit, held, kept)
         known = {}
         for point in points:
-            stamp = _stamp(point.payload)
-            before = held.get(point.id) if held else None
+            same = kept.get(point.id)
+            if same is not None:
+                known[point.id] = same
+                continue
+            stamp, before = _stamp(point.payload), held.get(point.id)
             known[point.id] = before.carried(point.payload, stamp) if before else Known(point.payload, stamp)
         self._store(key, generation, known)
         return points, known
 
     def _stamped(
-        self, vectors: VectorStore, scope: Scope, vector: Sequence[float], limit: int, held: dict[str, Known]
+        self,
+        vectors: VectorStore,
+        scope: Scope,
+        vector: Sequence[float],
+        limit: int,
+        held: dict[str, Known],
+        kept: dict[str, Known],
     ) -> list[ScoredPoint]:
-        """The search's scores and stamps, and the payloads held for the stamps seen before; the
-        others read by id (all of them in one search again, when there are many)."""
+        """The search's scores and stamps, with the payloads held for the stamps seen before (those
+        turns noted in `kept`); the others read by id (all of them in one search again, when there
+        are many)."""
         points = vectors.search(scope, TURNS, vector, limit, [STAMP])
         unseen = []
         for point in points:
-            stamp = _stamp(point.payload)
             before = held.get(point.id)
-            if stamp is not None and before is not None and before.stamp == stamp:
-                point.payload = dict(before.payload)
+            if before is not None and before.stamp is not None and before.stamp == point.payload.get(STAMP):
+                point.payload = before.payload  # type: ignore[assignment]  # read only, as kept
+                kept[point.id] = before
             else:
                 unseen.append(point.id)
         if len(unseen) > MAX_UNSEEN:
+            kept.clear()
             return vectors.search(scope, TURNS, vector, limit, [*TURN_FIELDS, STAMP])
         if unseen:
             found = {p.id: p.payload for p in vectors.retrieve(scope, TURNS, unseen, [*TURN_FIELDS, STAMP])}
