@@ -205,11 +205,13 @@ def settle_batch(
     node_ids: Sequence[str],
     written: Collection[str],
     judge: FactJudge | None = None,
+    whole: Collection[str] | None = None,
 ) -> Counter[str]:
-    """Settle the facts of a load batch (`settle_facts`): by the rules, then, with a `judge`,
-    by what it says of the entities the batch gave new statements of facts, settled again where
-    that changed something. The run stats of it; called under the dataset's write lock."""
-    counts = Counter({FACTS_RETIMED: settle_facts(graph, vectors, scope, rules, node_ids, written)})
+    """Settle the facts of a load batch (`settle_facts`, reading every fact of `whole`): by the
+    rules, then, with a `judge`, by what it says of the entities the batch gave new statements of
+    facts, settled again where that changed something. The run stats of it; called under the
+    dataset's write lock."""
+    counts = Counter({FACTS_RETIMED: settle_facts(graph, vectors, scope, rules, node_ids, written, whole)})
     if judge is None or not node_ids or not written:
         return counts
     judged = judge_endings(graph, scope, rules, judge, node_ids, written)

@@ -47,6 +47,7 @@ from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
 from kenning.pipeline.temporal import document_time, moment
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_item, unit_text, units_of
+from kenning.pipeline.validity import keyed_ends
 
 log = logging.getLogger(__name__)
 
@@ -503,12 +504,24 @@ def _settle(services: Services, job: Job, assembly: Assembly) -> Counter[str]:
     """Work out again when the facts about the batch's entities held (a newer fact may end an
     older one: `kenning.pipeline.validity`, and with an LLM `kenning.pipeline.contradiction`).
     Runs where the batch is written, so one write of the dataset at a time settles its facts."""
-    ends = {end for edge in assembly.edges.values() if edge.said for end in (edge.source_id, edge.target_id)}
+    said = [edge for edge in assembly.edges.values() if edge.said]
+    ends = {end for edge in said for end in (edge.source_id, edge.target_id)}
     rules = services.config.facts
     judge = judge_of(services.extractor, rules)
-    return settle_batch(
-        services.graph, services.vectors, job.scope, rules, sorted(ends), set(assembly.edges), judge
+    facts = [(edge.source_id, edge.relationship, edge.target_id) for edge in said]
+    # A judge records which facts end which in the statements of the facts beside them: with
+    # one, every fact of every end is read; by the rules alone, those the rules key are enough.
+    whole = (
+        None if judge is not None else keyed_ends(rules, facts, lambda node_id: _name_of(assembly, node_id))
     )
+    return settle_batch(
+        services.graph, services.vectors, job.scope, rules, sorted(ends), set(assembly.edges), judge, whole
+    )
+
+
+def _name_of(assembly: Assembly, node_id: str) -> str:
+    node = assembly.nodes.get(node_id)
+    return str(getattr(node, "name", "") or "") if node is not None else ""
 
 
 OPEN_CHUNKS = (ChunkStatus.PENDING, ChunkStatus.EXTRACTED, ChunkStatus.FAILED)

@@ -12,7 +12,7 @@ loading the same statements again, in any order, on any worker, gives the same p
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -225,24 +225,36 @@ class Settled:
     changed: list[GraphEdge]
 
 
-def settle(graph: GraphStore, scope: Scope, node_ids: Sequence[str], rules: FactRules) -> Settled:
+def settle(
+    graph: GraphStore,
+    scope: Scope,
+    node_ids: Sequence[str],
+    rules: FactRules,
+    whole: Collection[str] | None = None,
+) -> Settled:
     """Work out again the periods of every fact touching `node_ids` (the ends of the facts just
     written, or of those a forget took support from) and write those that changed. A statement
-    counts only while its data item still supports the fact; the others are dropped from it."""
+    counts only while its data item still supports the fact; the others are dropped from it.
+
+    With `whole`, only those of `node_ids` have every fact of theirs read (`keyed_ends`: where
+    the facts written key a relation of one value at a time); of the others, the facts between
+    two of `node_ids` are: enough to settle a fact no such relation keys (its negations and
+    restatements are between its own ends), without reading every fact of a much-named place
+    at each write."""
     wanted = set(node_ids)
-    edges = [e for e in graph.get_edges(scope, sorted(wanted)) if SAID in e.properties] if wanted else []
+    read = wanted if whole is None else set(whole) & wanted
+    edges = _facts_of(graph, scope, sorted(read), sorted(wanted) if whole is not None else [])
     # A fact a judgment ended may be ended by a fact at its other end: read both its ends.
-    beyond = {end for edge in edges if _judged(edge) for end in (edge.source_id, edge.target_id)} - wanted
+    beyond = {end for edge in edges if _judged(edge) for end in (edge.source_id, edge.target_id)} - read
     if beyond:
         known = {edge.id for edge in edges}
-        more = graph.get_edges(scope, sorted(beyond))
-        edges += [edge for edge in more if SAID in edge.properties and edge.id not in known]
-        wanted |= beyond
+        edges += [edge for edge in _facts_of(graph, scope, sorted(beyond), []) if edge.id not in known]
+        read |= beyond
     if not edges:
         return Settled({}, [])
     names = _names(graph, scope, edges)
     timed = periods(edges, rules, names)
-    complete = [edge for edge in edges if _complete(edge, rules, names, wanted)]
+    complete = [edge for edge in edges if _complete(edge, rules, names, read, wanted)]
     changed, stale = [], []
     for edge in complete:
         properties = timed_properties(edge, timed.get(edge.id, []), rules)
@@ -265,12 +277,14 @@ def settle_facts(
     rules: FactRules,
     node_ids: Sequence[str],
     written: Iterable[str] = (),
+    whole: Collection[str] | None = None,
 ) -> int:
-    """`settle` the facts touching `node_ids` in the scope, and put the periods of those that
-    changed (and of the facts `written` just now) into their vector points. How many changed."""
+    """`settle` the facts touching `node_ids` in the scope (every fact of `whole`, None: of all
+    of them), and put the periods of those that changed (and of the facts `written` just now)
+    into their vector points. How many changed."""
     if not node_ids:
         return 0
-    settled = settle(graph, scope, node_ids, rules)
+    settled = settle(graph, scope, node_ids, rules, whole)
     ids = {*written, *(edge.id for edge in settled.changed)}
     values = {edge_id: {PERIODS: held} for edge_id, held in settled.periods.items() if edge_id in ids}
     if values:
@@ -288,18 +302,50 @@ def _names(graph: GraphStore, scope: Scope, edges: Sequence[GraphEdge]) -> dict[
     return {node.id: str(node.properties.get("name") or "") for node in nodes}
 
 
-def _complete(edge: GraphEdge, rules: FactRules, names: dict[str, str], read: set[str]) -> bool:
+def _facts_of(graph: GraphStore, scope: Scope, whole: list[str], among: list[str]) -> list[GraphEdge]:
+    """The facts (edges with statements) of the nodes `whole`, and those between two of `among`."""
+    found = {edge.id: edge for edge in graph.get_edges(scope, whole)} if whole else {}
+    if among:
+        found.update((edge.id, edge) for edge in graph.get_edges(scope, among, among=True))
+    return [edge for edge in found.values() if SAID in edge.properties]
+
+
+def keyed_ends(
+    rules: FactRules, facts: Iterable[tuple[str, str, str]], name_of: Callable[[str], str]
+) -> set[str]:
+    """Of facts (source, relationship, target), the ends a relation of one value at a time keys
+    its value by (a person's one city, a company's one CEO), and both ends of a negation:
+    `settle` reads every fact of these."""
+    keyed = set()
+    for source, relationship, target in facts:
+        if negates(relationship):
+            # It ends the facts of its two ends, which may be keyed by either: a rare fact.
+            keyed |= {source, target}
+            continue
+        target_name = name_of(target) if relationship.casefold() in _BEING else ""
+        per_source, per_target = rules.ends_of(rules.family(relationship, target_name))
+        keyed |= {source} if per_source else set()
+        keyed |= {target} if per_target else set()
+    return keyed
+
+
+def _complete(
+    edge: GraphEdge, rules: FactRules, names: dict[str, str], read: set[str], between: set[str]
+) -> bool:
     """Whether every statement that could end the edge was read: the nodes its groups are keyed by
-    were among those whose edges were read. A fact a judgment ended needs both its ends: the fact
-    that ended it may be at either."""
+    were among those whose edges were `read` (every one); for the facts of its own two ends (its
+    negations), one of them was, or both were among the nodes whose facts `between` them were
+    read. A fact a judgment ended needs both its ends: the fact that ended it may be at either."""
+    ends = {edge.source_id, edge.target_id}
+    pair = bool(ends & read) or ends <= between
     if _judged(edge):
-        return {edge.source_id, edge.target_id} <= read
+        return ends <= read
     if _is_negation(edge):
-        return bool({edge.source_id, edge.target_id} & read)
+        return pair
     per_source, per_target = rules.ends_of(rules.family(edge.relationship, names.get(edge.target_id, "")))
     needed = {edge.source_id} if per_source else set()
     needed |= {edge.target_id} if per_target else set()
-    return needed <= read if needed else bool({edge.source_id, edge.target_id} & read)
+    return needed <= read if needed else pair
 
 
 def _judged(edge: GraphEdge) -> bool:

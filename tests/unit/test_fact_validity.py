@@ -4,14 +4,26 @@ times texts give (`kenning.pipeline.temporal`)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kenning.pipeline.errors import ConfigError
-from kenning.pipeline.models import GraphEdge
+from kenning.pipeline.models import GraphEdge, GraphNode, Scope
 from kenning.pipeline.temporal import document_time, parse_moment, stated_time
-from kenning.pipeline.validity import FactRules, held_phrase, holds, negates, periods, statement
+from kenning.pipeline.validity import (
+    FactRules,
+    held_phrase,
+    holds,
+    keyed_ends,
+    negates,
+    periods,
+    settle,
+    statement,
+)
+from kenning.storage.graph.memory import MemoryGraphStore
 from kenning.workers.runtime.settings import load_settings
 
 RULES = FactRules()
@@ -155,3 +167,54 @@ def test_which_relations_hold_one_value_is_set_in_settings(tmp_path: Path) -> No
     assert rules.family("moved_to") == "lives_in"  # the default names stay
     with pytest.raises(ConfigError, match="KENNING_FUNCTIONAL_RELATIONS"):
         load_settings(home=tmp_path, functional_relations={"lives_in": "sideways"})
+
+
+class CountingGraph(MemoryGraphStore):
+    """The in-memory graph, counting the facts its reads return."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = 0
+
+    def get_edges(
+        self, scope: Scope, node_ids: Sequence[str], among: bool = False, **kwargs: Any
+    ) -> list[GraphEdge]:
+        found = super().get_edges(scope, node_ids, among, **kwargs)
+        self.read += len(found)
+        return found
+
+
+def test_settling_a_fact_no_rule_keys_reads_the_facts_of_its_two_ends_not_every_fact_of_a_place() -> None:
+    # Given a city 50 people were born in, and a woman who lived in one city, then another
+    scope, graph = Scope(tenant="t", dataset="d"), CountingGraph()
+    people = [f"p{n}" for n in range(50)]
+    places = ["ana", "paris", "oslo", "rome", *people]
+    graph.upsert_nodes(
+        scope, [GraphNode(id=name, type="Entity", properties={"name": name}) for name in places]
+    )
+    born = [fact(person, "born_in", "paris", (f"d{n}", "2001-01-01")) for n, person in enumerate(people)]
+    graph.upsert_edges(scope, [*born, fact("ana", "lives_in", "oslo", ("d60", "2020-01-01"))])
+    # When a load batch writes her birth in Paris and her move to Rome, and settles them as it keys them
+    new = [
+        fact("ana", "born_in", "paris", ("d61", "1990-01-01")),
+        fact("ana", "lives_in", "rome", ("d62", "2024-01-01")),
+    ]
+    graph.upsert_edges(scope, new)
+    ends = sorted({end for edge in new for end in (edge.source_id, edge.target_id)})
+    whole = keyed_ends(RULES, [(e.source_id, e.relationship, e.target_id) for e in new], lambda _: "")
+    settled = settle(graph, scope, ends, RULES, whole)
+    # Then her facts were read whole (one lives in at a time), Paris's only as far as they are hers
+    assert whole == {"ana"}
+    assert graph.read <= 6
+    # And her facts were settled: born in Paris since 1990, Oslo until she moved to Rome in 2024
+    assert spans_of(settled.periods, "ana-born_in-paris") == [("1990-01-01", None)]
+    assert spans_of(settled.periods, "ana-lives_in-oslo") == [("2020-01-01", "2024-01-01")]
+    assert spans_of(settled.periods, "ana-lives_in-rome") == [("2024-01-01", None)]
+    # And settling with every end read whole, as a judge needs, reads the 50 births in Paris too
+    graph.read = 0
+    settle(graph, scope, ends, RULES)
+    assert graph.read > 50
+
+
+def spans_of(found: dict[str, list[dict[str, Any]]], edge_id: str) -> list[tuple[str, str | None]]:
+    return [(p["from"][:10], p["to"][:10] if p["to"] else None) for p in found[edge_id]]
