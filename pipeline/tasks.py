@@ -316,31 +316,29 @@ def load_part(
     produce is merged with what is stored, a read then a write). Assembly and embeddings run
     outside it, in parallel.
 
-    With `claim`, a part also takes extracted chunks of the run that no part has taken yet, up to
-    a load batch: when the writes fall behind the extraction, each write carries more chunks, and
-    the parts of those chunks find them loaded and pass. A part always loads its own chunks that
-    are not loaded yet, whoever took them: a part that took them and died leaves nothing out."""
+    With `claim`, a part loads only the chunks no other part took first (that part loads them,
+    or the run's `load` step, which loads every extracted chunk left, if it died), and takes
+    extracted chunks of the run that no part has taken yet, up to a load batch: when the writes
+    fall behind the extraction, each write carries more chunks, and the parts of those chunks
+    find them taken."""
     records = services.chunks.get_chunks(chunk_ids_of(items))
     extracted = [record.id for record in records if record.status == ChunkStatus.EXTRACTED]
-    taken = extracted + _more_chunks(services, job, extracted, claim)
+    taken = extracted if claim is None else _claimed(services, job, extracted, claim)
     totals = _load_chunks(services, job, taken, writing)
     totals.update(streamed_chunks=len(taken))
     return dict(totals)
 
 
-def _more_chunks(services: Services, job: Job, own: list[str], claim: Claim | None) -> list[str]:
-    """Extracted chunks of the run beyond `own` that this part takes, filling its load batch."""
-    if claim is None:
-        return []
-    claim(own)  # no other part takes these as more
-    room = services.config.load_batch - len(own)
+def _claimed(services: Services, job: Job, own: list[str], claim: Claim) -> list[str]:
+    """Of the part's own chunks, those no other part took; then extracted chunks of the run no
+    part took, filling its load batch."""
+    mine = claim(own)
+    room = services.config.load_batch - len(mine)
     if room <= 0:
-        return []
-    mine = set(own)
-    waiting = [
-        i for i in services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED) if i not in mine
-    ]
-    return claim(waiting, room)
+        return mine
+    skip = set(own)
+    extracted = services.chunks.list_chunk_ids(job.dataset_id, ChunkStatus.EXTRACTED)
+    return mine + claim([chunk_id for chunk_id in extracted if chunk_id not in skip], room)
 
 
 def _load_chunks(services: Services, job: Job, chunk_ids: list[str], writing: Writing) -> Counter[str]:

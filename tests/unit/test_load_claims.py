@@ -73,16 +73,18 @@ def test_a_part_fills_its_write_with_chunks_no_part_took_and_their_parts_then_pa
     assert loaded(services, job) == set(chunk_ids_of(units))
 
 
-def test_a_part_loads_its_own_chunks_that_another_part_took_and_did_not_load() -> None:
+def test_a_part_leaves_its_chunks_to_the_part_that_took_them_and_the_run_loads_them_if_it_died() -> None:
     # Given a part that took every chunk of the run and died before writing
     services, job, units = extracted_run(4)
     claims = Claims()
     claims(chunk_ids_of(units))
-    # When a unit's own part runs
-    counts = tasks.load_part(services, job, units[2:3], claim=claims)
-    # Then it loads its own chunk, and takes no other
-    assert counts["streamed_chunks"] == 1
-    assert loaded(services, job) == set(chunk_ids_of(units[2:3]))
+    # When the units' own parts run
+    counts = [tasks.load_part(services, job, [unit], claim=claims)["streamed_chunks"] for unit in units]
+    # Then none loads again what another part took (no chunk is written twice)
+    assert counts == [0, 0, 0, 0]
+    # And the run's load step, after the fan-out, loads every chunk left
+    tasks.load(services, job)
+    assert loaded(services, job) == set(chunk_ids_of(units))
 
 
 def test_without_claims_a_part_loads_only_its_own_chunks() -> None:
