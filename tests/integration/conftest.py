@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, settings_of
+from tests.integration.test_memory_distributed import Client
 from tests.simulator import Simulator, StartSimulator
 
 
@@ -46,6 +47,27 @@ def workers(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def worker(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
+    """One worker that consumes every queue."""
+    running = Workers(deployment, tmp_path, {"all": "pipeline,extract,load,query"})
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def client(deployment: Deployment) -> Iterator[Client]:
+    """A client of the deployment's service (enqueue, wait, read)."""
+    service = Client(deployment)
+    try:
+        yield service
+    finally:
+        service.close()
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ status, and remembering the conversation again asks nothing again."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -41,25 +39,6 @@ def shared(simulator: Simulator) -> dict[str, str]:
         "llm_api_key": "test",
         "facts_llm": "true",
     }
-
-
-@pytest.fixture
-def worker(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(deployment, tmp_path, {"all": "pipeline,extract,load,query"})
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture
-def client(deployment: Deployment) -> Iterator[Client]:
-    service = Client(deployment)
-    try:
-        yield service
-    finally:
-        service.close()
 
 
 def edges(deployment: Deployment) -> list[GraphEdge]:

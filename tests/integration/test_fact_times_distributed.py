@@ -5,8 +5,6 @@ conversation again (a redelivery of the same work) and a forget by task name, as
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -28,25 +26,6 @@ CONVERSATION = [
 def shared() -> dict[str, str]:
     """One message per extraction batch: each is loaded by a load part of its own."""
     return {"tenant": f"t-{uuid.uuid4().hex[:8]}", "embedding_provider": "hash", "extract_batch": "1"}
-
-
-@pytest.fixture
-def worker(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(deployment, tmp_path, {"all": "pipeline,extract,load,query"})
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture
-def client(deployment: Deployment) -> Iterator[Client]:
-    service = Client(deployment)
-    try:
-        yield service
-    finally:
-        service.close()
 
 
 def facts(deployment: Deployment) -> dict[str, tuple[bool, list[tuple[str, str | None]]]]:
