@@ -120,6 +120,19 @@ def edge_prevails(new: dict[str, Any], stored: dict[str, Any]) -> bool:
     return _prevails(new, stored, SOURCE_OF_EDGE)
 
 
+def over_edge(edge: GraphEdge, stored: GraphEdge) -> GraphEdge:
+    """The edge to write over `stored`, as every graph store merges them: its data ids unioned,
+    its statements too (each says when the fact began: `kenning.pipeline.validity`), the
+    properties of the one that prevails. So they do not depend on the order of writes."""
+    winner = edge if edge_prevails(edge.properties, stored.properties) else stored
+    properties = dict(winner.properties)
+    said = (edge.properties.get(SAID), stored.properties.get(SAID))
+    if any(isinstance(value, list) for value in said):
+        properties[SAID] = merged_statements(*(value for value in said if isinstance(value, list)))
+    data_ids = sorted({*stored.data_ids, *edge.data_ids})
+    return edge.model_copy(update={"properties": properties, "data_ids": data_ids})
+
+
 def _prevails(new: dict[str, Any], stored: dict[str, Any], keys: tuple[str, ...]) -> bool:
     new_source = tuple(str(new.get(key) or "") for key in keys)
     stored_source = tuple(str(stored.get(key) or "") for key in keys)

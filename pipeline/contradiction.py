@@ -212,7 +212,25 @@ def settle_batch(
     facts, settled again where that changed something. The run stats of it; called under the
     dataset's write lock."""
     counts = Counter({FACTS_RETIMED: settle_facts(graph, vectors, scope, rules, node_ids, written, whole)})
-    if judge is None or not node_ids or not written:
+    if judge is not None:
+        counts.update(judge_batch(graph, vectors, scope, rules, node_ids, written, judge))
+    return counts
+
+
+def judge_batch(
+    graph: GraphStore,
+    vectors: VectorStore,
+    scope: Scope,
+    rules: FactRules,
+    node_ids: Sequence[str],
+    written: Collection[str],
+    judge: FactJudge,
+) -> Counter[str]:
+    """What `judge` says of the entities a load batch gave new statements of facts (the facts
+    settled by the rules and written), recorded and settled again where it changed something.
+    The run stats of it; called under the dataset's write lock."""
+    counts: Counter[str] = Counter()
+    if not node_ids or not written:
         return counts
     judged = judge_endings(graph, scope, rules, judge, node_ids, written)
     counts.update(judged.counts)

@@ -18,11 +18,19 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kenning.pipeline import collection
-from kenning.pipeline.assembly import Assembly, IndexEntry, assemble, graph_edge, graph_node, index_entries
+from kenning.pipeline.assembly import (
+    Assembly,
+    IndexEntry,
+    assemble,
+    graph_edge,
+    graph_node,
+    index_entries,
+    over_edge,
+)
 from kenning.pipeline.checks import REPLIES_REPAIRED, REPLIES_SPLIT
 from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
-from kenning.pipeline.contradiction import judge_of, settle_batch
+from kenning.pipeline.contradiction import FACTS_RETIMED, judge_batch, judge_of
 from kenning.pipeline.errors import InputError, LLMError, LLMUnreachable
 from kenning.pipeline.forget import forget_superseded
 from kenning.pipeline.linking import document_title
@@ -47,7 +55,7 @@ from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
 from kenning.pipeline.temporal import document_time, moment
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_item, unit_text, units_of
-from kenning.pipeline.validity import keyed_ends
+from kenning.pipeline.validity import PERIODS, Periods, keyed_ends, put_periods, settle
 
 log = logging.getLogger(__name__)
 
@@ -449,8 +457,7 @@ def _write_batch(
     _write_vectors(services, job, indexed, own=True)
     nodes, edges = _graph_of(assembly)
     with writing():
-        counts = _write(services, job, nodes, edges, indexed)
-        counts.update(_settle(services, job, assembly))
+        counts = _write_settled(services, job, assembly, (nodes, edges), indexed)
     built = assembly.chunk_ids
     missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in built]
     services.chunks.set_chunk_status([i for i in chunk_ids if i in built], ChunkStatus.LOADED)
@@ -477,18 +484,21 @@ def _write(
     return Counter(nodes=len(nodes), edges=len(edges), embeddings=len(indexed.vectors))
 
 
-def _write_vectors(services: Services, job: Job, indexed: Indexed, own: bool) -> None:
+def _write_vectors(
+    services: Services, job: Job, indexed: Indexed, own: bool, periods: Periods | None = None
+) -> None:
     """Write the batch's points of the chunks collection and its chunks' words (`own`), or its
-    points of every other collection."""
+    points of every other collection (a fact's with the `periods` settled for it)."""
     by_collection: dict[str, list[VectorPoint]] = {}
-    entries, vectors = indexed.entries, indexed.vectors
+    entries, vectors, held = indexed.entries, indexed.vectors, periods or {}
     for entry in entries:
         if (entry.collection == collection.CHUNKS) != own:
             continue
+        payload = entry.payload
+        if entry.point_id in held and entry.collection in (collection.EDGES, collection.TRIPLETS):
+            payload = {**payload, PERIODS: held[entry.point_id]}
         # Unchecked: built from the batch's own fields; checking 384 floats costs more than writing them.
-        point = VectorPoint.model_construct(
-            id=entry.point_id, vector=vectors[entry.text], payload=entry.payload
-        )
+        point = VectorPoint.model_construct(id=entry.point_id, vector=vectors[entry.text], payload=payload)
         by_collection.setdefault(entry.collection, []).append(point)
     for name, points in by_collection.items():
         services.vectors.ensure_collection(name, services.embedder.dimension)
@@ -498,12 +508,21 @@ def _write_vectors(services: Services, job: Job, indexed: Indexed, own: bool) ->
         services.lexical.index(job.scope, chunk_texts)
 
 
-def _settle(services: Services, job: Job, assembly: Assembly) -> Counter[str]:
-    """Work out again when the facts about the batch's entities held (a newer fact may end an
-    older one: `kenning.pipeline.validity`, and with an LLM `kenning.pipeline.contradiction`).
-    Runs where the batch is written, so one write of the dataset at a time settles its facts."""
+def _write_settled(
+    services: Services,
+    job: Job,
+    assembly: Assembly,
+    graph: tuple[list[GraphNode], list[GraphEdge]],
+    indexed: Indexed,
+) -> Counter[str]:
+    """Write the batch's nodes, then its edges, each fact once with when it held (a newer fact
+    may end an older one: `kenning.pipeline.validity`) worked out with the stored facts it meets
+    (rewritten where that changed them), then its points of the shared collections; with an LLM
+    judge, what it says of the batch's facts (`kenning.pipeline.contradiction`). Runs under the
+    dataset's one write at a time, which so settles its facts."""
+    nodes, edges = graph
     said = [edge for edge in assembly.edges.values() if edge.said]
-    ends = {end for edge in said for end in (edge.source_id, edge.target_id)}
+    ends = sorted({end for edge in said for end in (edge.source_id, edge.target_id)})
     rules = services.config.facts
     judge = judge_of(services.extractor, rules)
     facts = [(edge.source_id, edge.relationship, edge.target_id) for edge in said]
@@ -512,9 +531,16 @@ def _settle(services: Services, job: Job, assembly: Assembly) -> Counter[str]:
     whole = (
         None if judge is not None else keyed_ends(rules, facts, lambda node_id: _name_of(assembly, node_id))
     )
-    return settle_batch(
-        services.graph, services.vectors, job.scope, rules, sorted(ends), set(assembly.edges), judge, whole
-    )
+    services.graph.upsert_nodes(job.scope, nodes)
+    settled = settle(services.graph, job.scope, ends, rules, whole, pending=edges, merge=over_edge)
+    _write_vectors(services, job, indexed, own=False, periods=settled.periods)
+    batch = set(assembly.edges)
+    put_periods(services.vectors, job.scope, settled, {edge.id for edge in settled.changed} - batch)
+    counts = Counter(nodes=len(nodes), edges=len(edges), embeddings=len(indexed.vectors))
+    counts[FACTS_RETIMED] = len(settled.changed)
+    if judge is not None:
+        counts.update(judge_batch(services.graph, services.vectors, job.scope, rules, ends, batch, judge))
+    return counts
 
 
 def _name_of(assembly: Assembly, node_id: str) -> str:

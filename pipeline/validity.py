@@ -217,12 +217,19 @@ class _Said:
     ends: frozenset[str] = frozenset()
 
 
+# Edge id -> the periods it held.
+Periods = dict[str, list[dict[str, Any]]]
+
+
 @dataclass(frozen=True)
 class Settled:
     """What `settle` worked out: the periods of every fact it read whole, and those it rewrote."""
 
-    periods: dict[str, list[dict[str, Any]]]
+    periods: Periods
     changed: list[GraphEdge]
+
+
+Merge = Callable[[GraphEdge, GraphEdge], GraphEdge]
 
 
 def settle(
@@ -231,6 +238,8 @@ def settle(
     node_ids: Sequence[str],
     rules: FactRules,
     whole: Collection[str] | None = None,
+    pending: Sequence[GraphEdge] = (),
+    merge: Merge | None = None,
 ) -> Settled:
     """Work out again the periods of every fact touching `node_ids` (the ends of the facts just
     written, or of those a forget took support from) and write those that changed. A statement
@@ -240,7 +249,11 @@ def settle(
     the facts written key a relation of one value at a time); of the others, the facts between
     two of `node_ids` are: enough to settle a fact no such relation keys (its negations and
     restatements are between its own ends), without reading every fact of a much-named place
-    at each write."""
+    at each write.
+
+    `pending` are edges not yet written (a load batch's, their ends among `node_ids`): each is
+    settled as `merge` (the graph stores' rule) would write it over its stored self, and written
+    once with its periods, in the one write of what changed."""
     wanted = set(node_ids)
     read = wanted if whole is None else set(whole) & wanted
     edges = _facts_of(graph, scope, sorted(read), sorted(wanted) if whole is not None else [])
@@ -250,24 +263,54 @@ def settle(
         known = {edge.id for edge in edges}
         edges += [edge for edge in _facts_of(graph, scope, sorted(beyond), []) if edge.id not in known]
         read |= beyond
-    if not edges:
-        return Settled({}, [])
-    names = _names(graph, scope, edges)
-    timed = periods(edges, rules, names)
-    complete = [edge for edge in edges if _complete(edge, rules, names, read, wanted)]
+    stored = {edge.id: edge for edge in edges}
+    merged = _over_stored(pending, stored, merge)
+    edges = [*(edge for edge in edges if edge.id not in merged), *merged.values()]
+    facts = [edge for edge in edges if SAID in edge.properties]
+    names = _names(graph, scope, facts) if facts else {}
+    timed = periods(facts, rules, names)
+    complete = [edge for edge in facts if _complete(edge, rules, names, read, wanted)]
+    changed, stale = _changes(complete, timed, rules, stored)
+    changed_ids = {edge.id for edge in changed}
+    if stale:
+        # A write unions statements with the stored ones: a forgotten one goes only with its edge.
+        graph.delete_elements(scope, [], stale)
+    writes = [*changed, *(edge for edge in merged.values() if edge.id not in changed_ids)]
+    if writes:
+        graph.upsert_edges(scope, writes)
+    return Settled({edge.id: timed.get(edge.id, []) for edge in complete}, changed)
+
+
+def _over_stored(
+    pending: Sequence[GraphEdge], stored: dict[str, GraphEdge], merge: Merge | None
+) -> dict[str, GraphEdge]:
+    """Each pending edge as it will be written over its stored self (the last of an id wins)."""
+    if pending and merge is None:
+        raise ValueError("settling pending edges needs the graph stores' merge rule")
+    merged: dict[str, GraphEdge] = {}
+    for edge in pending:
+        earlier = merged.get(edge.id) or stored.get(edge.id)
+        merged[edge.id] = merge(edge, earlier) if merge is not None and earlier is not None else edge
+    return merged
+
+
+def _changes(
+    complete: Sequence[GraphEdge],
+    timed: dict[str, list[dict[str, Any]]],
+    rules: FactRules,
+    stored: dict[str, GraphEdge],
+) -> tuple[list[GraphEdge], list[str]]:
+    """The complete facts whose properties their periods change, and the stored ones among them
+    that lost a statement (to delete before they are written again)."""
     changed, stale = [], []
     for edge in complete:
         properties = timed_properties(edge, timed.get(edge.id, []), rules)
         if properties != edge.properties:
             changed.append(edge.model_copy(update={"properties": properties}))
-            if len(properties[SAID]) < len(edge.properties.get(SAID) or []):
+            before = stored.get(edge.id, edge)
+            if len(properties[SAID]) < len(before.properties.get(SAID) or []):
                 stale.append(edge.id)
-    if stale:
-        # A write unions statements with the stored ones: a forgotten one goes only with its edge.
-        graph.delete_elements(scope, [], stale)
-    if changed:
-        graph.upsert_edges(scope, changed)
-    return Settled({edge.id: timed.get(edge.id, []) for edge in complete}, changed)
+    return changed, stale
 
 
 def settle_facts(
@@ -285,14 +328,18 @@ def settle_facts(
     if not node_ids:
         return 0
     settled = settle(graph, scope, node_ids, rules, whole)
-    ids = {*written, *(edge.id for edge in settled.changed)}
+    put_periods(vectors, scope, settled, {*written, *(edge.id for edge in settled.changed)})
+    return len(settled.changed)
+
+
+def put_periods(vectors: VectorStore, scope: Scope, settled: Settled, ids: Collection[str]) -> None:
+    """Put the periods `settle` worked out for the facts `ids` into their vector points."""
     values = {edge_id: {PERIODS: held} for edge_id, held in settled.periods.items() if edge_id in ids}
     if values:
         collections = vectors.list_collections()
         for name in (EDGES, TRIPLETS):
             if name in collections:
                 vectors.set_payload(scope, name, values)
-    return len(settled.changed)
 
 
 def _names(graph: GraphStore, scope: Scope, edges: Sequence[GraphEdge]) -> dict[str, str]:

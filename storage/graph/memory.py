@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kenning.pipeline.assembly import over_edge
 from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Scope
 from kenning.pipeline.ports import Neighbourhood
 from kenning.storage.graph.rules import (
@@ -15,7 +16,6 @@ from kenning.storage.graph.rules import (
     copy_properties,
     edge_shape,
     expand,
-    over_edge,
     over_node,
     removal,
     take_support,

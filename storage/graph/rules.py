@@ -8,11 +8,10 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from kenning.pipeline.assembly import edge_prevails, node_prevails
+from kenning.pipeline.assembly import node_prevails, over_edge
 from kenning.pipeline.errors import StoreError
 from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal
 from kenning.pipeline.ports import Neighbourhood
-from kenning.pipeline.validity import SAID, merged_statements
 
 NODE_SETS = "node_sets"
 Element = TypeVar("Element", GraphNode, GraphEdge)
@@ -58,18 +57,6 @@ def over_node(node: GraphNode, stored: GraphNode) -> GraphNode:
         properties[NODE_SETS] = union(*(value for value in sets if isinstance(value, list)))
     data_ids = union(stored.data_ids, node.data_ids)
     return node.model_copy(update={"type": winner.type, "properties": properties, "data_ids": data_ids})
-
-
-def over_edge(edge: GraphEdge, stored: GraphEdge) -> GraphEdge:
-    """The edge to write over `stored`: its data ids unioned, its statements too (each says when
-    the fact began: `kenning.pipeline.validity`), the properties of the one that prevails."""
-    winner = edge if edge_prevails(edge.properties, stored.properties) else stored
-    properties = dict(winner.properties)
-    said = (edge.properties.get(SAID), stored.properties.get(SAID))
-    if any(isinstance(value, list) for value in said):
-        properties[SAID] = merged_statements(*(value for value in said if isinstance(value, list)))
-    data_ids = union(stored.data_ids, edge.data_ids)
-    return edge.model_copy(update={"properties": properties, "data_ids": data_ids})
 
 
 def over_stored_nodes(nodes: Sequence[GraphNode], stored: Iterable[GraphNode]) -> list[GraphNode]:
