@@ -88,13 +88,15 @@ def samples() -> tuple[list[Source], list[Question]]:
     return sources, list(SAMPLE_QUESTIONS)
 
 
-def hotpot(questions: int) -> tuple[list[Source], list[Question]]:
+def hotpot(questions: int, first: int = 0) -> tuple[list[Source], list[Question]]:
+    """Questions `first` to `first + questions` of hotpot_50, with their own paragraphs."""
     corpus = json.loads((HOTPOT / "hotpot_50_corpus.json").read_text())
-    pairs = json.loads((HOTPOT / "hotpot_50_qa_pairs.json").read_text())[:questions]
-    paragraphs = corpus[: len(pairs) * PARAGRAPHS_PER_QUESTION]
+    pairs = json.loads((HOTPOT / "hotpot_50_qa_pairs.json").read_text())[first : first + questions]
+    start = first * PARAGRAPHS_PER_QUESTION
+    paragraphs = corpus[start : start + len(pairs) * PARAGRAPHS_PER_QUESTION]
     sources = [
         Source(name=f"paragraph-{i}.txt", uri=f"hotpot:{i}", data=text.encode())
-        for i, text in enumerate(paragraphs)
+        for i, text in enumerate(paragraphs, start)
     ]
     return sources, [Question(p["question"], p["answer"]) for p in pairs]
 
@@ -185,7 +187,9 @@ def evaluate(url: str, name: str, sources: list[Source], questions: list[Questio
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=10, help="first N questions of hotpot_50")
+    parser.add_argument("--first", type=int, default=0, help="hotpot_50 question to start at (0: the first)")
     parser.add_argument("--sets", default="samples,hotpot", help="comma-separated: samples, hotpot")
+    parser.add_argument("--out", type=Path, default=RESULTS / "real_llm.json")
     args = parser.parse_args(argv)
     url = real_llm_url()
     if not url:
@@ -193,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = real_llm_model()
     sets: dict[str, Callable[[], tuple[list[Source], list[Question]]]] = {
         "samples": samples,
-        "hotpot": lambda: hotpot(args.questions),
+        "hotpot": lambda: hotpot(args.questions, args.first),
     }
     wanted = [name.strip() for name in args.sets.split(",") if name.strip()]
     unknown = [name for name in wanted if name not in sets]
@@ -206,13 +210,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "model": model,
         "settings": {k: v for k, v in real_llm_overrides(url).items() if k != "llm_url"},
         "environment": changed,
+        "hotpot_questions": [args.first, args.first + args.questions],
         "sets": {},
     }
     for name in wanted:
         sources, questions = sets[name]()
         report["sets"][name] = evaluate(url, name, sources, questions)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "real_llm.json"
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written to {out}")
 
