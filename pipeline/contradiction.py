@@ -197,26 +197,6 @@ class Judged:
     judged: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
 
 
-def settle_batch(
-    graph: GraphStore,
-    vectors: VectorStore,
-    scope: Scope,
-    rules: FactRules,
-    node_ids: Sequence[str],
-    written: Collection[str],
-    judge: FactJudge | None = None,
-    whole: Collection[str] | None = None,
-) -> Counter[str]:
-    """Settle the facts of a load batch (`settle_facts`, reading every fact of `whole`): by the
-    rules, then, with a `judge`, by what it says of the entities the batch gave new statements of
-    facts, settled again where that changed something. The run stats of it; called under the
-    dataset's write lock."""
-    counts = Counter({FACTS_RETIMED: settle_facts(graph, vectors, scope, rules, node_ids, written, whole)})
-    if judge is not None:
-        counts.update(judge_batch(graph, vectors, scope, rules, node_ids, written, judge))
-    return counts
-
-
 def judge_batch(
     graph: GraphStore,
     vectors: VectorStore,

@@ -22,8 +22,8 @@ from kenning.pipeline.contradiction import (
     UNKNOWN_IDS,
     Endings,
     FactJudge,
+    judge_batch,
     judge_of,
-    settle_batch,
     unwrap_listing,
 )
 from kenning.pipeline.errors import LLMError
@@ -105,7 +105,13 @@ class Graph:
             )
         self.graph.upsert_edges(SCOPE, edges)
         ends = sorted({end for edge in edges for end in (edge.source_id, edge.target_id)})
-        return dict(settle_batch(self.graph, self.vectors, SCOPE, RULES, ends, {e.id for e in edges}, judge))
+        written = {edge.id for edge in edges}
+        # As a load batch settles its facts: by the rules, then by what the judge says.
+        counts = {FACTS_RETIMED: settle_facts(self.graph, self.vectors, SCOPE, RULES, ends, written)}
+        if judge is None:
+            return counts
+        judged = judge_batch(self.graph, self.vectors, SCOPE, RULES, ends, written, judge)
+        return {**counts, **judged, FACTS_RETIMED: counts[FACTS_RETIMED] + judged[FACTS_RETIMED]}
 
     def fact(self, edge_id: str) -> GraphEdge:
         return next(edge for edge in self.graph.get_edges(SCOPE, ["ana"]) if edge.id == edge_id)
