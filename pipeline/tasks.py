@@ -55,7 +55,7 @@ from kenning.pipeline.progress import report
 from kenning.pipeline.structured import Table, foreign_key_graph
 from kenning.pipeline.temporal import document_time, moment
 from kenning.pipeline.unit import attribute, chunk_ids_of, unit_budget, unit_item, unit_text, units_of
-from kenning.pipeline.validity import PERIODS, Periods, keyed_ends, put_periods, settle
+from kenning.pipeline.validity import PERIODS, FactRules, Periods, keyed_ends, put_periods, settle
 
 log = logging.getLogger(__name__)
 
@@ -521,16 +521,9 @@ def _write_settled(
     judge, what it says of the batch's facts (`kenning.pipeline.contradiction`). Runs under the
     dataset's one write at a time, which so settles its facts."""
     nodes, edges = graph
-    said = [edge for edge in assembly.edges.values() if edge.said]
-    ends = sorted({end for edge in said for end in (edge.source_id, edge.target_id)})
     rules = services.config.facts
     judge = judge_of(services.extractor, rules)
-    facts = [(edge.source_id, edge.relationship, edge.target_id) for edge in said]
-    # A judge records which facts end which in the statements of the facts beside them: with
-    # one, every fact of every end is read; by the rules alone, those the rules key are enough.
-    whole = (
-        None if judge is not None else keyed_ends(rules, facts, lambda node_id: _name_of(assembly, node_id))
-    )
+    ends, whole = _ends_to_read(assembly, rules, judge is not None)
     services.graph.upsert_nodes(job.scope, nodes)
     settled = settle(services.graph, job.scope, ends, rules, whole, pending=edges, merge=over_edge)
     _write_vectors(services, job, indexed, own=False, periods=settled.periods)
@@ -541,6 +534,20 @@ def _write_settled(
     if judge is not None:
         counts.update(judge_batch(services.graph, services.vectors, job.scope, rules, ends, batch, judge))
     return counts
+
+
+def _ends_to_read(assembly: Assembly, rules: FactRules, judged: bool) -> tuple[list[str], set[str] | None]:
+    """The ends of the batch's facts, and those of them whose every fact settling reads (None:
+    all of them)."""
+    said = [edge for edge in assembly.edges.values() if edge.said]
+    ends = sorted({end for edge in said for end in (edge.source_id, edge.target_id)})
+    if judged:
+        # A judge records which facts end which in the statements of the facts beside them:
+        # with one, every fact of every end is read.
+        return ends, None
+    # By the rules alone, the ends the rules key are enough.
+    facts = [(edge.source_id, edge.relationship, edge.target_id) for edge in said]
+    return ends, keyed_ends(rules, facts, lambda node_id: _name_of(assembly, node_id))
 
 
 def _name_of(assembly: Assembly, node_id: str) -> str:
