@@ -15,6 +15,8 @@ DESCRIPTIONS_DROPPED = "descriptions_dropped"
 # Run stats: what the extract step did to get a usable reply.
 REPLIES_REPAIRED = "replies_repaired"
 REPLIES_SPLIT = "replies_truncated_and_split"
+# A reply cut at max_tokens while it repeated itself: what it held whole kept, not asked again.
+REPLIES_SALVAGED = "replies_looped_and_salvaged"
 CHECK_COUNTERS = (
     ENTITIES_FROM_FACTS,
     FACTS_DROPPED,
@@ -22,6 +24,7 @@ CHECK_COUNTERS = (
     DESCRIPTIONS_DROPPED,
     REPLIES_REPAIRED,
     REPLIES_SPLIT,
+    REPLIES_SALVAGED,
 )
 
 DEFAULT_ENTITY_TYPES = ("Person", "Organization", "Place", "Date", "Event", "Work", "Object", "Concept")

@@ -26,7 +26,8 @@ simulator stops; set it back and new requests are answered again.
 default: all of them), `json_object` (llama-cpp-python: a `json_schema` request is answered 500
 with a validation error naming `response_format`) or `text` (a `json_object` request too).
 With `honor_max_tokens`, a reply longer than the request's `max_tokens` is cut there and ends
-with `finish_reason` "length". With `unlisted_ends`, an extraction lists no node that is only a
+with `finish_reason` "length"; with `loops` too, an extraction repeats its first fact until it is
+cut, as a small model caught in a loop does. With `unlisted_ends`, an extraction lists no node that is only a
 fact's target and names it in the fact instead, as small models do.
 
 A chat request with `stream` true is answered as server-sent events, as OpenAI's are: a first
@@ -128,6 +129,7 @@ class Simulator:
     accepts: Literal["json_schema", "json_object", "text"] = "json_schema"
     honor_max_tokens: bool = False
     unlisted_ends: bool = False
+    loops: bool = False
     serial: bool = False
     token_ms: float = 0.0
     ping_s: float = 15.0
@@ -205,7 +207,7 @@ class Simulator:
     def chat_reply(self, body: JSON) -> _Reply:
         with self._lock:
             self._recent.append(body)
-        reply = chat_reply(body, self._extractor, self.unlisted_ends)
+        reply = chat_reply(body, self._extractor, self.unlisted_ends, self.loops)
         limit = body.get("max_tokens")
         if self.honor_max_tokens and isinstance(limit, int) and reply.completion_tokens > limit:
             return reply.cut(limit)
@@ -508,7 +510,9 @@ def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-def chat_reply(body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = False) -> _Reply:
+def chat_reply(
+    body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = False, loops: bool = False
+) -> _Reply:
     """The deterministic answer to a chat.completions request."""
     messages = [message for message in body.get("messages", []) if isinstance(message, dict)]
     if not messages:
@@ -522,11 +526,10 @@ def chat_reply(body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = Fa
         content = json.dumps(simulated_endings(listing), sort_keys=True)
         content = content if _wants_schema(body) else f"Here are the endings:\n```json\n{content}\n```"
     elif _wants_schema(body):
-        content = _structured_answer(chunk or question, extractor, unlisted_ends)
+        content = _structured_answer(chunk or question, extractor, unlisted_ends, loops)
     elif chunk is not None:
-        content = (
-            f"Here is the extraction:\n```json\n{_structured_answer(chunk, extractor, unlisted_ends)}\n```"
-        )
+        answer = _structured_answer(chunk, extractor, unlisted_ends, loops)
+        content = f"Here is the extraction:\n```json\n{answer}\n```"
     else:
         content = _text_answer(question, extractor)
     prompt_tokens = sum(estimate_tokens(_text_of(message.get("content"))) for message in messages)
@@ -578,11 +581,21 @@ def _wants_schema(body: JSON) -> bool:
     return isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")
 
 
-def _structured_answer(question: str, extractor: OfflineExtractor, unlisted_ends: bool = False) -> str:
+# How often a looping reply repeats its first fact: far past any max_tokens a test sets.
+LOOP_REPEATS = 500
+
+
+def _structured_answer(
+    question: str, extractor: OfflineExtractor, unlisted_ends: bool = False, loops: bool = False
+) -> str:
     chunk = unwrap_chunk(question)
     extraction = extractor.extract(question if chunk is None else chunk)
     if unlisted_ends:
         extraction = _without_target_nodes(extraction)
+    edges = extraction.graph.edges
+    if loops and edges:
+        looped = extraction.graph.model_copy(update={"edges": [*edges, *[edges[0]] * LOOP_REPEATS]})
+        extraction = extraction.model_copy(update={"graph": looped})
     return extraction.model_dump_json()
 
 

@@ -38,6 +38,7 @@ text; a reply cut there is asked again once, as two requests on the two halves o
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import random
@@ -49,6 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
+import jiter
 import openai
 from openai import Stream
 from openai.types.chat import (
@@ -60,7 +62,7 @@ from openai.types.chat import (
 from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kenning.pipeline.checks import DEFAULT_ENTITY_TYPES, REPLIES_REPAIRED, REPLIES_SPLIT
+from kenning.pipeline.checks import DEFAULT_ENTITY_TYPES, REPLIES_REPAIRED, REPLIES_SALVAGED, REPLIES_SPLIT
 from kenning.pipeline.errors import BREAKER_OPEN, LLMError, LLMUnreachable, StoreError, TransientLLMError
 from kenning.pipeline.ladder import (
     AUTO,
@@ -73,7 +75,7 @@ from kenning.pipeline.ladder import (
     repair_instruction,
     schema_instruction,
 )
-from kenning.pipeline.models import Extraction, KnowledgeGraph, TokenUsage
+from kenning.pipeline.models import Extraction, KnowledgeEdge, KnowledgeGraph, KnowledgeNode, TokenUsage
 from kenning.pipeline.pacing import Observation, Outcome, Turn, Window
 from kenning.pipeline.ratelimit import RateLimiter, estimate_tokens, provider_key, retry_after_s
 from kenning.pipeline.redact import provider_error, redact_url, safe_error_text
@@ -238,10 +240,16 @@ class OpenAIExtractor:
     def extract(self, text: str) -> Extraction:
         """The chunk's extraction, with `usage`: the tokens of every attempt it took, and `checks`:
         the repairs and splits it took. A reply cut at `max_tokens` is asked again once, as the
-        extractions of the text's two halves, merged."""
+        extractions of the text's two halves, merged; one cut while it repeated itself (a model
+        in a loop) is not: what it held whole is kept, each fact once."""
         try:
             return self._extract(text)
         except _ReplyCut as cut:
+            looped = salvaged_loop(cut.content)
+            if looped is not None:
+                # Asked again, the text or its halves would loop the same way at temperature 0.
+                looped.usage, looped.checks = cut.usage, {REPLIES_SALVAGED: 1}
+                return looped
             halves = split_in_two(text)
             if halves is None:
                 raise LLMError(f"{cut} (the text is too short to split)") from cut
@@ -448,6 +456,62 @@ def tolerant_extraction(content: str) -> Extraction:
         raise ValueError(_describe(exc)) from exc
 
 
+def salvaged_loop(content: str) -> Extraction | None:
+    """The extraction a reply cut at `max_tokens` holds whole, when the reply repeated itself (a
+    model in a loop): its nodes and facts each once, the one being written at the cut left out.
+    None when it did not repeat itself, or holds no whole node."""
+    start = content.find("{")
+    try:
+        data = jiter.from_json(content[start:].encode(), partial_mode="on") if start != -1 else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    _drop_last_written(data)
+    inner = data.get("graph")
+    graph: dict[str, Any] = inner if isinstance(inner, dict) else data
+    listed = [item for name in ("nodes", "edges") for item in _items(graph.get(name))]
+    if len({json.dumps(item, sort_keys=True) for item in listed}) == len(listed):
+        return None  # no loop: cut by a long text, whose halves may each fit
+    nodes = _unique(graph.get("nodes"), KnowledgeNode)
+    edges = _unique(graph.get("edges"), KnowledgeEdge)
+    summary = data.get("summary") if isinstance(data.get("summary"), str) else ""
+    if not nodes:
+        return None
+    return Extraction(graph=KnowledgeGraph(nodes=nodes, edges=edges), summary=summary)
+
+
+def _drop_last_written(data: dict[str, Any]) -> None:
+    """Take out the list item being written where the reply was cut: it may be incomplete."""
+    value: Any = data
+    last: list[Any] | None = None
+    while isinstance(value, dict | list) and value:
+        if isinstance(value, list):
+            last, value = value, value[-1]
+        else:
+            value = value[next(reversed(value))]
+    if last:
+        last.pop()
+
+
+def _items(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _unique(value: Any, shape: type[Shaped]) -> list[Shaped]:
+    """The items that are whole `shape`s, each once, in their order."""
+    found: dict[str, Shaped] = {}
+    for item in _items(value):
+        if shape is KnowledgeNode:
+            _fill_node(item)
+        try:
+            checked = shape.model_validate(item)
+        except ValidationError:
+            continue
+        found.setdefault(checked.model_dump_json(), checked)
+    return list(found.values())
+
+
 def _fill_node(node: dict[str, Any]) -> None:
     if not node.get("id") and node.get("name"):
         node["id"] = node["name"]
@@ -594,10 +658,12 @@ class CircuitBreaker:
 
 
 class _ReplyCut(LLMError):
-    """The reply was cut at the request's `max_tokens`; `usage` is what all its attempts cost."""
+    """The reply was cut at the request's `max_tokens`; `content` is what came of it, `usage`
+    what all its attempts cost."""
 
-    def __init__(self, message: str, usage: TokenUsage | None = None) -> None:
+    def __init__(self, message: str, content: str = "", usage: TokenUsage | None = None) -> None:
         super().__init__(message)
+        self.content = content
         self.usage = usage or TokenUsage()
 
 
@@ -990,7 +1056,7 @@ def _parse_answer(answer: _Answer, parse: Callable[[str], T]) -> T:
         raise LLMError(f"the model refused: {safe_error_text(answer.refusal)}")
     if answer.finish_reason == "length":
         # At temperature 0 a retry would be cut at the same place.
-        raise _ReplyCut("the answer was cut off at the model's output token limit")
+        raise _ReplyCut("the answer was cut off at the model's output token limit", answer.content)
     try:
         return parse(answer.content)
     except ValueError as exc:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kenning.pipeline.checks import REPLIES_REPAIRED, REPLIES_SPLIT
+from kenning.pipeline.checks import REPLIES_REPAIRED, REPLIES_SALVAGED, REPLIES_SPLIT
 from kenning.pipeline.errors import LLMError, TransientLLMError
 from kenning.pipeline.ladder import Rung
 from kenning.pipeline.models import Extraction
@@ -239,6 +239,27 @@ def test_a_reply_cut_again_on_half_the_text_fails_the_chunk(start_simulator: Sta
             extractor.extract(LONG)
 
     assert len(simulator.received()) == 2
+
+
+def test_a_reply_looping_until_it_is_cut_keeps_what_it_holds_whole(
+    start_simulator: StartSimulator,
+) -> None:
+    # Given a model that repeats a fact until max_tokens cuts its reply, as small models do
+    simulator = start_simulator(honor_max_tokens=True, loops=True)
+    expected = OfflineExtractor().extract(LONG)
+    cap = len(expected.model_dump_json()) // 4 + 100  # the whole extraction and a few repeats
+    config = config_for(simulator, min_output_tokens=cap, max_output_tokens=cap)
+    with closing(OpenAIExtractor(config)) as extractor:
+        # When the text is extracted
+        extraction = extractor.extract(LONG)
+
+    # Then the cut reply was not asked again, on the text or its halves (they would loop too):
+    # what it held whole was kept, each fact once, and the salvage counted
+    assert len(simulator.received()) == 1
+    assert extraction.checks == {REPLIES_SALVAGED: 1}
+    assert [node.name for node in extraction.graph.nodes] == [node.name for node in expected.graph.nodes]
+    assert extraction.graph.edges == expected.graph.edges
+    assert extraction.usage is not None and extraction.usage.completion_tokens == cap
 
 
 def test_tolerant_reading_takes_a_fenced_or_flattened_reply() -> None:
