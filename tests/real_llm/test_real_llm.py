@@ -56,7 +56,7 @@ def test_the_quick_start_extracts_every_chunk_and_answers(tmp_path: Path, llm_en
         if not command.startswith(SETUP):
             kenning(command, tmp_path, env)
     # Then every chunk was extracted and the graph holds what the model found
-    (notes,) = json.loads(kenning("kenning status --dataset notes --json", tmp_path, env))
+    (notes,) = json.loads(kenning("kenning status --dataset notes --json", tmp_path, env))["datasets"]
     assert notes["failed_chunks"] == [], notes["failed_chunks"]
     assert notes["items"] == {"done": 4}, notes["items"]
     assert notes["graph"]["edges"] > 0
