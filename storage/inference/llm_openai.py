@@ -458,7 +458,8 @@ def tolerant_extraction(content: str) -> Extraction:
 
 def salvaged_loop(content: str) -> Extraction | None:
     """The extraction a reply cut at `max_tokens` holds whole, when the reply repeated itself (a
-    model in a loop): its nodes and facts each once, the one being written at the cut left out.
+    model in a loop: the same items again, or the same words at its end, inside a string too):
+    its nodes and facts each once, the one being written at the cut left out.
     None when it did not repeat itself, or holds no whole node."""
     start = content.find("{")
     try:
@@ -471,7 +472,8 @@ def salvaged_loop(content: str) -> Extraction | None:
     inner = data.get("graph")
     graph: dict[str, Any] = inner if isinstance(inner, dict) else data
     listed = [item for name in ("nodes", "edges") for item in _items(graph.get(name))]
-    if len({json.dumps(item, sort_keys=True) for item in listed}) == len(listed):
+    repeated = len({json.dumps(item, sort_keys=True) for item in listed}) < len(listed)
+    if not (repeated or repeats_at_end(content)):
         return None  # no loop: cut by a long text, whose halves may each fit
     nodes = _unique(graph.get("nodes"), KnowledgeNode)
     edges = _unique(graph.get("edges"), KnowledgeEdge)
@@ -479,6 +481,21 @@ def salvaged_loop(content: str) -> Extraction | None:
     if not nodes:
         return None
     return Extraction(graph=KnowledgeGraph(nodes=nodes, edges=edges), summary=summary)
+
+
+# A reply repeats itself at its end when its last LOOP_TAIL characters hold a run of at least
+# LOOP_TIMES copies of some text of LOOP_MIN characters or more, wherever the cut fell in it.
+LOOP_TAIL, LOOP_TIMES, LOOP_MIN = 600, 3, 8
+
+
+def repeats_at_end(content: str) -> bool:
+    """Whether the text ends in a run of one piece of text over and over (a model in a loop)."""
+    tail = content[-LOOP_TAIL:]
+    for period in range(LOOP_MIN, len(tail) // LOOP_TIMES + 1):
+        span = tail[-period * LOOP_TIMES :]
+        if span[:-period] == span[period:]:
+            return True
+    return False
 
 
 def _drop_last_written(data: dict[str, Any]) -> None:

@@ -14,7 +14,14 @@ from kenning.pipeline.errors import LLMError, TransientLLMError
 from kenning.pipeline.ladder import Rung
 from kenning.pipeline.models import Extraction
 from kenning.pipeline.offline import OfflineExtractor
-from kenning.storage.inference.llm_openai import LLMConfig, OpenAIExtractor, split_in_two, tolerant_extraction
+from kenning.storage.inference.llm_openai import (
+    LLMConfig,
+    OpenAIExtractor,
+    repeats_at_end,
+    salvaged_loop,
+    split_in_two,
+    tolerant_extraction,
+)
 from kenning.storage.metadata.memory import MemoryOutputRungs
 from tests.simulator import _MALFORMED_CONTENT, Simulator, StartSimulator
 
@@ -282,3 +289,22 @@ def test_split_in_two_cuts_near_the_middle_at_a_paragraph() -> None:
     assert halves is not None
     assert halves[0].endswith("thirty years.") and halves[1].startswith("The Marigold")
     assert split_in_two("Word") is None
+
+
+def test_a_reply_cut_while_it_repeats_words_keeps_the_items_it_holds_whole() -> None:
+    # Given a reply cut while a description said the same words over and over
+    loop = "the lighthouse keeper kept the light, " * 40
+    node = '{"id": "ada", "name": "Ada Lovelace", "type": "Person"}'
+    edge = '{"source": "ada", "target": "ada2", "relationship": "met", "description": "' + loop
+    reply = '{"graph": {"nodes": [' + node + ', {"id": "ada2", "name": "Charles Babbage"}], "edges": [' + edge
+
+    # When what it holds is salvaged
+    kept = salvaged_loop(reply[: len(reply) - 7])
+
+    # Then its whole nodes are kept and the fact being written at the cut is left out
+    assert kept is not None
+    assert [n.name for n in kept.graph.nodes] == ["Ada Lovelace", "Charles Babbage"]
+    assert kept.graph.edges == []
+    # And a reply cut without repeating itself is not salvaged (its text's halves may each fit)
+    assert salvaged_loop('{"graph": {"nodes": [' + node + ', {"id": "b", "name": "Charles Bab') is None
+    assert not repeats_at_end("Ada Lovelace met Charles Babbage in London in 1833, at a party")
