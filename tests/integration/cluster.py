@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +52,17 @@ class Deployment:
             text=True,
             timeout=CLI_TIMEOUT_S,
         )
+
+
+@contextmanager
+def running(deployment: Deployment, logs: Path, queues: dict[str, str] | None = None) -> Iterator[Workers]:
+    """`Workers` started for the block and stopped after it, however it ends."""
+    workers = Workers(deployment, logs, queues)
+    try:
+        workers.start()
+        yield workers
+    finally:
+        workers.stop()
 
 
 class Workers:

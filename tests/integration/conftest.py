@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, settings_of
+from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, running, settings_of
 from tests.integration.test_memory_distributed import Client
 from tests.simulator import Simulator, StartSimulator
 
@@ -41,23 +41,15 @@ def deployment(
 
 @pytest.fixture
 def workers(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(deployment, tmp_path)
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
+    with running(deployment, tmp_path) as started:
+        yield started
 
 
 @pytest.fixture
 def worker(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
     """One worker that consumes every queue."""
-    running = Workers(deployment, tmp_path, {"all": "pipeline,extract,load,query"})
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
+    with running(deployment, tmp_path, {"all": "pipeline,extract,load,query"}) as started:
+        yield started
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import ChunkStatus, ItemStatus, RunStatus, Scope
 from kenning.workers.celery.app import open_lock
 from kenning.workers.memory import Kenning
-from tests.integration.cluster import Deployment, Workers, kenning_env, settings_of
+from tests.integration.cluster import Deployment, Workers, kenning_env, running, settings_of
 from tests.integration.test_distributed import graph_of, lock_released, vector_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(360)]
@@ -47,12 +47,8 @@ def sessions(deployment: Deployment) -> Deployment:
 
 @pytest.fixture
 def worker(sessions: Deployment, tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(sessions, tmp_path, {"all": "pipeline,extract,load,query"})
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
+    with running(sessions, tmp_path, {"all": "pipeline,extract,load,query"}) as started:
+        yield started
 
 
 class Client:

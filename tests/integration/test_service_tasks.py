@@ -9,7 +9,6 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,19 +61,8 @@ CLIENT = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def one_worker(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
-    """One worker consuming every queue, the query queue included."""
-    running = Workers(deployment, tmp_path, {"all": "pipeline,extract,load,query"})
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-
-
 def test_a_service_with_only_celery_ingests_and_queries_by_task_name(
-    deployment: Deployment, one_worker: Workers, tmp_path: Path
+    deployment: Deployment, worker: Workers, tmp_path: Path
 ) -> None:
     # Given a client script that imports celery and nothing of kenning, run outside the repository
     script = tmp_path / "client.py"
@@ -90,7 +78,7 @@ def test_a_service_with_only_celery_ingests_and_queries_by_task_name(
         text=True,
         timeout=CLI_TIMEOUT_S,
     )
-    assert done.returncode == 0, done.stderr + one_worker.logs()
+    assert done.returncode == 0, done.stderr + worker.logs()
     reply = json.loads(done.stdout.strip().splitlines()[-1])
     # Then the work was done and the answer came back, without the client importing kenning
     assert reply["added"]["added"] == 2 and reply["run"]["status"] == "completed"
@@ -102,7 +90,7 @@ def test_a_service_with_only_celery_ingests_and_queries_by_task_name(
     assert reply["after"] == "InputError: no dataset 'svc' (datasets: none)"
 
 
-def test_search_remote_runs_on_the_query_worker(deployment: Deployment, one_worker: Workers) -> None:
+def test_search_remote_runs_on_the_query_worker(deployment: Deployment, worker: Workers) -> None:
     with deployment.memory() as memory:
         memory.add_text("Rosalind Franklin photographed DNA with X-rays.", "remote")
         assert memory.cognify("remote").status.value == "completed"
@@ -122,13 +110,13 @@ def test_search_remote_runs_on_the_query_worker(deployment: Deployment, one_work
     done = subprocess.run(
         command, cwd=ROOT, env=deployment.env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
     )
-    assert done.returncode == 0, done.stderr + one_worker.logs()
+    assert done.returncode == 0, done.stderr + worker.logs()
     result = json.loads(done.stdout)
     assert "Rosalind Franklin" in result["results"][0]["text"]
-    assert "succeeded" in one_worker.logs() and "kenning.search" in one_worker.logs()
+    assert "succeeded" in worker.logs() and "kenning.search" in worker.logs()
 
 
-def test_flower_lists_the_workers(deployment: Deployment, one_worker: Workers, tmp_path: Path) -> None:
+def test_flower_lists_the_workers(deployment: Deployment, worker: Workers, tmp_path: Path) -> None:
     port = free_port()
     env = {**deployment.env, "FLOWER_UNAUTHENTICATED_API": "true"}
     command = [
@@ -174,9 +162,7 @@ def _poll_workers(url: str, deadline_s: float) -> dict[str, object]:
     return {}
 
 
-def test_maintenance_starts_runs_for_datasets_with_work_left(
-    deployment: Deployment, one_worker: Workers
-) -> None:
+def test_maintenance_starts_runs_for_datasets_with_work_left(deployment: Deployment, worker: Workers) -> None:
     from celery import Celery
 
     from kenning.workers.celery.app import queue_name
@@ -233,7 +219,7 @@ def test_beat_schedule_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_improve_runs_on_a_worker_and_a_second_run_changes_nothing(
-    deployment: Deployment, one_worker: Workers
+    deployment: Deployment, worker: Workers
 ) -> None:
     from celery import Celery
 
