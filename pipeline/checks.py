@@ -17,6 +17,10 @@ REPLIES_REPAIRED = "replies_repaired"
 REPLIES_SPLIT = "replies_truncated_and_split"
 # A reply cut at max_tokens while it repeated itself: what it held whole kept, not asked again.
 REPLIES_SALVAGED = "replies_looped_and_salvaged"
+# A half's reply cut at max_tokens again: what it held whole kept, the rest of that half lost.
+REPLIES_CUT_KEPT = "replies_cut_and_partly_kept"
+# What getting usable replies took, counted by the extract step.
+REPLY_COUNTERS = (REPLIES_REPAIRED, REPLIES_SPLIT, REPLIES_SALVAGED, REPLIES_CUT_KEPT)
 CHECK_COUNTERS = (
     ENTITIES_FROM_FACTS,
     FACTS_DROPPED,
@@ -25,6 +29,7 @@ CHECK_COUNTERS = (
     REPLIES_REPAIRED,
     REPLIES_SPLIT,
     REPLIES_SALVAGED,
+    REPLIES_CUT_KEPT,
 )
 
 DEFAULT_ENTITY_TYPES = ("Person", "Organization", "Place", "Date", "Event", "Work", "Object", "Concept")

@@ -27,7 +27,7 @@ from kenning.pipeline.assembly import (
     index_entries,
     over_edge,
 )
-from kenning.pipeline.checks import REPLIES_REPAIRED, REPLIES_SALVAGED, REPLIES_SPLIT
+from kenning.pipeline.checks import REPLY_COUNTERS
 from kenning.pipeline.chunking import chunk_text
 from kenning.pipeline.context import Job, Services
 from kenning.pipeline.contradiction import FACTS_RETIMED, judge_batch, judge_of
@@ -252,7 +252,7 @@ def extract(services: Services, job: Job, items: Sequence[str]) -> dict[str, int
         # Only when the LLM's breaker failed some: `finish_run` then says so.
         **({"unreachable_chunks": spent["unreachable_chunks"]} if spent["unreachable_chunks"] else {}),
         # What getting usable replies took (repairs, splits), when it took any.
-        **{name: spent[name] for name in (REPLIES_REPAIRED, REPLIES_SPLIT, REPLIES_SALVAGED) if spent[name]},
+        **{name: spent[name] for name in REPLY_COUNTERS if spent[name]},
     }
 
 

@@ -62,7 +62,13 @@ from openai.types.chat import (
 from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kenning.pipeline.checks import DEFAULT_ENTITY_TYPES, REPLIES_REPAIRED, REPLIES_SALVAGED, REPLIES_SPLIT
+from kenning.pipeline.checks import (
+    DEFAULT_ENTITY_TYPES,
+    REPLIES_CUT_KEPT,
+    REPLIES_REPAIRED,
+    REPLIES_SALVAGED,
+    REPLIES_SPLIT,
+)
 from kenning.pipeline.errors import BREAKER_OPEN, LLMError, LLMUnreachable, StoreError, TransientLLMError
 from kenning.pipeline.ladder import (
     AUTO,
@@ -240,8 +246,9 @@ class OpenAIExtractor:
     def extract(self, text: str) -> Extraction:
         """The chunk's extraction, with `usage`: the tokens of every attempt it took, and `checks`:
         the repairs and splits it took. A reply cut at `max_tokens` is asked again once, as the
-        extractions of the text's two halves, merged; one cut while it repeated itself (a model
-        in a loop) is not: what it held whole is kept, each fact once."""
+        extractions of the text's two halves, merged (a half's reply cut again keeps what it holds
+        whole); one cut while it repeated itself (a model in a loop) is not asked again: what it
+        held whole is kept, each fact once."""
         try:
             return self._extract(text)
         except _ReplyCut as cut:
@@ -253,11 +260,18 @@ class OpenAIExtractor:
             halves = split_in_two(text)
             if halves is None:
                 raise LLMError(f"{cut} (the text is too short to split)") from cut
-            try:
-                parts = [self._extract(half) for half in halves]
-            except _ReplyCut as again:
+            return merged([self._extract_half(half) for half in halves], cut.usage)
+
+    def _extract_half(self, half: str) -> Extraction:
+        """A half's extraction; a reply cut again keeps what it holds whole (counted), if anything."""
+        try:
+            return self._extract(half)
+        except _ReplyCut as again:
+            kept = salvaged_cut(again.content)
+            if kept is None:
                 raise LLMError(f"{again}, for the whole text and for half of it") from again
-            return merged(parts, cut.usage)
+            kept.usage, kept.checks = again.usage, {REPLIES_CUT_KEPT: 1}
+            return kept
 
     def _extract(self, text: str) -> Extraction:
         user = "Extract the knowledge graph and the summary of this chunk.\n\n" + wrap_chunk(text)
@@ -461,6 +475,26 @@ def salvaged_loop(content: str) -> Extraction | None:
     model in a loop: the same items again, or the same words at its end, inside a string too):
     its nodes and facts each once, the one being written at the cut left out.
     None when it did not repeat itself, or holds no whole node."""
+    data = _cut_reply(content)
+    if data is None:
+        return None
+    graph = _graph_part(data)
+    listed = [item for name in ("nodes", "edges") for item in _items(graph.get(name))]
+    repeated = len({json.dumps(item, sort_keys=True) for item in listed}) < len(listed)
+    if not (repeated or repeats_at_end(content)):
+        return None  # no loop: cut by a long text, whose halves may each fit
+    return _whole_extraction(data)
+
+
+def salvaged_cut(content: str) -> Extraction | None:
+    """What a reply cut at `max_tokens` holds whole, looping or not: its nodes and facts each
+    once, the one being written at the cut left out. None when it holds no whole node."""
+    data = _cut_reply(content)
+    return None if data is None else _whole_extraction(data)
+
+
+def _cut_reply(content: str) -> dict[str, Any] | None:
+    """The JSON object a cut reply began, read as far as it goes, less the item being written."""
     start = content.find("{")
     try:
         data = jiter.from_json(content[start:].encode(), partial_mode="on") if start != -1 else None
@@ -469,12 +503,16 @@ def salvaged_loop(content: str) -> Extraction | None:
     if not isinstance(data, dict):
         return None
     _drop_last_written(data)
+    return data
+
+
+def _graph_part(data: dict[str, Any]) -> dict[str, Any]:
     inner = data.get("graph")
-    graph: dict[str, Any] = inner if isinstance(inner, dict) else data
-    listed = [item for name in ("nodes", "edges") for item in _items(graph.get(name))]
-    repeated = len({json.dumps(item, sort_keys=True) for item in listed}) < len(listed)
-    if not (repeated or repeats_at_end(content)):
-        return None  # no loop: cut by a long text, whose halves may each fit
+    return inner if isinstance(inner, dict) else data
+
+
+def _whole_extraction(data: dict[str, Any]) -> Extraction | None:
+    graph = _graph_part(data)
     nodes = _unique(graph.get("nodes"), KnowledgeNode)
     edges = _unique(graph.get("edges"), KnowledgeEdge)
     summary = data.get("summary") if isinstance(data.get("summary"), str) else ""

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kenning.pipeline.checks import REPLIES_REPAIRED, REPLIES_SALVAGED, REPLIES_SPLIT
+from kenning.pipeline.checks import REPLIES_CUT_KEPT, REPLIES_REPAIRED, REPLIES_SALVAGED, REPLIES_SPLIT
 from kenning.pipeline.errors import LLMError, TransientLLMError
 from kenning.pipeline.ladder import Rung
 from kenning.pipeline.models import Extraction
@@ -18,6 +18,7 @@ from kenning.storage.inference.llm_openai import (
     LLMConfig,
     OpenAIExtractor,
     repeats_at_end,
+    salvaged_cut,
     salvaged_loop,
     split_in_two,
     tolerant_extraction,
@@ -248,6 +249,28 @@ def test_a_reply_cut_again_on_half_the_text_fails_the_chunk(start_simulator: Sta
     assert len(simulator.received()) == 2
 
 
+def test_a_half_cut_again_keeps_what_its_reply_holds_whole(start_simulator: StartSimulator) -> None:
+    # Given a server that cuts replies at max_tokens, and a cap each half's reply passes only in part
+    simulator = start_simulator(honor_max_tokens=True)
+    halves = split_in_two(LONG)
+    assert halves is not None
+    shortest = min(len(OfflineExtractor().extract(half).model_dump_json()) // 4 for half in halves)
+    cap = shortest * 2 // 3
+    config = config_for(simulator, min_output_tokens=cap, max_output_tokens=cap)
+    with closing(OpenAIExtractor(config)) as extractor:
+        # When the text is extracted
+        extraction = extractor.extract(LONG)
+
+    # Then the text and each half were asked once, and each half's whole nodes were kept, counted
+    assert len(simulator.received()) == 3
+    assert extraction.checks == {REPLIES_SPLIT: 1, REPLIES_CUT_KEPT: 2}
+    names = {node.name for node in extraction.graph.nodes}
+    assert "Elinor Vance" in names and "Marigold" in names
+    assert len(names) < len({n.name for h in halves for n in OfflineExtractor().extract(h).graph.nodes})
+    assert extraction.usage is not None
+    assert extraction.usage.completion_tokens == simulator.stats()["completion_tokens"]
+
+
 def test_a_reply_looping_until_it_is_cut_keeps_what_it_holds_whole(
     start_simulator: StartSimulator,
 ) -> None:
@@ -308,3 +331,6 @@ def test_a_reply_cut_while_it_repeats_words_keeps_the_items_it_holds_whole() -> 
     # And a reply cut without repeating itself is not salvaged (its text's halves may each fit)
     assert salvaged_loop('{"graph": {"nodes": [' + node + ', {"id": "b", "name": "Charles Bab') is None
     assert not repeats_at_end("Ada Lovelace met Charles Babbage in London in 1833, at a party")
+    # But read as a cut reply, looping or not, it keeps its whole node
+    cut = salvaged_cut('{"graph": {"nodes": [' + node + ', {"id": "b", "name": "Charles Bab')
+    assert cut is not None and [n.name for n in cut.graph.nodes] == ["Ada Lovelace"]
