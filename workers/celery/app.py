@@ -60,7 +60,7 @@ from kenning.pipeline.locking import lock_name
 from kenning.pipeline.models import Scope
 from kenning.pipeline.pacing import Metered, Pacer, Slots, window_of
 from kenning.pipeline.ports import RunLock
-from kenning.pipeline.tasks import Claim, Writing
+from kenning.pipeline.tasks import Claim, Writing, ensure_collections
 from kenning.storage.coordination.lease_redis import RedisLeases
 from kenning.storage.coordination.queue_depth import queue_depths, waiting_with
 from kenning.storage.coordination.redis_client import open_redis
@@ -407,9 +407,9 @@ WARM_PORTS = {
 
 
 def warm_up(queues: list[str]) -> None:
-    """Make this process's resources and the ports its queues' tasks use, so that the first
-    tasks of a run spend no time importing and connecting. A port that fails to open is left
-    for the task that uses it to meet and report."""
+    """Make this process's resources and the ports its queues' tasks use (and, for loads, the
+    vector collections), so that the first tasks of a run spend no time importing, connecting
+    and creating. A port that fails to open is left for the task that uses it to meet and report."""
     resources = app.resources()
     kinds = [kind for kind in WARM_PORTS if queue_name(app.settings, kind) in queues]
     for name in dict.fromkeys(port for kind in kinds for port in WARM_PORTS[kind]):
@@ -420,6 +420,11 @@ def warm_up(queues: list[str]) -> None:
     if "extract" in kinds:
         with contextlib.suppress(Exception):
             resources.slots  # noqa: B018 - made now, not by the first batch
+    if "load" in kinds:
+        try:
+            ensure_collections(resources.wiring)  # made now, not by the first load batch
+        except Exception as error:  # noqa: BLE001 - reported by the load that needs them
+            log.warning("vector collections not made at start: %s", error)
 
 
 def worker_pool(settings: Settings, queues: list[str]) -> tuple[str, int]:
