@@ -114,3 +114,15 @@ def test_closing_waits_for_a_port_being_made(tmp_path: Path) -> None:
     assert waited
     assert closed == ["slow"]
     assert "slow" not in made._made
+
+
+def test_the_pipeline_config_is_made_once(tmp_path: Path) -> None:
+    # Given a composition root
+    made = wiring(tmp_path)
+
+    # When tasks read its pipeline config again and again
+    first, again = made.config, made.config
+
+    # Then they get the one config, with its fact rules compiled once
+    assert first is again
+    assert first.facts is again.facts

@@ -114,7 +114,8 @@ class Wiring:
 
     @property
     def config(self) -> PipelineConfig:
-        return self.settings.pipeline
+        # Made once: tasks read it often, and making it compiles the fact rules.
+        return self._once("config", lambda: self.settings.pipeline)
 
     @property
     def engine(self) -> sa.Engine:
