@@ -160,10 +160,12 @@ class LLMConfig(BaseModel):
         default="auto",
         description="How structured output is asked for; auto: the ladder's first rung that works",
     )
+    # A paragraph's extraction takes 4 or 5 tokens per token of the paragraph (a small local model,
+    # HotpotQA paragraphs): half of such replies were cut at 512.
     output_tokens_per_input: float = Field(
-        default=1.5, gt=0, description="An extraction's max_tokens per text token"
+        default=3.0, gt=0, description="An extraction's max_tokens per text token"
     )
-    min_output_tokens: int = Field(default=512, ge=1)
+    min_output_tokens: int = Field(default=1024, ge=1)
     max_output_tokens: int = Field(default=4096, ge=1)
     entity_types: tuple[str, ...] = DEFAULT_ENTITY_TYPES
     max_in_flight: int = Field(
@@ -523,14 +525,31 @@ def _whole_extraction(data: dict[str, Any]) -> Extraction | None:
 
 # A reply repeats itself at its end when its last LOOP_TAIL characters hold a run of at least
 # LOOP_TIMES copies of some text of LOOP_MIN characters or more, wherever the cut fell in it.
-LOOP_TAIL, LOOP_TIMES, LOOP_MIN = 600, 3, 8
+LOOP_TAIL, LOOP_TIMES, LOOP_MIN = 2400, 3, 8
 
 
-def repeats_at_end(content: str) -> bool:
-    """Whether the text ends in a run of one piece of text over and over (a model in a loop)."""
+# A streamed answer is looked at for a loop every LOOP_CHECK_PARTS parts, and ends when its end
+# holds LOOP_STOP_TIMES copies of a piece of text (one more than a cut reply needs to be salvaged).
+LOOP_CHECK_PARTS, LOOP_STOP_TIMES = 16, LOOP_TIMES + 1
+
+
+def loops_at_end(parts: Sequence[str]) -> bool:
+    """Whether a streamed answer so far ends in LOOP_STOP_TIMES copies of one piece of text."""
+    tail: list[str] = []
+    size = 0
+    for part in reversed(parts):
+        if size >= LOOP_TAIL:
+            break
+        tail.append(part)
+        size += len(part)
+    return repeats_at_end("".join(reversed(tail)), LOOP_STOP_TIMES)
+
+
+def repeats_at_end(content: str, times: int = LOOP_TIMES) -> bool:
+    """Whether the text ends in `times` copies or more of one piece of text (a model in a loop)."""
     tail = content[-LOOP_TAIL:]
-    for period in range(LOOP_MIN, len(tail) // LOOP_TIMES + 1):
-        span = tail[-period * LOOP_TIMES :]
+    for period in range(LOOP_MIN, len(tail) // times + 1):
+        span = tail[-period * times :]
         if span[:-period] == span[period:]:
             return True
     return False
@@ -882,7 +901,7 @@ class _ChatCaller:
                 stream_options=_WITH_USAGE,
                 timeout=idle_s,  # each of connect, write and every read: no byte for this long
             )
-            answer = self._read(stream, heard, sent, left_s)
+            answer = self._read(stream, heard, sent, left_s, stop_loops=max_tokens is not None)
         except (openai.APIError, _Retry) as exc:
             self._record_answered(attempt, 0, 0)  # not answered: nothing billed
             failure = self._failure(exc, turn, heard, idle_s, response_format is not None)
@@ -934,11 +953,18 @@ class _ChatCaller:
         return exc
 
     def _read(
-        self, stream: Stream[ChatCompletionChunk], heard: _Heard, sent: float, left_s: float
+        self,
+        stream: Stream[ChatCompletionChunk],
+        heard: _Heard,
+        sent: float,
+        left_s: float,
+        stop_loops: bool = False,
     ) -> _Answer:
         """The answer of a streamed request, its parts put together; a server that answered in one
         piece (no stream) is read as that. `_Retry` when the server broke it off or the call's
-        deadline came first."""
+        deadline came first. With `stop_loops`, an answer that goes on repeating one piece of
+        text (`loops_at_end`) is not read further: it ends there as if cut at its `max_tokens`
+        (closing the stream stops the server's generation), with its tokens estimated."""
         with stream:
             if "json" in stream.response.headers.get("content-type", ""):
                 stream.response.read()
@@ -966,6 +992,9 @@ class _ChatCaller:
                     finish = choice.finish_reason or finish
                 if now - sent > left_s:
                     raise _Retry(f"still answering after {left_s:g} s, the call's deadline", transient=True)
+                looked_at = stop_loops and finish is None and len(parts) % LOOP_CHECK_PARTS == 0
+                if looked_at and loops_at_end(parts):
+                    return _Answer("".join(parts), "".join(refusal) or None, "length", None, first)
         if finish is None:
             # llama-cpp-python's server ends a stream early when another request comes in.
             raise _BrokenOff(

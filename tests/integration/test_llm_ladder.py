@@ -292,6 +292,29 @@ def test_a_reply_looping_until_it_is_cut_keeps_what_it_holds_whole(
     assert extraction.usage is not None and extraction.usage.completion_tokens == cap
 
 
+def test_a_streamed_reply_that_loops_is_stopped_where_it_starts_repeating(
+    start_simulator: StartSimulator,
+) -> None:
+    # Given a model that repeats a fact far past its reply, streamed a few characters a part,
+    # under a max_tokens with room for thousands of repeats
+    simulator = start_simulator(honor_max_tokens=True, loops=True, serial=True)
+    expected = OfflineExtractor().extract(LONG)
+    whole = len(expected.model_dump_json()) // 4
+    cap = 4096
+    config = config_for(simulator, min_output_tokens=cap, max_output_tokens=cap)
+    with closing(OpenAIExtractor(config)) as extractor:
+        # When the text is extracted
+        extraction = extractor.extract(LONG)
+
+    # Then the reply was read only until it had repeated itself a few times, not to max_tokens,
+    # and what it held whole was kept, once
+    assert len(simulator.received()) == 1
+    assert extraction.checks == {REPLIES_SALVAGED: 1}
+    assert extraction.usage is not None and extraction.usage.completion_tokens < whole * 2 < cap
+    assert [node.name for node in extraction.graph.nodes] == [node.name for node in expected.graph.nodes]
+    assert extraction.graph.edges == expected.graph.edges
+
+
 def test_tolerant_reading_takes_a_fenced_or_flattened_reply() -> None:
     flat = '{"nodes": [{"name": "Ada Lovelace", "type": "Person"}], "edges": [], "summary": "Ada."}'
     reply = f"Sure! Here it is:\n```json\n{flat}\n```\nAnything else?"
