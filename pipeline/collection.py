@@ -36,4 +36,6 @@ TRIPLETS = collection_name("Triplet", "text")
 NODES = (CHUNKS, SUMMARIES, ENTITIES, ENTITY_TYPES)
 """The node collections that graph completion searches."""
 INDEXED = (*NODES, EDGES)
-"""The collections created before every load."""
+"""The node and fact collections: those the graph's retrievers search."""
+LOADED = (*INDEXED, TRIPLETS)
+"""The collections created before every load (the events', written only with temporal on, aside)."""

@@ -280,7 +280,7 @@ def _extract_unit(
 
 def ensure_collections(services: Services) -> None:
     """Create the vector collections load writes, where they are missing."""
-    for name in collection.INDEXED:
+    for name in collection.LOADED:
         services.vectors.ensure_collection(name, services.embedder.dimension)
 
 
@@ -452,9 +452,11 @@ def _write_batch(
 ) -> Counter[str]:
     """Write the batch and mark its chunks loaded; a chunk the assembly has no extraction for
     (the extractor changed since, or the cache was cleared) is failed, to be extracted again."""
-    # The batch's own chunks (their vectors and words) are no other batch's: written outside
-    # the dataset's one write at a time, which guards what batches share (nodes, facts).
-    _write_vectors(services, job, indexed, own=True)
+    # Points that settling neither reads nor changes (chunks and their words, summaries,
+    # entities, types) are written outside the dataset's one write at a time, which guards what
+    # it reads and writes: nodes, facts and the facts' points. An entity's point that two
+    # batches write is replaced whole by each, in whichever order they come, as under it.
+    _write_vectors(services, job, indexed, facts=False)
     nodes, edges = _graph_of(assembly)
     with writing():
         counts = _write_settled(services, job, assembly, (nodes, edges), indexed)
@@ -480,22 +482,26 @@ def _write(
 ) -> Counter[str]:
     services.graph.upsert_nodes(job.scope, nodes)
     services.graph.upsert_edges(job.scope, edges)
-    _write_vectors(services, job, indexed, own=False)
+    _write_vectors(services, job, indexed, facts=True)
     return Counter(nodes=len(nodes), edges=len(edges), embeddings=len(indexed.vectors))
 
 
+# The collections of facts: their points carry the periods settling works out, under the write lock.
+FACT_COLLECTIONS = (collection.EDGES, collection.TRIPLETS)
+
+
 def _write_vectors(
-    services: Services, job: Job, indexed: Indexed, own: bool, periods: Periods | None = None
+    services: Services, job: Job, indexed: Indexed, facts: bool, periods: Periods | None = None
 ) -> None:
-    """Write the batch's points of the chunks collection and its chunks' words (`own`), or its
-    points of every other collection (a fact's with the `periods` settled for it)."""
+    """Write the batch's points of the fact collections, each with the `periods` settled for it
+    (`facts`), or its points of every other collection and its chunks' words."""
     by_collection: dict[str, list[VectorPoint]] = {}
     entries, vectors, held = indexed.entries, indexed.vectors, periods or {}
     for entry in entries:
-        if (entry.collection == collection.CHUNKS) != own:
+        if (entry.collection in FACT_COLLECTIONS) != facts:
             continue
         payload = entry.payload
-        if entry.point_id in held and entry.collection in (collection.EDGES, collection.TRIPLETS):
+        if entry.point_id in held:
             payload = {**payload, PERIODS: held[entry.point_id]}
         # Unchecked: built from the batch's own fields; checking 384 floats costs more than writing them.
         point = VectorPoint.model_construct(id=entry.point_id, vector=vectors[entry.text], payload=payload)
@@ -503,7 +509,7 @@ def _write_vectors(
     for name, points in by_collection.items():
         services.vectors.ensure_collection(name, services.embedder.dimension)
         services.vectors.upsert(job.scope, name, points)
-    if own:
+    if not facts:
         chunk_texts = [(e.point_id, e.text, e.payload) for e in entries if e.collection == collection.CHUNKS]
         services.lexical.index(job.scope, chunk_texts)
 
@@ -517,7 +523,7 @@ def _write_settled(
 ) -> Counter[str]:
     """Write the batch's nodes, then its edges, each fact once with when it held (a newer fact
     may end an older one: `kenning.pipeline.validity`) worked out with the stored facts it meets
-    (rewritten where that changed them), then its points of the shared collections; with an LLM
+    (rewritten where that changed them), then its facts' points; with an LLM
     judge, what it says of the batch's facts (`kenning.pipeline.contradiction`). Runs under the
     dataset's one write at a time, which so settles its facts."""
     nodes, edges = graph
@@ -526,7 +532,7 @@ def _write_settled(
     ends, whole = _ends_to_read(assembly, rules, judge is not None)
     services.graph.upsert_nodes(job.scope, nodes)
     settled = settle(services.graph, job.scope, ends, rules, whole, pending=edges, merge=over_edge)
-    _write_vectors(services, job, indexed, own=False, periods=settled.periods)
+    _write_vectors(services, job, indexed, facts=True, periods=settled.periods)
     batch = set(assembly.edges)
     put_periods(services.vectors, job.scope, settled, {edge.id for edge in settled.changed} - batch)
     counts = Counter(nodes=len(nodes), edges=len(edges), embeddings=len(indexed.vectors))
@@ -594,7 +600,7 @@ def fk_edges(services: Services, job: Job, structured: int) -> dict[str, int]:
     for edge in edges:
         assembly.add_edge(edge, "")
     indexed = _embed(services, assembly)
-    _write_vectors(services, job, indexed, own=True)
+    _write_vectors(services, job, indexed, facts=False)
     return dict(_write(services, job, *_graph_of(assembly), indexed))
 
 

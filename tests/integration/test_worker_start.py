@@ -14,11 +14,11 @@ def test_a_load_worker_makes_the_vector_collections_before_it_is_ready(
 ) -> None:
     # Given a deployment whose vectors are Qdrant Edge under its home, and nothing loaded yet
     folder = deployment.settings.vector_path
-    assert not any((folder / name / META_FILE).exists() for name in collection.INDEXED)
+    assert not any((folder / name / META_FILE).exists() for name in collection.LOADED)
 
     # When a worker that consumes the load queue has started
     with running(deployment, tmp_path, {"load": "load"}):
-        made = [name for name in collection.INDEXED if (folder / name / META_FILE).exists()]
+        made = [name for name in collection.LOADED if (folder / name / META_FILE).exists()]
 
     # Then every collection a load writes is there: the run's first load does not make them
-    assert made == list(collection.INDEXED)
+    assert made == list(collection.LOADED)
