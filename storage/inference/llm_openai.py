@@ -546,11 +546,12 @@ def loops_at_end(parts: Sequence[str]) -> bool:
 
 
 def repeats_at_end(content: str, times: int = LOOP_TIMES) -> bool:
-    """Whether the text ends in `times` copies or more of one piece of text (a model in a loop)."""
+    """Whether the text ends in `times` copies or more of one piece of text (a model in a loop);
+    white space alone (a pretty-printed reply's indentation) is no loop."""
     tail = content[-LOOP_TAIL:]
     for period in range(LOOP_MIN, len(tail) // times + 1):
         span = tail[-period * times :]
-        if span[:-period] == span[period:]:
+        if span[:-period] == span[period:] and not span[-period:].isspace():
             return True
     return False
 

@@ -354,6 +354,7 @@ def test_a_reply_cut_while_it_repeats_words_keeps_the_items_it_holds_whole() -> 
     # And a reply cut without repeating itself is not salvaged (its text's halves may each fit)
     assert salvaged_loop('{"graph": {"nodes": [' + node + ', {"id": "b", "name": "Charles Bab') is None
     assert not repeats_at_end("Ada Lovelace met Charles Babbage in London in 1833, at a party")
+    assert not repeats_at_end('{"graph": {"nodes": [\n' + " " * 64)  # indentation, not a loop
     # But read as a cut reply, looping or not, it keeps its whole node
     cut = salvaged_cut('{"graph": {"nodes": [' + node + ', {"id": "b", "name": "Charles Bab')
     assert cut is not None and [n.name for n in cut.graph.nodes] == ["Ada Lovelace"]
