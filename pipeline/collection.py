@@ -37,5 +37,7 @@ NODES = (CHUNKS, SUMMARIES, ENTITIES, ENTITY_TYPES)
 """The node collections that graph completion searches."""
 INDEXED = (*NODES, EDGES)
 """The node and fact collections: those the graph's retrievers search."""
+FACTS = (EDGES, TRIPLETS)
+"""The collections of facts: their points carry the periods the facts held."""
 LOADED = (*INDEXED, TRIPLETS)
 """The collections created before every load (the events', written only with temporal on, aside)."""

@@ -486,10 +486,6 @@ def _write(
     return Counter(nodes=len(nodes), edges=len(edges), embeddings=len(indexed.vectors))
 
 
-# The collections of facts: their points carry the periods settling works out, under the write lock.
-FACT_COLLECTIONS = (collection.EDGES, collection.TRIPLETS)
-
-
 def _write_vectors(
     services: Services, job: Job, indexed: Indexed, facts: bool, periods: Periods | None = None
 ) -> None:
@@ -498,7 +494,7 @@ def _write_vectors(
     by_collection: dict[str, list[VectorPoint]] = {}
     entries, vectors, held = indexed.entries, indexed.vectors, periods or {}
     for entry in entries:
-        if (entry.collection in FACT_COLLECTIONS) != facts:
+        if (entry.collection in collection.FACTS) != facts:
             continue
         payload = entry.payload
         if entry.point_id in held:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from kenning.pipeline.collection import EDGES, TRIPLETS
+from kenning.pipeline.collection import FACTS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore, VectorStore
 from kenning.pipeline.temporal import moment_last, moment_start
@@ -337,7 +337,7 @@ def put_periods(vectors: VectorStore, scope: Scope, settled: Settled, ids: Colle
     values = {edge_id: {PERIODS: held} for edge_id, held in settled.periods.items() if edge_id in ids}
     if values:
         collections = vectors.list_collections()
-        for name in (EDGES, TRIPLETS):
+        for name in FACTS:
             if name in collections:
                 vectors.set_payload(scope, name, values)
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kenning.pipeline.collection import EDGES, TRIPLETS
+from kenning.pipeline.collection import FACTS
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.models import EdgeShape, GraphEdge, GraphNode, Removal, Scope, ScoredPoint, VectorPoint
 from kenning.pipeline.ports import Completer, Embedder, GraphStore, Neighbourhood, VectorStore
 from kenning.pipeline.validity import PERIODS, holds
 from kenning.retrieval.contract import SearchPorts
 
-FACT_COLLECTIONS = frozenset({EDGES, TRIPLETS})
 # A search of facts asks for `limit`, then for more while retired ones took places in it.
 _WIDER = (1, 4, 16)
 
@@ -149,7 +148,7 @@ class PointsAt:
         limit: int,
         fields: Sequence[str] | None = None,
     ) -> list[ScoredPoint]:
-        if collection not in FACT_COLLECTIONS:
+        if collection not in FACTS:
             return self._inner.search(scope, collection, vector, limit, fields)
         wanted = None if fields is None else [*fields, PERIODS]
         held: list[ScoredPoint] = []
@@ -163,7 +162,7 @@ class PointsAt:
     def retrieve(
         self, scope: Scope, collection: str, ids: Sequence[str], fields: Sequence[str] | None = None
     ) -> list[VectorPoint]:
-        if collection not in FACT_COLLECTIONS:
+        if collection not in FACTS:
             return self._inner.retrieve(scope, collection, ids, fields)
         wanted = None if fields is None else [*fields, PERIODS]
         found = self._inner.retrieve(scope, collection, ids, wanted)

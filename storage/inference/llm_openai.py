@@ -534,15 +534,9 @@ LOOP_CHECK_PARTS, LOOP_STOP_TIMES = 16, LOOP_TIMES + 1
 
 
 def loops_at_end(parts: Sequence[str]) -> bool:
-    """Whether a streamed answer so far ends in LOOP_STOP_TIMES copies of one piece of text."""
-    tail: list[str] = []
-    size = 0
-    for part in reversed(parts):
-        if size >= LOOP_TAIL:
-            break
-        tail.append(part)
-        size += len(part)
-    return repeats_at_end("".join(reversed(tail)), LOOP_STOP_TIMES)
+    """Whether a streamed answer so far ends in LOOP_STOP_TIMES copies of one piece of text (its
+    last LOOP_TAIL parts hold its last LOOP_TAIL characters, and more)."""
+    return repeats_at_end("".join(parts[-LOOP_TAIL:]), LOOP_STOP_TIMES)
 
 
 def repeats_at_end(content: str, times: int = LOOP_TIMES) -> bool:
