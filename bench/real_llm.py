@@ -163,25 +163,44 @@ def answers(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def evaluate(url: str, name: str, sources: list[Source], questions: list[Question]) -> dict[str, Any]:
-    with (
-        tempfile.TemporaryDirectory() as home,
-        Kenning(load_settings(home=Path(home), **real_llm_overrides(url))) as memory,
-    ):
+def evaluate(
+    url: str, name: str, sources: list[Source], questions: list[Question], keep: Path | None = None
+) -> dict[str, Any]:
+    """Cognify `sources` as dataset `name` and ask `questions`. With `keep`, the home is that
+    folder and stays; a dataset it already holds is not cognified again (only asked)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        home = keep / name if keep else Path(scratch)
+        with Kenning(load_settings(home=home, **real_llm_overrides(url))) as memory:
+            return cognified_and_asked(memory, name, sources, questions)
+
+
+def cognified(memory: Kenning, name: str) -> bool:
+    """Whether the home already holds a finished cognify of dataset `name`."""
+    try:
+        runs = memory.status(name)[0]["runs"]
+    except KenningError:
+        return False
+    return any(run["status"] not in ("started", "queued") for run in runs)
+
+
+def cognified_and_asked(
+    memory: Kenning, name: str, sources: list[Source], questions: list[Question]
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    reused = cognified(memory, name)
+    if not reused:
         memory.add(sources, name)
-        started = time.perf_counter()
         memory.cognify(name)
-        figures: dict[str, Any] = {"set": name, "documents": len(sources), "questions": len(questions)}
-        figures["extraction"] = extraction(memory, name, time.perf_counter() - started)
-        print(f"{name}: {json.dumps({k: v for k, v in figures['extraction'].items() if k != 'stats'})}")
-        figures["answers"] = {}
-        for search_type in TYPES:
-            scored = answers([ask(memory, name, search_type, q) for q in questions])
-            figures["answers"][search_type.value] = scored
-            print(
-                f"{name} {search_type.value}: {json.dumps({k: v for k, v in scored.items() if k != 'rows'})}"
-            )
-        return figures
+    figures: dict[str, Any] = {"set": name, "documents": len(sources), "questions": len(questions)}
+    figures["extraction"] = extraction(memory, name, time.perf_counter() - started)
+    figures["extraction"]["reused"] = reused
+    print(f"{name}: {json.dumps({k: v for k, v in figures['extraction'].items() if k != 'stats'})}")
+    figures["answers"] = {}
+    for search_type in TYPES:
+        scored = answers([ask(memory, name, search_type, q) for q in questions])
+        figures["answers"][search_type.value] = scored
+        print(f"{name} {search_type.value}: {json.dumps({k: v for k, v in scored.items() if k != 'rows'})}")
+    return figures
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -190,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--first", type=int, default=0, help="hotpot_50 question to start at (0: the first)")
     parser.add_argument("--sets", default="samples,hotpot", help="comma-separated: samples, hotpot")
     parser.add_argument("--out", type=Path, default=RESULTS / "real_llm.json")
+    parser.add_argument(
+        "--home", type=Path, help="keep each set's store in HOME/<set>; a set cognified there is only asked"
+    )
     args = parser.parse_args(argv)
     url = real_llm_url()
     if not url:
@@ -215,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     for name in wanted:
         sources, questions = sets[name]()
-        report["sets"][name] = evaluate(url, name, sources, questions)
+        report["sets"][name] = evaluate(url, name, sources, questions, args.home)
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

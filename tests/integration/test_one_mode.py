@@ -61,12 +61,13 @@ def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {head: value - before.get(head, 0.0) for head, value in after.items() if value != before.get(head)}
 
 
-def ended(client: TestClient, auth: dict[str, str], run_id: str) -> dict[str, Any]:
-    """The run once it has ended (polled, at most `WAIT_S`)."""
+def ended(client: TestClient, auth: dict[str, str], run_id: str, field: str = "status") -> dict[str, Any]:
+    """The run once it has ended (polled, at most `WAIT_S`); with `field` "finished_at", once its
+    process has let go of it too."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         run: dict[str, Any] = client.get(f"/v1/runs/{run_id}", headers=auth).json()
-        if run["status"] not in ("initiated", "started"):
+        if run[field] and run[field] not in ("initiated", "started"):
             return run
         time.sleep(0.05)
     raise AssertionError(f"run {run_id} did not end within {WAIT_S} s")
@@ -155,9 +156,12 @@ def test_an_embedded_run_cancelled_over_http_stops_and_its_retry_does_only_the_r
         # And it is cancelled over HTTP, then that extraction is answered
         cancelled = client.post(f"/v1/runs/{run_id}/cancel", headers=auth, json={"reason": "wrong corpus"})
         assert cancelled.status_code == 200, cancelled.text
+        # Then it reads cancelled, but not finished while its process still has a batch in flight
+        stopping = client.get(f"/v1/runs/{run_id}", headers=auth).json()
+        assert stopping["status"] == "cancelled" and stopping["finished_at"] is None, stopping
         simulator.gate.set()
-        # Then the run ends cancelled, having sent no extraction after the one in flight
-        stopped = ended(client, auth, run_id)
+        # And it finishes, having sent no extraction after the one in flight, which it recorded
+        stopped = ended(client, auth, run_id, "finished_at")
         assert stopped["status"] == "cancelled" and "wrong corpus" in stopped["error"]
         chunks = memory.wiring.chunks
         pending = chunks.list_chunk_ids(dataset.id, ChunkStatus.PENDING)

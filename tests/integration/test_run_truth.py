@@ -131,3 +131,27 @@ def test_status_marks_a_run_whose_process_is_gone_interrupted(tmp_path: Path) ->
         assert runs[dead.run_id]["status"] == "interrupted" and "ended before" in runs[dead.run_id]["error"]
         assert runs[live.run_id]["status"] == "started"
         assert [job.run_id for job in memory.started_jobs("d")] == [live.run_id]
+
+
+def test_a_cancelled_run_is_finished_once_its_process_is_gone(tmp_path: Path) -> None:
+    import subprocess
+
+    from kenning.pipeline.models import EMBEDDED
+    from kenning.pipeline.plan import record_step, start_run
+    from kenning.workers.control.runs import cancel_run
+    from kenning.workers.runtime.local_runner import EMBEDDED_PID
+
+    settings = load_settings(home=tmp_path / "home", embedding_provider="hash")
+    with Kenning(settings) as memory, subprocess.Popen(["sleep", "60"]) as process:
+        memory.add_text("Ada Lovelace wrote the first program.", "d")
+        # Given a started run whose process is alive, cancelled: it is not finished yet
+        job = start_run(memory.wiring, memory.scope("d"), mode=EMBEDDED)
+        record_step(memory.wiring, job, "extract", {EMBEDDED_PID: process.pid})
+        assert cancel_run(memory, job.run_id, "wrong corpus").finished_at is None
+        # When its process dies before it finished the run
+        process.kill()
+        process.wait()
+        # Then status shows it cancelled and finished
+        [status] = memory.status("d")
+        [run] = [run for run in status["runs"] if run["id"] == job.run_id]
+        assert run["status"] == "cancelled" and run["finished_at"] is not None

@@ -29,7 +29,7 @@ from kenning.pipeline.permission import Permission
 from kenning.pipeline.redact import redact_url
 from kenning.pipeline.spend import breaker_key
 from kenning.workers.memory import Kenning
-from kenning.workers.runtime.local_runner import close_dead_runs
+from kenning.workers.runtime.local_runner import close_dead_runs, in_its_process
 from kenning.workers.runtime.settings import Settings
 
 # The queues every task of a distributed run goes to.
@@ -233,13 +233,14 @@ def cancel_run(memory: Kenning, run_id: str, reason: str = "") -> RunSummary:
     A distributed run's dataset lock is released: its tasks still in flight stop at their next
     write, which the lock fences, and a message of it delivered later stops before it starts
     (the run has ended). An embedded run's process reads the mark between batches: it sends
-    no more, records those in flight, and lets go of the lock itself. What a run finished stays
-    done: `retry_run` (or any cognify of the dataset) does the rest.
+    no more, records those in flight, and lets go of the lock itself; until then the run has no
+    `finished_at` (its process sets it). What a run finished stays done: `retry_run` (or any
+    cognify of the dataset) does the rest.
     """
     dataset, run = find_run(memory, run_id)
     if run.status in ENDED:
         raise InputError(f"run {run.id} has already ended ({run.status.value}): nothing to cancel")
-    run.status, run.finished_at = RunStatus.CANCELLED, utcnow()
+    run.status, run.finished_at = RunStatus.CANCELLED, None if in_its_process(run) else utcnow()
     run.error = f"{CANCELLED_BY}{': ' + reason if reason else ''} (at step {run.step or 'begin'})"
     # Saved before the lock is released: a task that finds the lock free reads the run, sees it
     # ended, and stops instead of taking the lock again.

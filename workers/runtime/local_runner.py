@@ -78,19 +78,30 @@ class _Pool(ThreadPoolExecutor):
 
 
 def close_dead_runs(metadata: MetadataStore, dataset_id: str) -> list[str]:
-    """Mark interrupted the dataset's started embedded runs whose process is gone; their ids.
+    """Mark interrupted the dataset's started embedded runs whose process is gone; their ids. A
+    cancelled one that its process did not live to finish is finished now.
 
     Only runs of this machine's embedded runner carry a pid; a run on Celery workers is left to them.
     """
     dead = []
     for run in metadata.list_runs(dataset_id):
         pid = run.stats.get(EMBEDDED_PID)
-        if run.status == RunStatus.STARTED and run.embedded and pid and not _alive(pid):
-            run.status, run.finished_at = RunStatus.INTERRUPTED, utcnow()
+        if not run.embedded or not pid or run.finished_at is not None or _alive(pid):
+            continue
+        if run.status == RunStatus.STARTED:
+            run.status = RunStatus.INTERRUPTED
             run.error = f"its process ({pid}) ended before it finished; the next cognify resumes its work"
-            metadata.save_run(run)
             dead.append(run.id)
+        if run.status in (RunStatus.INTERRUPTED, RunStatus.CANCELLED):
+            run.finished_at = utcnow()
+            metadata.save_run(run)
     return dead
+
+
+def in_its_process(run: PipelineRun) -> bool:
+    """Whether the run is an embedded run whose process (on this machine) is alive."""
+    pid = run.stats.get(EMBEDDED_PID)
+    return bool(run.embedded and pid and _alive(pid))
 
 
 def _alive(pid: int) -> bool:
