@@ -1,13 +1,18 @@
-"""GRAPH_COMPLETION: the facts of the chunks a graph walk ranks best, as triplets.
+"""GRAPH_COMPLETION: the best chunks of a graph walk, as their facts (triplets) and their text.
 
 The walk is GRAPH_PPR's (personalized PageRank from the question's entities, the facts
 closest to it and its closest chunks, see retrieval.graph_ppr). From each of the best chunks
 come the facts extracted from it, closest to the question first (by their triplets' vectors);
 they are taken in rounds, one per chunk at a time, so the context covers many chunks. Only
 facts between entities are given: the pipeline's own edges (a chunk `contains` an entity,
-`is_part_of` a document, an entity `is_a` type...) are structure, not knowledge. A chunk the
-walk ranks among the best that holds no fact (a message that joins no two names) takes its
-turn with its own text, once.
+`is_part_of` a document, an entity `is_a` type...) are structure, not knowledge.
+
+The first few of the best chunks (`passages`, by default 5 and at most half the results) also
+give their text, before their facts: what a model extracted from a paragraph is less than the
+paragraph (measured on HotpotQA, docs/real-llm.md), and the text is what a reader answers best
+from. A chunk some fact of which does not hold at the moment searched never gives its text (it
+would say what no longer holds); one no fact was ever extracted from gives its text in its turn.
+`passages` 0 gives facts alone.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from kenning.retrieval.reference import best_first, chunk_hit, chunk_nodes, firs
 from kenning.retrieval.timeline import every_fact
 
 TOP_EDGES = 15
+PASSAGES = 5
 NODE_TEXT_CHARS = 300
 TITLE_CHARS = 120
 
@@ -41,6 +47,8 @@ class Fragment:
     edges: dict[str, GraphEdge] = field(default_factory=dict)
     # Chunks some fact was extracted from, whether it holds at the moment searched or not.
     told: set[str] = field(default_factory=set)
+    # Chunks some fact was extracted from that does not hold at the moment searched.
+    stale: set[str] = field(default_factory=set)
 
 
 def is_fact(edge: GraphEdge) -> bool:
@@ -49,22 +57,29 @@ def is_fact(edge: GraphEdge) -> bool:
 
 
 def in_rounds(
-    fragment: Fragment, chunks: Sequence[str], ended: Walk, closeness: Mapping[str, float]
+    fragment: Fragment,
+    chunks: Sequence[str],
+    ended: Walk,
+    closeness: Mapping[str, float],
+    passages: int = 0,
 ) -> list[tuple[GraphEdge | str, float]]:
-    """Each chunk's facts in order (`chunk_facts`), or its id alone where none was ever extracted
-    from it (its text takes its turn: a chunk whose facts no longer hold gives nothing), taken in
-    rounds: the first of every chunk in walk order, then the second... The score is the round
-    plus the chunk's place over the number of chunks: lower is closer."""
+    """Each chunk's facts in order (`chunk_facts`), taken in rounds: the first of every chunk in
+    walk order, then the second... The first `passages` chunks whose facts all hold (or that have
+    none) give their text (their id) before their facts; any other chunk no fact was ever
+    extracted from gives its text alone, and one whose facts no longer hold gives nothing. The
+    score is the round plus the chunk's place over the number of chunks: lower is closer."""
     owned: dict[str, list[GraphEdge]] = {chunk: [] for chunk in chunks}
     for edge in fragment.edges.values():
         owner = _chunk_of(edge)
         if owner in owned and is_fact(edge):
             owned[owner].append(edge)
+    whole = [chunk for chunk in chunks if chunk not in fragment.stale][:passages]
     found: list[tuple[GraphEdge | str, float]] = []
     for place, chunk in enumerate(chunks):
-        turns: list[GraphEdge | str] = [*chunk_facts(owned[chunk], ended, closeness)]
-        turns = turns or ([] if chunk in fragment.told else [chunk])
-        found += [(item, turn + place / len(chunks)) for turn, item in enumerate(turns)]
+        facts: list[GraphEdge | str] = [*chunk_facts(owned[chunk], ended, closeness)]
+        if chunk in whole or not (facts or chunk in fragment.told):
+            facts = [chunk, *facts]
+        found += [(item, turn + place / len(chunks)) for turn, item in enumerate(facts)]
     return sorted(found, key=lambda item: item[1])
 
 
@@ -105,7 +120,8 @@ class GraphCompletionRetriever:
             chunks = [entry.chunk_id for entry in ended.ranked[: min(request.top_k, top)]]
             fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
-            ranked = in_rounds(fragment, chunks, ended, closeness)[:top]
+            passages = int(request.options.get("passages", min(PASSAGES, request.top_k // 2)))
+            ranked = in_rounds(fragment, chunks, ended, closeness, passages)[:top]
             edges = [item for item, _ in ranked if isinstance(item, GraphEdge)]
             self._add_nodes(scope, fragment, chunks, edges, passages=len(edges) < len(ranked))
             hits += [
@@ -135,7 +151,8 @@ class GraphCompletionRetriever:
             if is_fact(edge) and _chunk_of(edge) in wanted
         ]
         held = {edge.id: edge for edge in facts if holds(edge.properties, as_of)}
-        return Fragment(edges=held, told={_chunk_of(edge) for edge in facts})
+        stale = {_chunk_of(edge) for edge in facts if edge.id not in held}
+        return Fragment(edges=held, told={_chunk_of(edge) for edge in facts}, stale=stale)
 
     def _closeness(self, scope: Scope, vector: Sequence[float], edge_ids: list[str]) -> dict[str, float]:
         """Each fact's cosine similarity to the question, by its triplet's stored vector; a fact

@@ -58,6 +58,8 @@ def test_ana_moves_and_the_old_city_is_retired_not_deleted(kenning: Kenning) -> 
     # And reads answer from what holds now, saying since when, or from what held then
     now = context(kenning, "Where does Ana live?", "ana", "GRAPH_COMPLETION")
     assert "--> Berlin (since 2024-05)" in now and "--> Oslo" not in now
+    # (the text of the message whose fact no longer holds is not given either; the other's is)
+    assert "Ana: I live in Oslo" not in now and "Ana: We moved to Berlin" in now
     then = context(kenning, "Where does Ana live?", "ana", "GRAPH_COMPLETION", as_of="2023")
     assert "--> Oslo (2023-01-10 to 2024-05)" in then and "--> Berlin" not in then
     assert "-> Oslo" not in context(kenning, "Ana live Oslo", "ana", "TRIPLET_COMPLETION")

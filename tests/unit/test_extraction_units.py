@@ -305,7 +305,13 @@ def test_graph_context_names_the_document_title_and_chunk_of_each_triplet() -> N
 
     # When the graph context of a question about a late paragraph of the long document is built
     query = "Who did Keeper Ivo87 write to about Tower Elda87?"
-    request = SearchRequest(query=query, type=SearchType.GRAPH_COMPLETION, scopes=[SCOPE], only_context=True)
+    request = SearchRequest(
+        query=query,
+        type=SearchType.GRAPH_COMPLETION,
+        scopes=[SCOPE],
+        only_context=True,
+        options={"passages": 0},
+    )
     result = search(services, request)
 
     # Then every triplet line ends with its document's name and title, and the chunk it came from

@@ -71,8 +71,12 @@ def samples() -> TwinServices:
     return made
 
 
-def ask(services: TwinServices, question: str, kind: SearchType, top_k: int = 5) -> SearchResult:
-    request = SearchRequest(query=question, type=kind, scopes=[DEMO], top_k=top_k, only_context=True)
+def ask(
+    services: TwinServices, question: str, kind: SearchType, top_k: int = 5, **options: Any
+) -> SearchResult:
+    request = SearchRequest(
+        query=question, type=kind, scopes=[DEMO], top_k=top_k, only_context=True, options=options
+    )
     return search(services, request)
 
 
@@ -96,11 +100,14 @@ def test_the_demo_questions_get_contexts_of_their_own_each_holding_its_answer(
 def test_graph_completion_gives_first_the_facts_of_the_chunk_the_question_is_about(
     samples: TwinServices,
 ) -> None:
-    # When the guild's founder is asked for, with only "Harrow Point" as a name
-    result = ask(samples, DEMO_QUESTIONS[0], SearchType.GRAPH_COMPLETION)
+    # When the guild's founder is asked for, with only "Harrow Point" as a name, for facts alone
+    result = ask(samples, DEMO_QUESTIONS[0], SearchType.GRAPH_COMPLETION, passages=0)
     # Then the first fact is the founding, from the guild's document
     assert "Elinor Vance founded" in result.results[0].text
     assert "keepers-guild.md" in result.context.splitlines()[0]
+    # And by default the guild's chunk comes first as its text
+    first = ask(samples, DEMO_QUESTIONS[0], SearchType.GRAPH_COMPLETION).results[0]
+    assert first.kind == "chunk" and "Elinor Vance founded" in first.text
 
 
 @pytest.mark.parametrize("kind", COMPLETION_TYPES)
@@ -116,13 +123,19 @@ def test_no_completion_context_gives_a_structural_edge_as_a_fact(
         assert all(hit.extra.get("relationship") not in STRUCTURAL_RELATIONSHIPS for hit in result.results)
 
 
+def with_source_of(context: str) -> str:
+    """The source label (`[document: title, chunk n]`) the context's first entry ends with."""
+    return next(line for line in context.splitlines() if line.endswith("]"))
+
+
 def test_with_search_default_results_the_lamp_question_gets_every_change_the_graph_holds(
     samples: TwinServices,
 ) -> None:
-    result = ask(samples, DEMO_QUESTIONS[2], SearchType.GRAPH_COMPLETION, top_k=10)
-    assert all(change in result.context for change in LAMP_CHANGES), result.context
-    # And the lamp's facts come first in each round: its document is where the walk ends up
-    assert "the-lamp.md" in result.context.splitlines()[0]
+    for passages in (0, 5):
+        result = ask(samples, DEMO_QUESTIONS[2], SearchType.GRAPH_COMPLETION, top_k=10, passages=passages)
+        assert all(change in result.context for change in LAMP_CHANGES), result.context
+        # And the lamp's chunk comes first: its document is where the walk ends up
+        assert "the-lamp.md" in with_source_of(result.context)
 
 
 def test_the_walk_starts_at_the_closest_facts_where_the_question_names_no_entity(
@@ -202,11 +215,16 @@ def test_a_chunk_with_no_fact_gives_its_text_once_in_graph_completion() -> None:
         only_context=True,
     )
     result = search(made, request)
-    # Then the chunk takes its turn with its text, once, and no structural edge is given
-    passages = [hit for hit in result.results if hit.kind == "chunk"]
-    assert [hit.text for hit in passages] == [texts["sailing.txt"]]
+    # Then each chunk's text is given once (the best chunks' texts beside their facts), and no
+    # structural edge is given
+    passages = [hit.text for hit in result.results if hit.kind == "chunk"]
+    assert sorted(passages) == sorted(texts.values())
     assert any(hit.kind == "edge" and "Remington Rand" in hit.text for hit in result.results)
     assert not STRUCTURE.search(result.context)
+    # And asked for facts alone, the chunk with no fact still takes its turn with its text, once
+    facts_only = search(made, request.model_copy(update={"options": {"passages": 0}}))
+    passages = [hit.text for hit in facts_only.results if hit.kind == "chunk"]
+    assert passages == [texts["sailing.txt"]]
 
 
 def test_triplet_completion_leaves_out_a_triplet_of_a_structural_relationship(samples: TwinServices) -> None:

@@ -175,7 +175,7 @@ def graph_completion(services: TwinServices, graph: Reads, query: str, top_edges
             "type": SearchType.GRAPH_COMPLETION,
             "scopes": [LIBRARY],
             "only_context": True,
-            "options": {"top_edges": top_edges},
+            "options": {"top_edges": top_edges, "passages": 0},
         }
     )
     return search(reading, request).results
