@@ -14,10 +14,12 @@ cognified in a fresh embedded home:
 For each set: chunks extracted and failed (with the first errors), the structured-output rung
 the endpoint's model settled on (as `kenning status` shows it), what the checks of the model's
 replies repaired or dropped (the run's counters), LLM calls and seconds per extraction call. Then
-every question is asked with HYBRID_COMPLETION, GRAPH_COMPLETION and RAG_COMPLETION (plain RAG
-over CHUNKS) with the same model: exact match and token F1 against the gold answer, whether the
-gold answer (every key phrase of it) is in the context and in the answer, and seconds per
-answer. Results go to bench/results/real_llm.json.
+every question is asked with HYBRID_COMPLETION, GRAPH_COMPLETION, RAG_COMPLETION (plain RAG
+over CHUNKS) and GRAPH_COMPLETION with facts alone (`passages` 0) with the same model (`--types`
+chooses): exact match and token F1 against the gold answer, whether the gold answer (every key
+phrase of it) is in the context and in the answer, and seconds per answer. Results go to
+bench/results/real_llm.json. `--home DIR` keeps each set's store in DIR/<set>; a set already
+cognified there is only asked again.
 """
 
 from __future__ import annotations
@@ -49,7 +51,14 @@ SAMPLES = ROOT / "workers" / "samples"
 HOTPOT = ROOT.parent / "shared" / "data" / "cognee_hotpot"
 RESULTS = ROOT / "bench" / "results"
 PARAGRAPHS_PER_QUESTION = 10
-TYPES = (SearchType.HYBRID_COMPLETION, SearchType.GRAPH_COMPLETION, SearchType.RAG_COMPLETION)
+# What each question is asked with: a name for the report, the search type and its options.
+ASKED: dict[str, tuple[SearchType, dict[str, Any]]] = {
+    "HYBRID_COMPLETION": (SearchType.HYBRID_COMPLETION, {}),
+    "GRAPH_COMPLETION": (SearchType.GRAPH_COMPLETION, {}),
+    "RAG_COMPLETION": (SearchType.RAG_COMPLETION, {}),
+    # GRAPH_COMPLETION as it was before its contexts gave the best chunks' text: facts alone
+    "GRAPH_COMPLETION_FACTS_ONLY": (SearchType.GRAPH_COMPLETION, {"passages": 0}),
+}
 
 
 @dataclass(frozen=True)
@@ -130,10 +139,11 @@ def extraction(memory: Kenning, dataset: str, seconds: float) -> dict[str, Any]:
     }
 
 
-def ask(memory: Kenning, dataset: str, search_type: SearchType, question: Question) -> dict[str, Any]:
+def ask(memory: Kenning, dataset: str, asked: str, question: Question) -> dict[str, Any]:
+    search_type, options = ASKED[asked]
     started = time.perf_counter()
     try:
-        result = memory.search(question.text, search_type, datasets=[dataset])
+        result = memory.search(question.text, search_type, datasets=[dataset], options=options)
         answer, context, error = result.answer or "", result.context, ""
     except KenningError as failure:
         answer, context, error = "", "", str(failure)[:300]
@@ -164,14 +174,19 @@ def answers(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def evaluate(
-    url: str, name: str, sources: list[Source], questions: list[Question], keep: Path | None = None
+    url: str,
+    name: str,
+    sources: list[Source],
+    questions: list[Question],
+    keep: Path | None = None,
+    kinds: Sequence[str] = tuple(ASKED),
 ) -> dict[str, Any]:
     """Cognify `sources` as dataset `name` and ask `questions`. With `keep`, the home is that
     folder and stays; a dataset it already holds is not cognified again (only asked)."""
     with tempfile.TemporaryDirectory() as scratch:
         home = keep / name if keep else Path(scratch)
         with Kenning(load_settings(home=home, **real_llm_overrides(url))) as memory:
-            return cognified_and_asked(memory, name, sources, questions)
+            return cognified_and_asked(memory, name, sources, questions, kinds)
 
 
 def cognified(memory: Kenning, name: str) -> bool:
@@ -184,7 +199,7 @@ def cognified(memory: Kenning, name: str) -> bool:
 
 
 def cognified_and_asked(
-    memory: Kenning, name: str, sources: list[Source], questions: list[Question]
+    memory: Kenning, name: str, sources: list[Source], questions: list[Question], kinds: Sequence[str]
 ) -> dict[str, Any]:
     started = time.perf_counter()
     reused = cognified(memory, name)
@@ -196,10 +211,10 @@ def cognified_and_asked(
     figures["extraction"]["reused"] = reused
     print(f"{name}: {json.dumps({k: v for k, v in figures['extraction'].items() if k != 'stats'})}")
     figures["answers"] = {}
-    for search_type in TYPES:
-        scored = answers([ask(memory, name, search_type, q) for q in questions])
-        figures["answers"][search_type.value] = scored
-        print(f"{name} {search_type.value}: {json.dumps({k: v for k, v in scored.items() if k != 'rows'})}")
+    for asked in kinds:
+        scored = answers([ask(memory, name, asked, q) for q in questions])
+        figures["answers"][asked] = scored
+        print(f"{name} {asked}: {json.dumps({k: v for k, v in scored.items() if k != 'rows'})}")
     return figures
 
 
@@ -209,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--first", type=int, default=0, help="hotpot_50 question to start at (0: the first)")
     parser.add_argument("--sets", default="samples,hotpot", help="comma-separated: samples, hotpot")
     parser.add_argument("--out", type=Path, default=RESULTS / "real_llm.json")
+    parser.add_argument("--types", default=",".join(ASKED), help=f"comma-separated, of {', '.join(ASKED)}")
     parser.add_argument(
         "--home", type=Path, help="keep each set's store in HOME/<set>; a set cognified there is only asked"
     )
@@ -221,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "samples": samples,
         "hotpot": lambda: hotpot(args.questions, args.first),
     }
+    kinds = [kind.strip() for kind in args.types.split(",") if kind.strip()]
+    if not kinds or set(kinds) - set(ASKED):
+        sys.exit(f"unknown types {sorted(set(kinds) - set(ASKED))}; choose from {sorted(ASKED)}")
     wanted = [name.strip() for name in args.sets.split(",") if name.strip()]
     unknown = [name for name in wanted if name not in sets]
     if unknown or not wanted:
@@ -237,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     for name in wanted:
         sources, questions = sets[name]()
-        report["sets"][name] = evaluate(url, name, sources, questions, args.home)
+        report["sets"][name] = evaluate(url, name, sources, questions, args.home, kinds)
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
