@@ -8,7 +8,8 @@ on a projected subgraph, never the whole graph: the `contains` edges between chu
 entities, and the facts between entities, a bounded number of hops around those seeds.
 Every step divides a node's score among all its edges in the whole graph, and an entity's
 restart weight is shared among the chunks that contain it, so a hub entity spreads thin
-rather than pulling every chunk that mentions it to the top.
+rather than pulling every chunk that mentions it to the top. The closest chunks the walk did not
+reach follow every chunk it reached, closest first.
 """
 
 from __future__ import annotations
@@ -179,7 +180,19 @@ def walk(
     scores = personalized_pagerank(walk_edges(projected.edges, config), projected.degrees, restart, config)
     chunks = _chunk_ids(projected.edges) | set(chunk_seeds)
     ranked = sorted(((scores.get(c, 0.0), c) for c in chunks), key=lambda item: (-item[0], item[1]))
-    return Walk(ranked=[Ranked(chunk_id, score) for score, chunk_id in ranked if score > 0], scores=scores)
+    reached = [Ranked(chunk_id, score) for score, chunk_id in ranked if score > 0]
+    return Walk(ranked=[*reached, *closest_after(reached, chunk_points)], scores=scores)
+
+
+def closest_after(reached: Sequence[Ranked], closest: Sequence[ScoredPoint]) -> list[Ranked]:
+    """The closest chunks the walk did not reach (it reaches little where a small model's graph
+    joins the question's names to few chunks), after every chunk it reached, closest first: each
+    scored below the last reached (half its score, by similarity)."""
+    seen = {entry.chunk_id for entry in reached}
+    below = reached[-1].score / 2 if reached else 1.0
+    return [
+        Ranked(point.id, below * max(1.0 - point.score, 1e-6)) for point in closest if point.id not in seen
+    ]
 
 
 def question_names(query: str) -> list[str]:

@@ -206,6 +206,21 @@ def test_the_walk_from_a_deeper_search_of_the_closest_chunks_ranks_as_from_its_o
     assert given.ranked and given == own
 
 
+def test_a_walk_that_reaches_one_chunk_goes_on_with_the_closest_chunks(services: TwinServices) -> None:
+    # When the question's only name is in one chunk, and what it asks is worded in another
+    query = "What did Alan Turing write notes on?"
+    result = ask(services, query)
+    # Then the named chunk comes first, then the closest chunks the walk did not reach
+    names = [documents(services)[hit.document_id or ""].name for hit in result.results]
+    assert names[:2] == ["turing.txt", "lovelace.txt"] and len(names) == len(CORPUS)
+    assert result.results[0].score > result.results[1].score > 0
+    # And the graph completion's context holds what that chunk says
+    completion = SearchRequest(
+        query=query, type=SearchType.GRAPH_COMPLETION, scopes=[LIBRARY], only_context=True
+    )
+    assert "Analytical Engine" in search(services, completion).context
+
+
 def test_graph_completion_gives_the_facts_of_the_walks_best_chunks_one_chunk_at_a_time(
     services: TwinServices,
 ) -> None:
