@@ -117,7 +117,7 @@ class GraphCompletionRetriever:
         hits: list[Hit] = []
         for scope in request.scopes:
             ended = walk(self._ports, scope, request.query, config, vector)
-            chunks = [entry.chunk_id for entry in ended.ranked[: min(request.top_k, top)]]
+            chunks = [entry.chunk_id for entry in ended.then_closest[: min(request.top_k, top)]]
             fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
             passages = int(request.options.get("passages", min(PASSAGES, request.top_k // 2)))

@@ -9,14 +9,15 @@ entities, and the facts between entities, a bounded number of hops around those 
 Every step divides a node's score among all its edges in the whole graph, and an entity's
 restart weight is shared among the chunks that contain it, so a hub entity spreads thin
 rather than pulling every chunk that mentions it to the top. The closest chunks the walk did not
-reach follow every chunk it reached, closest first.
+reach follow every chunk it reached, closest first (not in HYBRID_COMPLETION's graph lane: the
+closest chunks are a lane of their own there).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
 
@@ -93,10 +94,18 @@ class Ranked:
 
 @dataclass(frozen=True)
 class Walk:
-    """Where a walk ended: the chunks it reached, best first, and the score of every node."""
+    """Where a walk ended: the chunks it reached, best first, and the score of every node; and
+    the closest chunks it did not reach, closest first, scored below every chunk it reached."""
 
     ranked: list[Ranked]
     scores: dict[str, float]
+    closest: list[Ranked] = field(default_factory=list)
+
+    @property
+    def then_closest(self) -> list[Ranked]:
+        """The chunks it reached, then the closest it did not: what a search of the walk alone
+        gives (a fusion lane takes `ranked`: the closest chunks have a lane of their own)."""
+        return [*self.ranked, *self.closest]
 
 
 class GraphPprRetriever:
@@ -110,7 +119,7 @@ class GraphPprRetriever:
         config = WalkConfig.model_validate(request.options)
         hits: list[Hit] = []
         for scope in request.scopes:
-            ranked = walk(self._ports, scope, request.query, config).ranked[: request.top_k]
+            ranked = walk(self._ports, scope, request.query, config).then_closest[: request.top_k]
             found = self._ports.graph.get_nodes(scope, [entry.chunk_id for entry in ranked])
             nodes = {node.id: node for node in found}
             best = ranked[0].score if ranked else 1.0
@@ -181,7 +190,7 @@ def walk(
     chunks = _chunk_ids(projected.edges) | set(chunk_seeds)
     ranked = sorted(((scores.get(c, 0.0), c) for c in chunks), key=lambda item: (-item[0], item[1]))
     reached = [Ranked(chunk_id, score) for score, chunk_id in ranked if score > 0]
-    return Walk(ranked=[*reached, *closest_after(reached, chunk_points)], scores=scores)
+    return Walk(ranked=reached, scores=scores, closest=closest_after(reached, chunk_points))
 
 
 def closest_after(reached: Sequence[Ranked], closest: Sequence[ScoredPoint]) -> list[Ranked]:
