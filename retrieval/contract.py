@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import enum
 import fnmatch
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kenning.pipeline.errors import InputError
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.models import DEFAULT_TENANT, Scope
 from kenning.pipeline.ports import Completer, Embedder, GraphStore, VectorStore
@@ -88,6 +89,29 @@ class SearchRequest(BaseModel):
     @classmethod
     def _moment(cls, value: str | None) -> str | None:
         return None if value is None else parse_moment(value)
+
+
+Options = TypeVar("Options", bound=BaseModel)
+
+
+def options_of(model: type[Options], request: SearchRequest) -> Options:
+    """The request's options read as `model` (the fields it knows; others are left to other
+    readers); a value out of its range or of the wrong kind is the caller's InputError."""
+    try:
+        return model.model_validate(request.options)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, problem['loc']))}: {problem['msg']}" for problem in error.errors()
+        )
+        raise InputError(f"bad search option for {request.type.value}: {problems}") from None
+
+
+def whole_option(request: SearchRequest, name: str, default: int) -> int:
+    """The request's option `name` as a whole number (`default` when not given)."""
+    value = request.options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"bad search option for {request.type.value}: {name} must be a whole number")
+    return value
 
 
 class Hit(BaseModel):

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from kenning.pipeline.collection import CHUNKS
 from kenning.pipeline.models import Scope, ScoredPoint, VectorPoint
 from kenning.pipeline.ports import Embedder, VectorStore
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context, options_of
 from kenning.retrieval.currency import current_first
 from kenning.retrieval.fusion import Weight, known_lanes, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
@@ -269,7 +269,7 @@ class ConversationRetriever:
         self._ports = ports
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
-        config = ConversationConfig.model_validate(request.options)
+        config = options_of(ConversationConfig, request)
         vector = self._ports.embedder.embed([request.query])[0]
         hits: list[Hit] = []
         for scope in request.scopes:
@@ -293,7 +293,7 @@ class ConversationRetriever:
             "lexical_context": ranked(in_context(bm25, previous, config.context_share))[: config.depth],
         }
         if config.weight("graph") > 0:
-            walking = WalkConfig.model_validate(request.options)
+            walking = options_of(WalkConfig, request)
             walked = walk(ports, scope, request.query, walking, vector, chunks)
             lanes["graph"] = [entry.chunk_id for entry in walked.ranked[: config.depth]]
         ask, speaker = asked(request.query, last_day(turns)), named_speaker(turns, request.query)

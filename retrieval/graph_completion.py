@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
@@ -28,7 +29,7 @@ from kenning.pipeline.linking import document_title
 from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.pipeline.validity import fact_line, holds
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context, options_of
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
 from kenning.retrieval.reference import best_first, chunk_hit, chunk_nodes, first
 from kenning.retrieval.timeline import every_fact
@@ -37,6 +38,17 @@ TOP_EDGES = 15
 PASSAGES = 5
 NODE_TEXT_CHARS = 300
 TITLE_CHARS = 120
+
+
+class CompletionOptions(BaseModel):
+    """GRAPH_COMPLETION's own options (`SearchRequest.options`), beside the walk's (`WalkConfig`)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    top_edges: int = Field(default=TOP_EDGES, ge=1, le=1000, description="Facts (and texts) given at most")
+    passages: int | None = Field(
+        default=None, ge=0, le=1000, description="Best chunks giving their text; None: 5, at most top_k / 2"
+    )
 
 
 @dataclass
@@ -111,8 +123,10 @@ class GraphCompletionRetriever:
         self._ports = ports
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
-        top = int(request.options.get("top_edges", TOP_EDGES))
-        config = WalkConfig.model_validate(request.options)
+        own = options_of(CompletionOptions, request)
+        top = own.top_edges
+        passages = min(PASSAGES, request.top_k // 2) if own.passages is None else own.passages
+        config = options_of(WalkConfig, request)
         vector = self._ports.embedder.embed([request.query])[0]
         hits: list[Hit] = []
         for scope in request.scopes:
@@ -120,7 +134,6 @@ class GraphCompletionRetriever:
             chunks = [entry.chunk_id for entry in ended.then_closest[: min(request.top_k, top)]]
             fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
-            passages = int(request.options.get("passages", min(PASSAGES, request.top_k // 2)))
             ranked = in_rounds(fragment, chunks, ended, closeness, passages)[:top]
             edges = [item for item, _ in ranked if isinstance(item, GraphEdge)]
             self._add_nodes(scope, fragment, chunks, edges, passages=len(edges) < len(ranked))

@@ -29,7 +29,7 @@ from kenning.pipeline.assembly import ABOUT_RELATIONSHIP, STRUCTURAL_RELATIONSHI
 from kenning.pipeline.models import EdgeShape, Entity, GraphEdge, Scope, ScoredPoint
 from kenning.pipeline.offline import OfflineExtractor
 from kenning.pipeline.ports import Neighbourhood
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context, options_of
 from kenning.retrieval.reference import best_first, chunk_hit, relevance
 
 CONTAINS = "contains"
@@ -116,7 +116,7 @@ class GraphPprRetriever:
         self._ports = ports
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
-        config = WalkConfig.model_validate(request.options)
+        config = options_of(WalkConfig, request)
         hits: list[Hit] = []
         for scope in request.scopes:
             ranked = walk(self._ports, scope, request.query, config).then_closest[: request.top_k]

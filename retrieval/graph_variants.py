@@ -13,7 +13,7 @@ import logging
 
 from kenning.pipeline.checks import follow_up_question
 from kenning.pipeline.errors import NoLLMConfigured
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context, whole_option
 from kenning.retrieval.graph_completion import GraphCompletionRetriever
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ DECOMPOSE_SYSTEM = (
 
 
 def rounds(request: SearchRequest) -> int:
-    return max(1, min(int(request.options.get("rounds", DEFAULT_ROUNDS)), MAX_ROUNDS))
+    return max(1, min(whole_option(request, "rounds", DEFAULT_ROUNDS), MAX_ROUNDS))
 
 
 def merge_hits(ranked: list[Hit], more: list[Hit]) -> list[Hit]:

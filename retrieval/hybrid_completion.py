@@ -21,7 +21,7 @@ from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
 from kenning.pipeline.validity import fact_line
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context
+from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context, options_of
 from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
 from kenning.retrieval.reference import best_first, by_feedback, chunk_hit, feedback, point_hit, relevance
@@ -43,7 +43,7 @@ class HybridCompletionRetriever:
         self._ports = ports
 
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
-        config = FusionConfig.model_validate(request.options)
+        config = options_of(FusionConfig, request)
         vector = self._ports.embedder.embed([request.query])[0]
         hits: list[Hit] = []
         for scope in request.scopes:
@@ -128,7 +128,7 @@ class HybridCompletionRetriever:
         """The walk's chunks. It starts from the chunks lane's closest when that lane searched as
         deep as the walk's chunk seeds, or deeper: the same chunks, up to an ANN index's
         approximation (a deeper search of one misses fewer)."""
-        config = WalkConfig.model_validate(request.options)
+        config = options_of(WalkConfig, request)
         deep_enough = fusion.weight("chunks") > 0 and fusion.depth("chunks") >= config.chunk_seeds
         ended = walk(self._ports, scope, request.query, config, vector, chunks if deep_enough else None)
         return [entry.chunk_id for entry in ended.ranked[: fusion.depth("graph")]]

@@ -20,6 +20,7 @@ from kenning.retrieval.contract import (
     SearchResult,
     SearchType,
     answer_from_context,
+    whole_option,
 )
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class AgenticRetriever:
     def get_retrieved_objects(self, request: SearchRequest) -> list[Hit]:
         hits = self._tool(request, "SEARCH_GRAPH", request.query)
         transcript = f"Question: {request.query}\nObservation: {_observe(hits)}"
-        steps = max(1, min(int(request.options.get("steps", MAX_AGENT_STEPS)), MAX_AGENT_STEPS * 2))
+        steps = max(1, min(whole_option(request, "steps", MAX_AGENT_STEPS), MAX_AGENT_STEPS * 2))
         for _ in range(steps):
             try:
                 reply = self._ports.completer.complete(_AGENT_SYSTEM, transcript)
