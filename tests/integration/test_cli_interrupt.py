@@ -70,6 +70,12 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
+def interruptible() -> None:
+    """In the command's process before it starts: Ctrl-C acts on it, even where the tests run
+    with SIGINT ignored (a shell starts its background jobs so, and they pass that on)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT_S, check=False
@@ -90,7 +96,13 @@ def test_ctrl_c_stops_a_long_run_at_once_and_records_it_interrupted(
         args = ["remember", str(notes), "--dataset", "notes"]
     simulator.black_hole = True
     process = subprocess.Popen(
-        [*CLI, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*CLI, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=interruptible,
     )
     try:
         # When Ctrl-C comes while a batch waits for its LLM requests
