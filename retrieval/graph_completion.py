@@ -85,7 +85,7 @@ def in_rounds(
         owner = _chunk_of(edge)
         if owner in owned and is_fact(edge):
             owned[owner].append(edge)
-    whole = [chunk for chunk in chunks if chunk not in fragment.stale][:passages]
+    whole = set([chunk for chunk in chunks if chunk not in fragment.stale][:passages])
     found: list[tuple[GraphEdge | str, float]] = []
     for place, chunk in enumerate(chunks):
         facts: list[GraphEdge | str] = [*chunk_facts(owned[chunk], ended, closeness)]
