@@ -398,11 +398,12 @@ def run_worker(queues: str | None, concurrency: int | None, loglevel: str) -> No
 
 # The queues this process's worker consumes, set as it starts.
 _QUEUES: list[str] = []
-# The ports each queue's tasks use, made as a worker starts rather than by its first tasks.
+# The ports each queue's tasks use, made as a worker starts rather than by its first tasks. The
+# chunk step and load name the extractor too: the cache keys of extractions carry its model.
 WARM_PORTS = {
-    "pipeline": ("metadata", "chunks", "blobs"),
+    "pipeline": ("metadata", "chunks", "blobs", "extractor"),
     "extract": ("metadata", "chunks", "cache", "extractor", "limiter", "breakers", "spend"),
-    "load": ("metadata", "chunks", "cache", "graph", "vectors", "lexical", "embedder"),
+    "load": ("metadata", "chunks", "cache", "graph", "vectors", "lexical", "embedder", "extractor"),
 }
 
 
@@ -412,7 +413,7 @@ def warm_up(queues: list[str]) -> None:
     and creating. A port that fails to open is left for the task that uses it to meet and report."""
     resources = app.resources()
     kinds = [kind for kind in WARM_PORTS if queue_name(app.settings, kind) in queues]
-    for name in dict.fromkeys(port for kind in kinds for port in WARM_PORTS[kind]):
+    for name in warm_ports(kinds):
         try:
             getattr(resources.wiring, name)
         except Exception as error:  # noqa: BLE001 - reported by the task that needs the port
@@ -425,6 +426,11 @@ def warm_up(queues: list[str]) -> None:
             ensure_collections(resources.wiring)  # made now, not by the first load batch
         except Exception as error:  # noqa: BLE001 - reported by the load that needs them
             log.warning("vector collections not made at start: %s", error)
+
+
+def warm_ports(kinds: Sequence[str]) -> list[str]:
+    """The ports a worker of these queue kinds makes as it starts, each once."""
+    return list(dict.fromkeys(port for kind in kinds for port in WARM_PORTS[kind]))
 
 
 def worker_pool(settings: Settings, queues: list[str]) -> tuple[str, int]:
