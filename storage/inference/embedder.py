@@ -256,17 +256,27 @@ class HashEmbedder:
         return f"hash-{self._dimension}"
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        return [self._embed_one(text) for text in texts]
+        # The texts of one call share most of their words: each feature is hashed once a call,
+        # and nothing of them is kept after it.
+        hashed: dict[str, tuple[float, int]] = {}
+        return [self._embed_one(text, hashed) for text in texts]
 
-    def _embed_one(self, text: str) -> list[float]:
+    def _embed_one(self, text: str, hashed: dict[str, tuple[float, int]]) -> list[float]:
         vector = [0.0] * self._dimension
         for feature, weight in _features(text):
-            digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "big")
-            # A hashed sign keeps colliding features from always adding up.
-            sign = 1.0 if digest >> 63 else -1.0
-            vector[digest % self._dimension] += sign * weight
+            found = hashed.get(feature)
+            if found is None:
+                found = hashed[feature] = self._hashed(feature)
+            sign, slot = found
+            vector[slot] += sign * weight
         norm = math.sqrt(sum(x * x for x in vector))
         return [x / norm for x in vector] if norm > 0.0 else vector
+
+    def _hashed(self, feature: str) -> tuple[float, int]:
+        """The feature's sign and slot."""
+        digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "big")
+        # A hashed sign keeps colliding features from always adding up.
+        return (1.0 if digest >> 63 else -1.0), digest % self._dimension
 
 
 class CachingEmbedder:

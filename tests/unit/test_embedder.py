@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import struct
@@ -37,6 +38,21 @@ def test_hash_embedder_is_deterministic_and_normalized() -> None:
     assert first == second
     assert all(len(v) == 384 for v in first)
     assert all(math.hypot(*v) == pytest.approx(1.0) for v in first)
+
+
+def test_a_hash_vector_is_the_same_alone_in_a_batch_and_by_a_fresh_embedder() -> None:
+    # Given texts sharing words, and a vector pinned from the embedder's definition
+    texts = ["Ana lives in Oslo", "Oslo is in Norway", "Ana lives in Oslo"]
+    embedder = HashEmbedder(dimension=64)
+    batch = embedder.embed(texts)
+    # Then each text's vector is the one it gets alone, whatever came before it in the call
+    assert batch == [embedder.embed([text])[0] for text in texts] == HashEmbedder(dimension=64).embed(texts)
+    digest = hashlib.blake2b(b"w:oslo", digest_size=8).digest()
+    sign = 1.0 if int.from_bytes(digest, "big") >> 63 else -1.0
+    slot = int.from_bytes(digest, "big") % 64
+    # And the word's own slot carries its sign (with its trigrams, maybe sharing it)
+    alone = HashEmbedder(dimension=64).embed(["oslo"])[0]
+    assert alone[slot] * sign > 0
 
 
 def test_hash_embedder_puts_similar_texts_closer() -> None:
