@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,39 @@ def open_engine(url: str) -> sa.Engine:
     are overwritten, not left in free pages) and its folder created."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        engine = sa.create_engine(url, pool_size=5, max_overflow=10)
+        sa.event.listen(engine, "checkout", functools.partial(_ping_if_idle, engine.dialect))
+        sa.event.listen(engine, "checkin", _note_use)
+        return engine
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
     sa.event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+# A pooled connection given back within this many seconds is taken as alive. One idle longer is
+# pinged before it is used and replaced if its server went away. Pinging every checkout cost a
+# round trip per transaction; a server restarted within the window fails the next statement once
+# (a transient store error, which the pool answers by opening new connections).
+PING_IDLE_S = 1.0
+_USED = "kenning_used_at"
+
+
+def _ping_if_idle(dialect: sa.Dialect, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    used = record.info.get(_USED)
+    if used is None or time.monotonic() - used < PING_IDLE_S:
+        return  # new, or given back a moment ago
+    try:
+        dialect.do_ping(dbapi_connection)
+    except Exception as error:
+        # The pool drops this connection and checks out another.
+        raise sa.exc.DisconnectionError(f"a pooled connection idle since {used:.0f} is gone") from error
+
+
+def _note_use(_dbapi_connection: Any, record: Any) -> None:
+    if record is not None:
+        record.info[_USED] = time.monotonic()
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
