@@ -4,9 +4,10 @@ Every run gets a fresh PostgreSQL database (created and dropped here), a unique 
 prefix on the local Redis, the LLM simulator on 127.0.0.1 and the hash embedder.
 
 `--mode overhead`: the simulator answers at once and nothing is limited; two worker
-processes as the README starts them (pipeline+extract, load) cognify the first `--documents` paragraphs of
-the 2WikiMultihopQA corpus. Reported: chunks per second from enqueue to the run's end,
-and the share of task time each step took (the run's `ms_<step>` counters).
+processes as the README starts them (pipeline+extract, load) cognify the first
+`--documents` paragraphs of the 2WikiMultihopQA corpus. Reported: chunks per second from
+enqueue to the run's end, and the share of task time each step took (the run's `ms_<step>`
+counters).
 
 `--mode limit`: the simulator answers after 500 ms and admits 600 chat calls a minute
 (429 + Retry-After beyond); the workers share KENNING_LLM_RPM=600 through Redis. For each

@@ -37,13 +37,14 @@ _USED = "kenning_used_at"
 
 def _ping_if_idle(dialect: sa.Dialect, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     used = record.info.get(_USED)
-    if used is None or time.monotonic() - used < PING_IDLE_S:
+    idle_s = 0.0 if used is None else time.monotonic() - used
+    if used is None or idle_s < PING_IDLE_S:
         return  # new, or given back a moment ago
     try:
         dialect.do_ping(dbapi_connection)
     except Exception as error:
         # The pool drops this connection and checks out another.
-        raise sa.exc.DisconnectionError(f"a pooled connection idle since {used:.0f} is gone") from error
+        raise sa.exc.DisconnectionError(f"a pooled connection idle {idle_s:.0f} s is gone") from error
 
 
 def _note_use(_dbapi_connection: Any, record: Any) -> None:
