@@ -280,11 +280,12 @@ class HashEmbedder:
 
 
 class CachingEmbedder:
-    """An LRU cache by text in front of another embedder; repeated strings are embedded once.
+    """An LRU cache in front of another embedder; repeated strings are embedded once.
 
     It holds at most `max_entries` vectors and `max_bytes` of them, each kept as one numpy
     array (8 bytes a number, not a Python float object of 32): its memory has a fixed
-    ceiling, whatever the corpus.
+    ceiling, whatever the corpus. Each vector is kept under a digest of its text, never the
+    text, and `clear` drops them all (a forget does, in its process).
     """
 
     def __init__(self, inner: Embedder, max_entries: int = 10_000, max_bytes: int = 32 * 2**20) -> None:
@@ -293,7 +294,7 @@ class CachingEmbedder:
         self._inner = inner
         self._max_entries = max_entries
         self._max_bytes = max_bytes
-        self._cache: OrderedDict[str, np.ndarray[Any, np.dtype[np.float64]]] = OrderedDict()
+        self._cache: OrderedDict[bytes, np.ndarray[Any, np.dtype[np.float64]]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -309,8 +310,14 @@ class CachingEmbedder:
 
     @property
     def size_bytes(self) -> int:
-        """What the cached vectors and their texts take."""
+        """What the cached vectors and their keys take."""
         return self._bytes
+
+    def clear(self) -> None:
+        """Drop every cached vector."""
+        with self._lock:
+            self._cache.clear()
+            self._bytes = 0
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         found = self._lookup(texts)
@@ -334,31 +341,37 @@ class CachingEmbedder:
         found: dict[str, np.ndarray[Any, np.dtype[np.float64]]] = {}
         with self._lock:
             for text in texts:
-                vector = self._cache.get(text)
+                key = _key(text)
+                vector = self._cache.get(key)
                 if vector is None:
                     self.misses += 1
                     continue
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 found[text] = vector
                 self.hits += 1
         return found
 
     def _store(self, texts: list[str], vectors: list[np.ndarray[Any, np.dtype[np.float64]]]) -> None:
         with self._lock:
-            for text, vector in zip(texts, vectors, strict=True):
-                previous = self._cache.pop(text, None)
+            for key, vector in zip(map(_key, texts), vectors, strict=True):
+                previous = self._cache.pop(key, None)
                 if previous is not None:
-                    self._bytes -= _entry_bytes(text, previous)
-                self._cache[text] = vector
-                self._bytes += _entry_bytes(text, vector)
+                    self._bytes -= _entry_bytes(key, previous)
+                self._cache[key] = vector
+                self._bytes += _entry_bytes(key, vector)
             while self._cache and (len(self._cache) > self._max_entries or self._bytes > self._max_bytes):
-                text, vector = self._cache.popitem(last=False)
-                self._bytes -= _entry_bytes(text, vector)
+                key, vector = self._cache.popitem(last=False)
+                self._bytes -= _entry_bytes(key, vector)
 
 
-def _entry_bytes(text: str, vector: np.ndarray[Any, np.dtype[np.float64]]) -> int:
-    # The array's numbers and header, and the text's characters: what the entry keeps alive.
-    return int(vector.nbytes) + ARRAY_OVERHEAD + len(text)
+def _key(text: str) -> bytes:
+    """What a cached vector is kept under: a digest of its text, so no text stays in memory."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _entry_bytes(key: bytes, vector: np.ndarray[Any, np.dtype[np.float64]]) -> int:
+    # The array's numbers and header, and the key: what the entry keeps alive.
+    return int(vector.nbytes) + ARRAY_OVERHEAD + len(key)
 
 
 def _features(text: str) -> Iterator[tuple[str, float]]:

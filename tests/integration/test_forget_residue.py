@@ -17,6 +17,7 @@ from kenning.pipeline.models import DataItem, Dataset, Scope
 from kenning.pipeline.permission import User, issue_key
 from kenning.pipeline.session import SessionEntry
 from kenning.retrieval.turn_cache import STAMP
+from kenning.storage.inference.embedder import CachingEmbedder
 from kenning.workers.api import create_app
 from kenning.workers.application.lifecycle import Message
 from kenning.workers.memory import Kenning
@@ -306,3 +307,22 @@ def test_forget_after_improve_leaves_no_merged_name_of_the_forgotten_item(tmp_pa
         left = str([nodes, edges, points])
         assert "New York City" not in left and "2019" not in left
         assert "NYC" in left
+
+
+def test_forget_drops_the_vectors_its_process_kept_of_embedded_texts(tmp_path: Path) -> None:
+    # Given a document cognified in this process, whose texts' vectors its embedder keeps
+    with open_memory(tmp_path / "home", "residue-cache") as kenning:
+        ids = ingest(kenning, ["b"])
+        embedder = kenning.wiring.embedder
+        assert isinstance(embedder, CachingEmbedder) and embedder.size_bytes > 0
+        probe = "stolen diamonds"
+        embedder.embed([probe])
+        hits = embedder.hits
+        embedder.embed([probe])
+        assert embedder.hits == hits + 1
+        # When it is forgotten
+        kenning.forget(DATASET, [ids["b"]])
+        # Then no vector is kept: the next embed of a text it held is computed again
+        misses = embedder.misses
+        embedder.embed([probe])
+        assert embedder.misses == misses + 1

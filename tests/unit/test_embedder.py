@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import math
+import pickle
 import struct
 import subprocess
 import sys
@@ -505,3 +506,23 @@ def test_the_cache_gives_each_occurrence_a_list_of_its_own() -> None:
 
     assert repeated[0] != 99.0
     assert cache.embed(["same"])[0][0] != 99.0
+
+
+def test_caching_embedder_keeps_no_text_and_clear_drops_every_vector() -> None:
+    # Given texts embedded through the cache
+    inner = CountingEmbedder()
+    cache = CachingEmbedder(inner, max_entries=100)
+    texts = ["I hid the stolen diamonds under Oslo Bridge.", "Oslo"]
+    cache.embed(texts)
+    # Then what it keeps holds none of their words, only vectors under digests
+    kept = pickle.dumps(dict(cache._cache))
+    assert all(text.encode() not in kept for text in texts)
+    assert b"diamonds" not in kept
+    # And a repeat is answered from it, until it is cleared
+    inner.calls.clear()
+    cache.embed(texts[:1])
+    assert inner.calls == []
+    cache.clear()
+    assert cache.size_bytes == 0
+    cache.embed(texts[:1])
+    assert inner.calls == [texts[:1]]

@@ -198,6 +198,13 @@ class Wiring:
         limiter = self.limiter if embeddings_share_llm_limit(self.settings) else None
         return CachingEmbedder(open_embedder(self.settings, limiter))
 
+    def forget_embedded(self) -> None:
+        """Drop the vectors this process keeps of the texts it embedded: after a forget, none of
+        the forgotten texts' vectors stays in its memory."""
+        embedder = self._made.get("embedder")
+        if isinstance(embedder, CachingEmbedder):
+            embedder.clear()
+
     @property
     def extractor(self) -> Extractor:
         return self._once(
