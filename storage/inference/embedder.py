@@ -285,13 +285,23 @@ class CachingEmbedder:
     It holds at most `max_entries` vectors and `max_bytes` of them, each kept as one numpy
     array (8 bytes a number, not a Python float object of 32): its memory has a fixed
     ceiling, whatever the corpus. Each vector is kept under a digest of its text, never the
-    text, and `clear` drops them all (a forget does, in its process).
+    text, and `clear` drops them all (a forget does, in its process). With `forgets`, the
+    deployment's forget mark (changed by every forget, in any process), it drops them all
+    before a call when the mark changed since the last, or cannot be read.
     """
 
-    def __init__(self, inner: Embedder, max_entries: int = 10_000, max_bytes: int = 32 * 2**20) -> None:
+    def __init__(
+        self,
+        inner: Embedder,
+        max_entries: int = 10_000,
+        max_bytes: int = 32 * 2**20,
+        forgets: Callable[[], str] | None = None,
+    ) -> None:
         if max_entries < 1 or max_bytes < 1:
             raise ConfigError(f"max_entries and max_bytes must be positive, got {max_entries}, {max_bytes}")
         self._inner = inner
+        self._forgets = forgets
+        self._mark: str | None = None
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._cache: OrderedDict[bytes, np.ndarray[Any, np.dtype[np.float64]]] = OrderedDict()
@@ -320,6 +330,8 @@ class CachingEmbedder:
             self._bytes = 0
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if self._forgets is not None:
+            self._follow_forgets(self._forgets)
         found = self._lookup(texts)
         missing = list(dict.fromkeys(text for text in texts if text not in found))
         given: dict[str, list[float]] = {}
@@ -336,6 +348,17 @@ class CachingEmbedder:
             self._store(missing, arrays)
         # A fresh vector goes out once, as the embedder made it; a repeated text gets its own copy.
         return [given.pop(text) if text in given else found[text].tolist() for text in texts]
+
+    def _follow_forgets(self, forgets: Callable[[], str]) -> None:
+        try:
+            mark: str | None = forgets()
+        except Exception:  # noqa: BLE001 - a mark that cannot be read keeps nothing
+            mark = None
+        with self._lock:
+            if mark is None or mark != self._mark:
+                self._cache.clear()
+                self._bytes = 0
+            self._mark = mark
 
     def _lookup(self, texts: Sequence[str]) -> dict[str, np.ndarray[Any, np.dtype[np.float64]]]:
         found: dict[str, np.ndarray[Any, np.dtype[np.float64]]] = {}

@@ -17,6 +17,8 @@ from kenning.pipeline.models import DataItem, Dataset, Scope
 from kenning.pipeline.permission import User, issue_key
 from kenning.pipeline.session import SessionEntry
 from kenning.retrieval.turn_cache import STAMP
+from kenning.storage.coordination.forget_marks_redis import RedisForgetMark
+from kenning.storage.coordination.redis_client import open_redis
 from kenning.storage.inference.embedder import CachingEmbedder
 from kenning.workers.api import create_app
 from kenning.workers.application.lifecycle import Message
@@ -24,6 +26,8 @@ from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from kenning.workers.runtime.wiring import Wiring
 from tests.integration.test_improve import ScriptedExtractor
+from tests.services import REDIS_URL, ensure_services
+from tests.unit.test_embedder import CountingEmbedder
 
 # --- Session entries -------------------------------------------------------------------------
 
@@ -326,3 +330,43 @@ def test_forget_drops_the_vectors_its_process_kept_of_embedded_texts(tmp_path: P
         misses = embedder.misses
         embedder.embed([probe])
         assert embedder.misses == misses + 1
+
+
+def test_a_forget_in_one_process_drops_the_embeddings_another_keeps(tmp_path: Path) -> None:
+    # Given two processes on one home (say `kenning serve` and a `kenning forget` beside it),
+    # the first having embedded a text it keeps
+    with open_memory(tmp_path / "home", "residue-mark") as serving:
+        ids = ingest(serving, ["b"])
+        embedder = serving.wiring.embedder
+        assert isinstance(embedder, CachingEmbedder)
+        embedder.embed(["stolen diamonds"])
+        with open_memory(tmp_path / "home", "residue-mark") as forgetting:
+            # When the other forgets the document
+            forgetting.forget(DATASET, [ids["b"]])
+        # Then the first embeds the text again at its next call: it kept nothing of it
+        misses = embedder.misses
+        embedder.embed(["stolen diamonds"])
+        assert embedder.misses == misses + 1
+
+
+@pytest.mark.redis
+def test_every_process_of_a_deployment_follows_its_redis_forget_mark() -> None:
+    # Given a worker's embedder cache following its deployment's mark in Redis, a text in it
+    ensure_services()
+    client = open_redis(REDIS_URL)
+    key = f"kenning-test-{uuid.uuid4().hex[:8]}:forgets"
+    try:
+        mark = RedisForgetMark(client, key)
+        inner = CountingEmbedder()
+        worker = CachingEmbedder(inner, forgets=mark.current)
+        worker.embed(["stolen diamonds"])
+        worker.embed(["stolen diamonds"])
+        assert len(inner.calls) == 1
+        # When a forget anywhere advances it
+        RedisForgetMark(client, key).advance()
+        # Then the worker's cache is emptied before its next call
+        worker.embed(["stolen diamonds"])
+        assert len(inner.calls) == 2
+    finally:
+        client.delete(key)
+        client.close()

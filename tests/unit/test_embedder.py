@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError
+from kenning.pipeline.errors import ConfigError, LLMError, TransientLLMError, TransientStoreError
 from kenning.storage.inference.embedder import CachingEmbedder, HashEmbedder, LocalEmbedder, OpenAIEmbedder
 from tests.services import free_port
 
@@ -526,3 +526,28 @@ def test_caching_embedder_keeps_no_text_and_clear_drops_every_vector() -> None:
     assert cache.size_bytes == 0
     cache.embed(texts[:1])
     assert inner.calls == [texts[:1]]
+
+
+def test_caching_embedder_drops_its_vectors_when_the_forget_mark_changes_or_cannot_be_read() -> None:
+    # Given a cache following a forget mark, with a text in it
+    marks = ["1"]
+
+    def mark() -> str:
+        if marks[-1] == "away":
+            raise TransientStoreError("the mark's store is away")
+        return marks[-1]
+
+    inner = CountingEmbedder()
+    cache = CachingEmbedder(inner, max_entries=100, forgets=mark)
+    cache.embed(["Oslo"])
+    cache.embed(["Oslo"])
+    assert inner.calls == [["Oslo"]]
+    # When a forget changes the mark (in another process), the next call embeds it again
+    marks.append("2")
+    cache.embed(["Oslo"])
+    assert inner.calls == [["Oslo"], ["Oslo"]]
+    # And while the mark cannot be read, nothing is kept from one call to the next
+    marks.append("away")
+    cache.embed(["Oslo"])
+    cache.embed(["Oslo"])
+    assert len(inner.calls) == 4

@@ -59,6 +59,11 @@ def breaker_prefix(prefix: str) -> str:
     return f"{prefix}:breaker:"
 
 
+def forgets_key(prefix: str) -> str:
+    """The forget mark: a count every forget adds one to (each process then drops its embedder's cache)."""
+    return f"{prefix}:forgets"
+
+
 def session_prefix(prefix: str) -> str:
     """Keys of the session memory."""
     return f"{prefix}:session:"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -14,7 +15,7 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 
 from kenning.pipeline.context import PipelineConfig
-from kenning.pipeline.errors import ConfigError, NoLLMConfigured
+from kenning.pipeline.errors import ConfigError, NoLLMConfigured, StoreError
 from kenning.pipeline.ladder import OutputRungs
 from kenning.pipeline.lexical import LexicalIndex
 from kenning.pipeline.offline import OfflineExtractor
@@ -37,6 +38,7 @@ from kenning.pipeline.ratelimit import Limits, RateLimiter, provider_key
 from kenning.pipeline.session import SessionRecords, SessionStore
 from kenning.pipeline.spend import FailureTally, HeldLedger, SpendLedger
 from kenning.storage.coordination.breaker_memory import MemoryFailureTally
+from kenning.storage.coordination.forget_marks import FileForgetMark, ForgetMark
 from kenning.storage.coordination.kept_lock import KeptRunLock
 from kenning.storage.coordination.lock import FileLock
 from kenning.storage.coordination.ratelimit_memory import MemoryRateLimiter
@@ -53,12 +55,19 @@ from kenning.storage.sources.blob import FileBlobStore
 from kenning.storage.sql.engine import open_engine
 from kenning.workers.runtime.extras import needs_extra
 from kenning.workers.runtime.heap import settle
-from kenning.workers.runtime.keys import breaker_prefix, lock_prefix, ratelimit_prefix, session_prefix
+from kenning.workers.runtime.keys import (
+    breaker_prefix,
+    forgets_key,
+    lock_prefix,
+    ratelimit_prefix,
+    session_prefix,
+)
 from kenning.workers.runtime.local_runner import LocalRunner, ProgressCallback, no_progress
 from kenning.workers.runtime.metrics import StepClock
 from kenning.workers.runtime.settings import Settings, in_mode
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _UNMADE = object()
 
 
@@ -196,14 +205,38 @@ class Wiring:
 
     def _open_embedder(self) -> Embedder:
         limiter = self.limiter if embeddings_share_llm_limit(self.settings) else None
-        return CachingEmbedder(open_embedder(self.settings, limiter))
+        # The mark is made at the first embed, not here: an embedder needs no home of its own.
+        return CachingEmbedder(open_embedder(self.settings, limiter), forgets=self._forget_mark_now)
+
+    def _forget_mark_now(self) -> str:
+        return self.forget_mark.current()
+
+    @property
+    def forget_mark(self) -> ForgetMark:
+        """What every forget changes, so that each process drops what it keeps of embedded texts."""
+        return self._once("forget_mark", self._open_forget_mark)
+
+    def _open_forget_mark(self) -> ForgetMark:
+        if not self.distributed:
+            return FileForgetMark(self.home() / "forgets")
+        with needs_extra("the shared forget mark"):
+            from kenning.storage.coordination.forget_marks_redis import RedisForgetMark
+            from kenning.storage.coordination.redis_client import QUICK_TIMEOUT_S, open_redis
+
+        client = open_redis(self.settings.redis_url, timeout_s=QUICK_TIMEOUT_S)
+        self._closers.append(client.close)
+        return RedisForgetMark(client, forgets_key(self.settings.queue_prefix))
 
     def forget_embedded(self) -> None:
-        """Drop the vectors this process keeps of the texts it embedded: after a forget, none of
-        the forgotten texts' vectors stays in its memory."""
+        """After a forget: drop the vectors this process keeps of the texts it embedded, and
+        change the forget mark, so that every other process drops its own before its next embed."""
         embedder = self._made.get("embedder")
         if isinstance(embedder, CachingEmbedder):
             embedder.clear()
+        try:
+            self.forget_mark.advance()
+        except StoreError as error:
+            log.warning("the forget mark was not changed (other processes keep their embeddings): %s", error)
 
     @property
     def extractor(self) -> Extractor:
