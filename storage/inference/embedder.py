@@ -326,8 +326,11 @@ class CachingEmbedder:
     def clear(self) -> None:
         """Drop every cached vector."""
         with self._lock:
-            self._cache.clear()
-            self._bytes = 0
+            self._drop_all()
+
+    def _drop_all(self) -> None:
+        self._cache.clear()
+        self._bytes = 0
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if self._forgets is not None:
@@ -356,8 +359,7 @@ class CachingEmbedder:
             mark = None
         with self._lock:
             if mark is None or mark != self._mark:
-                self._cache.clear()
-                self._bytes = 0
+                self._drop_all()
             self._mark = mark
 
     def _lookup(self, texts: Sequence[str]) -> dict[str, np.ndarray[Any, np.dtype[np.float64]]]:

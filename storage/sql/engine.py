@@ -37,9 +37,11 @@ _USED = "kenning_used_at"
 
 def _ping_if_idle(dialect: sa.Dialect, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     used = record.info.get(_USED)
-    idle_s = 0.0 if used is None else time.monotonic() - used
-    if used is None or idle_s < PING_IDLE_S:
-        return  # new, or given back a moment ago
+    if used is None:
+        return  # new
+    idle_s = time.monotonic() - used
+    if idle_s < PING_IDLE_S:
+        return  # given back a moment ago
     try:
         dialect.do_ping(dbapi_connection)
     except Exception as error:

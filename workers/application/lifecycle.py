@@ -214,8 +214,8 @@ def forget_held(
         wiring.sessions.forget_data(dataset.tenant, forgotten.items, whole)
     if forgotten.items or data_ids is None:
         forgotten.erased = erase(wiring, dataset, memory_only)
-    # The vectors this process keeps of what it embedded go too (other processes keep theirs,
-    # under digests of their texts, until they are evicted).
+    # The vectors kept of embedded texts go too: this process's now, every other's before its
+    # next embed (the forget mark).
     wiring.forget_embedded()
     return forgotten
 
