@@ -82,6 +82,9 @@ def is_sqlite(engine: sa.Engine) -> bool:
 def create_tables(engine: sa.Engine, metadata: sa.MetaData) -> None:
     try:
         metadata.create_all(engine)
-    except (sa.exc.ProgrammingError, sa.exc.IntegrityError):
-        # Another process created them between our check and our CREATE; now the check sees them.
+    except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError) as error:
+        # Another process created them between our check and our CREATE (PostgreSQL says so with
+        # the first two, SQLite with an OperationalError); now the check sees them.
+        if isinstance(error, sa.exc.OperationalError) and "already exists" not in str(error.orig):
+            raise
         metadata.create_all(engine)
