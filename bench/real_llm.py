@@ -156,6 +156,7 @@ def ask(memory: Kenning, dataset: str, asked: str, question: Question) -> dict[s
         "f1": token_f1(answer, question.gold),
         "answer_holds_gold": holds(answer, question),
         "context_holds_gold": holds(context, question),
+        "context": context,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
