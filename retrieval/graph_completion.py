@@ -224,10 +224,17 @@ class GraphCompletionRetriever:
         )
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
-        """One triplet (or a chunk's text) a line, each followed by its source: `[document: title,
-        chunk n]`."""
+        """The chunks' texts, a blank line between them, then the triplets under `Facts:`, one a
+        line; each followed by its source: `[document: title, chunk n]`. Facts alone are one a
+        line, with no heading."""
         labels = source_labels(self._ports.graph, request.scopes, objects)
-        return "\n".join(with_source(hit.text, labels.get(hit.chunk_id or "", "")) for hit in objects)
+        labelled = [(hit.kind, with_source(hit.text, labels.get(hit.chunk_id or "", ""))) for hit in objects]
+        passages = [text for kind, text in labelled if kind == "chunk"]
+        facts = [text for kind, text in labelled if kind != "chunk"]
+        if not passages:
+            return "\n".join(facts)
+        listed = "\n\nFacts:\n" + "\n".join(f"- {fact}" for fact in facts) if facts else ""
+        return "\n\n".join(passages) + listed
 
     def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
         return answer_from_context(self._ports.completer, request.query, context)

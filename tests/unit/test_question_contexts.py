@@ -243,3 +243,23 @@ def test_triplet_completion_leaves_out_a_triplet_of_a_structural_relationship(sa
         assert len(result.results) == 5
     finally:
         samples.vectors.delete(DEMO, TRIPLETS, [point.id])
+
+
+def test_graph_completion_context_gives_passages_apart_then_the_facts_under_a_heading(
+    samples: TwinServices,
+) -> None:
+    # When the guild's founder is asked for with room for passages and facts
+    result = ask(samples, DEMO_QUESTIONS[0], SearchType.GRAPH_COMPLETION, top_k=10)
+    passages = [hit for hit in result.results if hit.kind == "chunk"]
+    facts = [hit for hit in result.results if hit.kind == "edge"]
+    assert passages and facts
+    # Then the context opens with the passages, a blank line between them, each with its source
+    opening, listed = result.context.split("\n\nFacts:\n")
+    assert opening.startswith(passages[0].text) and opening.endswith("]")
+    places = [opening.find(f"{hit.text} [") for hit in passages]
+    assert places == sorted(places) and -1 not in places
+    assert all(opening[place - 3 : place] == "]\n\n" for place in places[1:])
+    # And the facts follow under their heading, one a line, in their order
+    lines = listed.split("\n")
+    assert len(lines) == len(facts)
+    assert all(line.startswith(f"- {hit.text}") for line, hit in zip(lines, facts, strict=True))
