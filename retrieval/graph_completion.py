@@ -29,7 +29,14 @@ from kenning.pipeline.linking import document_title
 from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.pipeline.validity import fact_line, holds
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context, options_of
+from kenning.retrieval.contract import (
+    Hit,
+    SearchPorts,
+    SearchRequest,
+    answer_from_context,
+    options_of,
+    passages_and_facts,
+)
 from kenning.retrieval.graph_ppr import CONTAINS, Walk, WalkConfig, walk
 from kenning.retrieval.reference import best_first, chunk_hit, chunk_nodes, first
 from kenning.retrieval.timeline import every_fact
@@ -231,10 +238,7 @@ class GraphCompletionRetriever:
         labelled = [(hit.kind, with_source(hit.text, labels.get(hit.chunk_id or "", ""))) for hit in objects]
         passages = [text for kind, text in labelled if kind == "chunk"]
         facts = [text for kind, text in labelled if kind != "chunk"]
-        if not passages:
-            return "\n".join(facts)
-        listed = "\n\nFacts:\n" + "\n".join(f"- {fact}" for fact in facts) if facts else ""
-        return "\n\n".join(passages) + listed
+        return passages_and_facts(passages, facts) if passages else "\n".join(facts)
 
     def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
         return answer_from_context(self._ports.completer, request.query, context)

@@ -21,7 +21,14 @@ from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.models import GraphEdge, GraphNode, Scope, ScoredPoint
 from kenning.pipeline.validity import fact_line
-from kenning.retrieval.contract import Hit, SearchPorts, SearchRequest, answer_from_context, options_of
+from kenning.retrieval.contract import (
+    Hit,
+    SearchPorts,
+    SearchRequest,
+    answer_from_context,
+    options_of,
+    passages_and_facts,
+)
 from kenning.retrieval.fusion import Fused, FusionConfig, reciprocal_rank_fusion
 from kenning.retrieval.graph_ppr import WalkConfig, walk
 from kenning.retrieval.reference import best_first, by_feedback, chunk_hit, feedback, point_hit, relevance
@@ -52,10 +59,7 @@ class HybridCompletionRetriever:
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
         facts = sorted((fact for hit in objects for fact in hit.extra.get("facts", [])), key=_fact_rank)
-        context = "\n\n".join(hit.text for hit in objects)
-        if facts:
-            context += "\n\nFacts:\n" + "\n".join(f"- {fact['text']}" for fact in facts)
-        return context
+        return passages_and_facts([hit.text for hit in objects], [fact["text"] for fact in facts])
 
     def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
         return answer_from_context(self._ports.completer, request.query, context)
