@@ -69,7 +69,7 @@ import struct
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -239,12 +239,16 @@ class Simulator:
         return any(text in _text_of(m.get("content")) for m in messages if isinstance(m, dict))
 
     @contextmanager
-    def in_flight(self, endpoint: str) -> Iterator[None]:
-        self._stats.enter(endpoint)
+    def in_flight(self, endpoint: str, client_port: int = 0) -> Iterator[None]:
+        self._stats.enter(endpoint, client_port)
         try:
             yield
         finally:
-            self._stats.leave()
+            self._stats.leave(client_port)
+
+    def open_ports(self) -> set[int]:
+        """The client ports of the model calls being served now (which client a call came from)."""
+        return self._stats.open_ports()
 
     def admit(self, endpoint: str, tokens: int) -> float | None:
         """None when the call is within the limits; else seconds until it would be."""
@@ -432,6 +436,7 @@ class _Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._open: Counter[int] = Counter()
         self.reset()
 
     def reset(self) -> None:
@@ -440,15 +445,23 @@ class _Stats:
             self._counts = dict.fromkeys(self._COUNTERS, 0)
             self._max_in_flight = self._in_flight
 
-    def enter(self, endpoint: str) -> None:
+    def enter(self, endpoint: str, client_port: int) -> None:
         with self._lock:
             self._calls[endpoint] = self._calls.get(endpoint, 0) + 1
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            self._open[client_port] += 1
 
-    def leave(self) -> None:
+    def leave(self, client_port: int) -> None:
         with self._lock:
             self._in_flight -= 1
+            self._open[client_port] -= 1
+            if not self._open[client_port]:
+                del self._open[client_port]
+
+    def open_ports(self) -> set[int]:
+        with self._lock:
+            return set(self._open) - {0}
 
     def add(self, counter: str, amount: int = 1) -> None:
         with self._lock:
@@ -801,7 +814,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve_model_call(self, endpoint: str, reply: _Reply, body: JSON | None = None) -> None:
         simulator = self.server.simulator
-        with simulator.in_flight(endpoint):
+        with simulator.in_flight(endpoint, self.client_address[1]):
             if simulator.swallowed():
                 return
             wait = simulator.admit(endpoint, reply.prompt_tokens + reply.completion_tokens)

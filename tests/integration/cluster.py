@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import redis
 
 from kenning.workers.memory import Kenning
@@ -100,6 +101,17 @@ class Workers:
         except ProcessLookupError:
             pass
         process.wait(timeout=STOP_TIMEOUT_S)
+
+    def ports(self, name: str) -> set[int]:
+        """The local ports of the TCP connections the worker and its pool processes hold now."""
+        root = psutil.Process(self._processes[name].pid)
+        ports: set[int] = set()
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                ports.update(c.laddr.port for c in process.net_connections(kind="tcp") if c.laddr)
+            except psutil.NoSuchProcess:
+                continue  # a pool process that ended meanwhile
+        return ports
 
     def pause(self, name: str) -> None:
         """SIGSTOP the worker and its pool processes: a stalled host, which keeps its tasks."""

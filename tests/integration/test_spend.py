@@ -152,7 +152,7 @@ def test_attempts_of_a_worker_killed_mid_call_are_counted(
         workers = start_workers(chaos)
         # When a worker is killed while its LLM calls are in flight, and replaced
         with cognifying(chaos, "spend", tmp_path) as run, chaos.memory() as memory:
-            killed_at = kill_mid_extraction(workers, memory, dataset_id(chaos, "spend"), run)
+            killed_at = kill_mid_extraction(workers, memory, dataset_id(chaos, "spend"), run, simulator)
             code = finished(run, workers)
             [outcome] = runs_of(memory, "spend")
         billed = simulator.stats()
@@ -164,13 +164,17 @@ def test_attempts_of_a_worker_killed_mid_call_are_counted(
     assert outcome.stats.get("llm_calls", 0) < billed["calls"]["chat"], (killed_at, outcome.stats, billed)
 
 
-def kill_mid_extraction(workers: Workers, memory: Any, dataset: str, run: subprocess.Popen[bytes]) -> int:
-    """Kill worker a (SIGKILL) once a third of the chunks are extracted; replace it. The count then."""
+def kill_mid_extraction(
+    workers: Workers, memory: Any, dataset: str, run: subprocess.Popen[bytes], simulator: Simulator
+) -> int:
+    """Kill worker a (SIGKILL) once a third of the chunks are extracted and the simulator is serving
+    a call of worker a; replace it. The count of extracted chunks then."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline and run.poll() is None:
         counts = chunk_counts(memory, dataset)
         total, pending = sum(counts.values()), counts[ChunkStatus.PENDING]
-        if total and pending and total - pending > total / 3:
+        calling = simulator.open_ports() & workers.ports("a")
+        if total and pending and total - pending > total / 3 and calling:
             workers.kill("a")
             workers.replace("a")
             return total - pending
