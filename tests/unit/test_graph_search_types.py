@@ -169,6 +169,18 @@ def test_graph_summary_uses_the_llm_summary_as_context(memory: TwinServices) -> 
     assert result.context == "SUMMARY: Hopper built a compiler."
 
 
+def test_graph_summary_gives_the_graph_context_under_one_heading(memory: TwinServices) -> None:
+    # Given the graph's context for a question: passages, then facts under their own heading
+    graph = run(memory, SearchType.GRAPH_COMPLETION, "compiler", only_context=True).context
+    assert graph.count("Facts:") == 1
+    # When GRAPH_SUMMARY_COMPLETION asks for its summary
+    completer = ScriptedCompleter(lambda system, prompt: "SUMMARY")
+    run(with_completer(memory, completer), SearchType.GRAPH_SUMMARY_COMPLETION, "compiler", only_context=True)
+    # Then its request holds that context whole, with no second heading around it
+    [(_, prompt)] = completer.calls
+    assert graph in prompt and prompt.count("Facts:") == 1
+
+
 def test_temporal_keeps_events_in_the_asked_range(memory: TwinServices) -> None:
     in_1952 = run(memory, SearchType.TEMPORAL, "What happened in 1952?", only_context=True)
     assert in_1952.results and all("1952" in hit.text for hit in in_1952.results)
