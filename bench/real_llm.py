@@ -181,13 +181,17 @@ def evaluate(
     questions: list[Question],
     keep: Path | None = None,
     kinds: Sequence[str] = tuple(ASKED),
+    saved: Callable[[dict[str, Any]], None] = lambda figures: None,
 ) -> dict[str, Any]:
-    """Cognify `sources` as dataset `name` and ask `questions`. With `keep`, the home is that
-    folder and stays; a dataset it already holds is not cognified again (only asked)."""
+    """Cognify `sources` as dataset `name` and ask `questions`; the figures, to which each step
+    adds its own and then calls `saved`. With `keep`, the home is that folder and stays; a
+    dataset it already holds is not cognified again (only asked)."""
+    figures: dict[str, Any] = {"set": name, "documents": len(sources), "questions": len(questions)}
     with tempfile.TemporaryDirectory() as scratch:
         home = keep / name if keep else Path(scratch)
         with Kenning(load_settings(home=home, **real_llm_overrides(url))) as memory:
-            return cognified_and_asked(memory, name, sources, questions, kinds)
+            cognified_and_asked(memory, sources, questions, kinds, figures, saved)
+    return figures
 
 
 def cognified(memory: Kenning, name: str) -> bool:
@@ -200,23 +204,38 @@ def cognified(memory: Kenning, name: str) -> bool:
 
 
 def cognified_and_asked(
-    memory: Kenning, name: str, sources: list[Source], questions: list[Question], kinds: Sequence[str]
-) -> dict[str, Any]:
-    started = time.perf_counter()
+    memory: Kenning,
+    sources: list[Source],
+    questions: list[Question],
+    kinds: Sequence[str],
+    figures: dict[str, Any],
+    saved: Callable[[dict[str, Any]], None],
+) -> None:
+    """Cognify (unless done already) and ask, adding to `figures` and calling `saved` after the
+    cognify and after each type, so that a run stopped early keeps what it measured."""
+    name, started = figures["set"], time.perf_counter()
     reused = cognified(memory, name)
     if not reused:
         memory.add(sources, name)
         memory.cognify(name)
-    figures: dict[str, Any] = {"set": name, "documents": len(sources), "questions": len(questions)}
     figures["extraction"] = extraction(memory, name, time.perf_counter() - started)
     figures["extraction"]["reused"] = reused
-    print(f"{name}: {json.dumps({k: v for k, v in figures['extraction'].items() if k != 'stats'})}")
+    print(f"{name}: {brief(figures['extraction'])}", flush=True)
     figures["answers"] = {}
+    saved(figures)
     for asked in kinds:
-        scored = answers([ask(memory, name, asked, q) for q in questions])
-        figures["answers"][asked] = scored
-        print(f"{name} {asked}: {json.dumps({k: v for k, v in scored.items() if k != 'rows'})}")
-    return figures
+        rows = []
+        for number, question in enumerate(questions, 1):
+            rows.append(ask(memory, name, asked, question))
+            print(f"{name} {asked} {number}/{len(questions)}: f1 {rows[-1]['f1']:.2f}", flush=True)
+        figures["answers"][asked] = answers(rows)
+        print(f"{name} {asked}: {brief(figures['answers'][asked])}", flush=True)
+        saved(figures)
+
+
+def brief(figures: dict[str, Any]) -> str:
+    """Figures as one JSON line, without their rows and counters."""
+    return json.dumps({k: v for k, v in figures.items() if k not in ("rows", "stats")})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -253,14 +272,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         "settings": {k: v for k, v in real_llm_overrides(url).items() if k != "llm_url"},
         "environment": changed,
         "hotpot_questions": [args.first, args.first + args.questions],
+        "complete": False,
         "sets": {},
     }
-    for name in wanted:
-        sources, questions = sets[name]()
-        report["sets"][name] = evaluate(url, name, sources, questions, args.home, kinds)
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+
+    def save(figures: dict[str, Any]) -> None:
+        report["sets"][figures["set"]] = figures
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+    for name in wanted:
+        sources, questions = sets[name]()
+        figures = evaluate(url, name, sources, questions, args.home, kinds, save)
+    report["complete"] = True
+    save(figures)
     print(f"written to {out}")
 
 
