@@ -278,15 +278,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    def write() -> None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
     def save(figures: dict[str, Any]) -> None:
         report["sets"][figures["set"]] = figures
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write()
 
     for name in wanted:
         sources, questions = sets[name]()
-        figures = evaluate(url, name, sources, questions, args.home, kinds, save)
+        evaluate(url, name, sources, questions, args.home, kinds, save)
     report["complete"] = True
-    save(figures)
+    write()
     print(f"written to {out}")
 
 
