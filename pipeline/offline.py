@@ -33,7 +33,7 @@ from kenning.pipeline.linking import (
 from kenning.pipeline.models import Extraction, KnowledgeEdge, KnowledgeGraph, KnowledgeNode, normalize_name
 from kenning.pipeline.text import paragraphs, sentences
 
-_WORD = re.compile(r"[\w'’.-]+|[,;:()]")
+_WORD = re.compile(r"[\w\u0300-\u036f'’.-]+|[,;:()]")
 _YEAR = re.compile(r"^([1-9][0-9]{2}|1[0-9]{3}|20[0-9]{2})$")
 _MONTHS = {
     "january",
@@ -507,6 +507,8 @@ def _mentions(words: list[str]) -> Iterator[_Mention]:
             depth = max(depth + {"(": 1, ")": -1}.get(words[position], 0), 0)
             position += 1
             continue
+        if position == 0 and end > 1 and not is_date and words[0].lower() in _AUXILIARIES:
+            position = 1  # a question's verb: "Did John Updike..." names John Updike
         name = canonical_name(" ".join(words[position:end]))
         key = normalize_name(name)
         if key and key not in _STOP and not (position == 0 and end == 1 and _opens_clause(words)):

@@ -6,6 +6,9 @@ each name's nearest Entity_name vectors) and at the closest chunks by vector sea
 names it gives). It runs
 on a projected subgraph, never the whole graph: the `contains` edges between chunks and
 entities, and the facts between entities, a bounded number of hops around those seeds.
+Two entities of the projection whose names embed alike (at least `alike_names`: "Moscow State
+University" and "Lomonosov Moscow State University", written in two paragraphs) are joined for
+the walk, as the graph keeps them apart.
 Every step divides a node's score among all its edges in the whole graph, and an entity's
 restart weight is shared among the chunks that contain it, so a hub entity spreads thin
 rather than pulling every chunk that mentions it to the top. The closest chunks the walk did not
@@ -43,6 +46,9 @@ SKIPPED = sorted(
 )
 # Edges from a chunk to its entities: every entity it contains, and the one it is about.
 CHUNK_EDGES = frozenset({CONTAINS, ABOUT_RELATIONSHIP})
+# The payload field of an Entity_name point that holds the name.
+NAME_FIELD = "text"
+_NUMBER = re.compile(r"[0-9]")
 # The payload fields of a triplet point that name its ends.
 FACT_ENDS = ("source_id", "target_id")
 
@@ -81,6 +87,16 @@ class WalkConfig(BaseModel):
         default=8.0,
         ge=0.0,
         description="Weight of the edge from a titled chunk to its title's entity, beside `contains`",
+    )
+    alike_names: float = Field(
+        default=0.85,
+        ge=0.0,
+        le=1.01,
+        description="Entities of the walk whose names embed at least this close are joined (above 1: never)",
+    )
+    alike_weight: float = Field(default=1.0, ge=0.0, description="Weight of an edge joining two alike names")
+    alike_entities: int = Field(
+        default=2000, ge=0, le=20_000, description="Entities of the walk compared by name, at most"
     )
 
 
@@ -186,7 +202,8 @@ def walk(
     restart = restart_weights(
         entity_seeds, chunk_seeds, projected, config.chunk_weight, fact_seeds, config.fact_share
     )
-    scores = personalized_pagerank(walk_edges(projected.edges, config), projected.degrees, restart, config)
+    followed = walk_edges(projected.edges, config) + alike_edges(ports, scope, projected.edges, config)
+    scores = personalized_pagerank(followed, projected.degrees, restart, config)
     chunks = _chunk_ids(projected.edges) | set(chunk_seeds)
     ranked = sorted(((scores.get(c, 0.0), c) for c in chunks), key=lambda item: (-item[0], item[1]))
     reached = [Ranked(chunk_id, score) for score, chunk_id in ranked if score > 0]
@@ -325,6 +342,54 @@ def walk_edges(edges: Iterable[GraphEdge | EdgeShape], config: WalkConfig) -> li
         if weight > 0 and edge.source_id != edge.target_id:
             found.append((edge.source_id, edge.target_id, weight))
     return found
+
+
+def alike_edges(
+    ports: SearchPorts, scope: Scope, edges: Sequence[GraphEdge | EdgeShape], config: WalkConfig
+) -> list[tuple[str, str, float]]:
+    """Edges joining two entities of the walk that are one thing under two names: the shorter
+    name, of two words or more, word for word within the longer, the two embedding at least
+    `alike_names` close (by their Entity_name vectors), and no number in either (two dates or two
+    models are two things). "Moscow State University" in one paragraph and "Lomonosov Moscow
+    State University" in another let the walk cross from one to the other; "Sergei Kosarev" and
+    "Sergei Kudryavtsev" do not. Only the entities the walk projected are compared, the first
+    `alike_entities` of them in edge order."""
+    if config.alike_names > 1.0 or not config.alike_weight or not config.alike_entities:
+        return []
+    entities = list(dict.fromkeys(_entity_ids(edges)))[: config.alike_entities]
+    found = ports.vectors.retrieve(scope, collection.ENTITIES, entities, (NAME_FIELD,)) if entities else []
+    points = [point for point in found if not _NUMBER.search(str(point.payload.get(NAME_FIELD) or "0"))]
+    if len(points) < 2:
+        return []
+    stored = np.asarray([point.vector for point in points], dtype=np.float64)
+    stored /= np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
+    similar = np.triu(stored @ stored.T, k=1) >= config.alike_names
+    names = [_padded_words(point.payload.get(NAME_FIELD)) for point in points]
+    return [
+        (points[first].id, points[second].id, config.alike_weight)
+        for first, second in zip(*np.nonzero(similar), strict=True)
+        if _nested(names[first], names[second])
+    ]
+
+
+def _padded_words(name: object) -> str:
+    """The name's words, case-folded, one space between and one at each end."""
+    return f" {' '.join(_WORD.findall(str(name or '').casefold()))} "
+
+
+def _nested(one: str, other: str) -> bool:
+    """Whether the shorter name, of two words or more, runs word for word within the longer (a
+    one-word name, "Beatrice", is within too many others to say which it is)."""
+    shorter, longer = sorted((one, other), key=len)
+    return shorter.count(" ") > 2 and shorter in longer
+
+
+def _entity_ids(edges: Iterable[GraphEdge | EdgeShape]) -> Iterator[str]:
+    """The entities the edges touch: what a chunk contains or is about, and a fact's ends."""
+    for edge in edges:
+        if edge.relationship not in CHUNK_EDGES:
+            yield edge.source_id
+        yield edge.target_id
 
 
 def personalized_pagerank(

@@ -8,11 +8,20 @@ import pytest
 
 from kenning.pipeline import collection
 from kenning.pipeline.ingest import Source, add
-from kenning.pipeline.models import DocumentRecord, Entity, GraphEdge, GraphNode, Scope
+from kenning.pipeline.models import (
+    DocumentRecord,
+    EdgeShape,
+    Entity,
+    GraphEdge,
+    GraphNode,
+    Scope,
+    VectorPoint,
+)
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
 from kenning.retrieval.graph_ppr import (
     WalkConfig,
+    alike_edges,
     exact_entities,
     personalized_pagerank,
     question_names,
@@ -359,3 +368,64 @@ def test_a_title_with_small_words_is_linked_whole_and_its_parts_are_not_embedded
     assert result.results and "Rules for Stage Combat is a 1970 manual" in result.results[0].text
     # And the parts of the title are not looked up by embedding: the whole title is an entity
     assert asked == [["What does Rules for Stage Combat teach?"]]
+
+
+def test_the_walk_crosses_between_two_names_of_one_thing() -> None:
+    # Given one paragraph naming "Moscow State University" and another about "Lomonosov Moscow
+    # State University": two entities, no edge between them
+    services = TwinServices()
+    corpus = {
+        "tokarev.txt": "Sergei Tokarev was a professor at Moscow State University.",
+        "msu.txt": "Lomonosov Moscow State University was founded by Mikhail Lomonosov.",
+        "kazan.txt": "Ivan Petrov taught at Kazan University for forty years.",
+    }
+    add(
+        services.metadata,
+        services.blobs,
+        LIBRARY,
+        [Source(name=n, uri=f"t:{n}", data=t.encode()) for n, t in corpus.items()],
+    )
+    assert LocalRunner(services, services.lock, concurrency=1).run(LIBRARY).status.value == "completed"
+    query = "Who founded the university where Sergei Tokarev was a professor?"
+
+    def reached(alike_names: float) -> list[str]:
+        config = WalkConfig(alike_names=alike_names)  # every chunk projected, none restarting the walk
+        found = walk(services, LIBRARY, query, config).ranked
+        nodes = {node.id: node for node in services.graph.get_nodes(LIBRARY, [e.chunk_id for e in found])}
+        return [str(nodes[entry.chunk_id].properties["text"]).split()[0] for entry in found]
+
+    # Then, names that embed alike joined, the walk goes on from Tokarev's paragraph to the university's
+    assert reached(0.8) == ["Sergei", "Lomonosov"]
+    # And with no names joined it stops at Tokarev's
+    assert reached(1.01) == ["Sergei"]
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "joined"),
+    [
+        ("Moscow State University", "Lomonosov Moscow State University", True),
+        ("Tom Clancy", "Thomas Leo Tom Clancy Jr", True),
+        ("Sergei Aleksandrovich Kosarev", "Sergei Aleksandrovich Kudryavtsev", False),  # two people
+        ("Beatrice", "Beatrice I", False),  # a one-word name is within too many
+        ("October 2013", "October 1, 2013", False),  # two dates
+        ("Clancy Tom", "Tom Clancy Jr", False),  # not word for word
+    ],
+)
+def test_two_names_are_joined_only_when_one_runs_within_the_other(one: str, other: str, joined: bool) -> None:
+    # Given two entities of a walk whose names embed alike
+    services = TwinServices()
+    names = {"a": one, "b": other}
+    services.vectors.ensure_collection(collection.ENTITIES, services.embedder.dimension)
+    vectors = services.embedder.embed([one, one])  # the same vector: only the names tell them apart
+    points = [
+        VectorPoint(
+            id=Entity(name=name, tenant="t1", dataset=LIBRARY.dataset).id, vector=v, payload={"text": name}
+        )
+        for name, v in zip(names.values(), vectors, strict=True)
+    ]
+    services.vectors.upsert(LIBRARY, collection.ENTITIES, points)
+    edges = [EdgeShape(f"c-{p.id}", "chunk", p.id, "contains") for p in points]
+    # Then they are joined for the walk only when the shorter name runs word for word in the other
+    found = alike_edges(services, LIBRARY, edges, CONFIG)
+    assert bool(found) is joined
+    assert not alike_edges(services, LIBRARY, edges, WalkConfig(alike_names=1.01))

@@ -215,3 +215,18 @@ def test_a_header_block_with_no_text_after_it_has_no_first_sentence() -> None:
     assert [node.name for node in OfflineExtractor().extract(header).graph.nodes][:1] == [
         "Decoupling the Interpreter Loop"
     ]
+
+
+def test_a_name_written_with_stress_marks_is_one_name_not_its_pieces() -> None:
+    # Given Russian names with combining stress marks, as Wikipedia writes them
+    names = {node.name for node in extract("Серге́й Алекса́ндрович То́карев was a Russian scholar.").nodes}
+    # Then the name is whole: no piece cut at a mark ("Серге") that other Sergeis would share
+    assert "Серге́й Алекса́ндрович То́карев" in names
+    assert not names & {"Серге", "Алекса", "То"}
+
+
+@pytest.mark.parametrize("verb", ["Did", "Does", "Was", "Is", "Were", "Has", "Can"])
+def test_a_question_opening_with_a_verb_names_what_follows_it(verb: str) -> None:
+    names = {node.name for node in extract(f"{verb} John Updike and Tom Clancy both write novels?").nodes}
+    assert {"John Updike", "Tom Clancy"} <= names
+    assert not any(name.startswith(verb) for name in names)
