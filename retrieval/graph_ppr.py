@@ -6,9 +6,9 @@ each name's nearest Entity_name vectors) and at the closest chunks by vector sea
 names it gives). It runs
 on a projected subgraph, never the whole graph: the `contains` edges between chunks and
 entities, and the facts between entities, a bounded number of hops around those seeds.
-Two entities of the projection whose names embed alike (at least `alike_names`: "Moscow State
-University" and "Lomonosov Moscow State University", written in two paragraphs) are joined for
-the walk, as the graph keeps them apart.
+Two entities of the projection that are one thing under two names (one runs word for word within
+the other and they embed alike: "Moscow State University" and "Lomonosov Moscow State
+University", written in two paragraphs) are joined for the walk, as the graph keeps them apart.
 Every step divides a node's score among all its edges in the whole graph, and an entity's
 restart weight is shared among the chunks that contain it, so a hub entity spreads thin
 rather than pulling every chunk that mentions it to the top. The closest chunks the walk did not
@@ -358,23 +358,24 @@ def alike_edges(
         return []
     entities = list(dict.fromkeys(_entity_ids(edges)))[: config.alike_entities]
     found = ports.vectors.retrieve(scope, collection.ENTITIES, entities, (NAME_FIELD,)) if entities else []
-    points = [point for point in found if not _NUMBER.search(str(point.payload.get(NAME_FIELD) or "0"))]
+    named = [(point, str(point.payload.get(NAME_FIELD) or "")) for point in found]
+    points = [(point, name) for point, name in named if name and not _NUMBER.search(name)]
     if len(points) < 2:
         return []
-    stored = np.asarray([point.vector for point in points], dtype=np.float64)
+    stored = np.asarray([point.vector for point, _ in points], dtype=np.float64)
     stored /= np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
     similar = np.triu(stored @ stored.T, k=1) >= config.alike_names
-    names = [_padded_words(point.payload.get(NAME_FIELD)) for point in points]
+    names = [_padded_words(name) for _, name in points]
     return [
-        (points[first].id, points[second].id, config.alike_weight)
+        (points[first][0].id, points[second][0].id, config.alike_weight)
         for first, second in zip(*np.nonzero(similar), strict=True)
         if _nested(names[first], names[second])
     ]
 
 
-def _padded_words(name: object) -> str:
+def _padded_words(name: str) -> str:
     """The name's words, case-folded, one space between and one at each end."""
-    return f" {' '.join(_WORD.findall(str(name or '').casefold()))} "
+    return f" {' '.join(_WORD.findall(name.casefold()))} "
 
 
 def _nested(one: str, other: str) -> bool:
