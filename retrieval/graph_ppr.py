@@ -96,7 +96,7 @@ class WalkConfig(BaseModel):
     )
     alike_weight: float = Field(default=1.0, ge=0.0, description="Weight of an edge joining two alike names")
     alike_entities: int = Field(
-        default=2000, ge=0, le=20_000, description="Entities of the walk compared by name, at most"
+        default=2000, ge=0, le=4000, description="Entities of the walk compared by name, at most"
     )
 
 
@@ -362,7 +362,7 @@ def alike_edges(
     points = [(point, name) for point, name in named if name and not _NUMBER.search(name)]
     if len(points) < 2:
         return []
-    stored = np.asarray([point.vector for point, _ in points], dtype=np.float64)
+    stored = np.asarray([point.vector for point, _ in points], dtype=np.float32)
     stored /= np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
     similar = np.triu(stored @ stored.T, k=1) >= config.alike_names
     names = [_padded_words(name) for _, name in points]
