@@ -26,8 +26,9 @@ simulator stops; set it back and new requests are answered again.
 default: all of them), `json_object` (llama-cpp-python: a `json_schema` request is answered 500
 with a validation error naming `response_format`) or `text` (a `json_object` request too).
 With `honor_max_tokens`, a reply longer than the request's `max_tokens` is cut there and ends
-with `finish_reason` "length"; with `loops` too, an extraction repeats its first fact until it is
-cut, as a small model caught in a loop does. With `unlisted_ends`, an extraction lists no node that is only a
+with `finish_reason` "length"; with `loops` too, an extraction repeats its first fact (its first
+`loops` facts in turn, when `loops` is more than 1) until it is cut, as a small model caught in a
+loop does. With `unlisted_ends`, an extraction lists no node that is only a
 fact's target and names it in the fact instead, as small models do.
 
 A chat request with `stream` true is answered as server-sent events, as OpenAI's are: a first
@@ -129,7 +130,7 @@ class Simulator:
     accepts: Literal["json_schema", "json_object", "text"] = "json_schema"
     honor_max_tokens: bool = False
     unlisted_ends: bool = False
-    loops: bool = False
+    loops: int = 0
     serial: bool = False
     token_ms: float = 0.0
     ping_s: float = 15.0
@@ -369,6 +370,8 @@ def check_options(simulator: Simulator) -> None:
         raise ConfigError("fail_on must be None (off) or a non-empty text")
     if simulator.accepts not in ("json_schema", "json_object", "text"):
         raise ConfigError(f"accepts must be json_schema, json_object or text, got {simulator.accepts!r}")
+    if simulator.loops < 0:
+        raise ConfigError(f"loops must be >= 0 (0: off), got {simulator.loops}")
 
 
 def pick_fault(draw: float, error_rate: float, timeout_rate: float, malformed_rate: float) -> Fault:
@@ -524,7 +527,7 @@ def estimate_tokens(text: str) -> int:
 
 
 def chat_reply(
-    body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = False, loops: bool = False
+    body: JSON, extractor: OfflineExtractor, unlisted_ends: bool = False, loops: int = 0
 ) -> _Reply:
     """The deterministic answer to a chat.completions request."""
     messages = [message for message in body.get("messages", []) if isinstance(message, dict)]
@@ -599,7 +602,7 @@ LOOP_REPEATS = 500
 
 
 def _structured_answer(
-    question: str, extractor: OfflineExtractor, unlisted_ends: bool = False, loops: bool = False
+    question: str, extractor: OfflineExtractor, unlisted_ends: bool = False, loops: int = 0
 ) -> str:
     chunk = unwrap_chunk(question)
     extraction = extractor.extract(question if chunk is None else chunk)
@@ -607,7 +610,9 @@ def _structured_answer(
         extraction = _without_target_nodes(extraction)
     edges = extraction.graph.edges
     if loops and edges:
-        looped = extraction.graph.model_copy(update={"edges": [*edges, *[edges[0]] * LOOP_REPEATS]})
+        cycle = edges[:loops]
+        repeats = [cycle[i % len(cycle)] for i in range(LOOP_REPEATS)]
+        looped = extraction.graph.model_copy(update={"edges": [*edges, *repeats]})
         extraction = extraction.model_copy(update={"graph": looped})
     return extraction.model_dump_json()
 

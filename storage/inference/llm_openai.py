@@ -480,10 +480,7 @@ def salvaged_loop(content: str) -> Extraction | None:
     data = _cut_reply(content)
     if data is None:
         return None
-    graph = _graph_part(data)
-    listed = [item for name in ("nodes", "edges") for item in _items(graph.get(name))]
-    repeated = len({json.dumps(item, sort_keys=True) for item in listed}) < len(listed)
-    if not (repeated or repeats_at_end(content)):
+    if not (_repeated_items(data) or repeats_at_end(content)):
         return None  # no loop: cut by a long text, whose halves may each fit
     return _whole_extraction(data)
 
@@ -508,6 +505,13 @@ def _cut_reply(content: str) -> dict[str, Any] | None:
     return data
 
 
+def _repeated_items(data: dict[str, Any]) -> int:
+    """How many of a reply's whole nodes and facts repeat one it listed before."""
+    graph = _graph_part(data)
+    listed = [item for name in ("nodes", "edges") for item in _items(graph.get(name))]
+    return len(listed) - len({json.dumps(item, sort_keys=True) for item in listed})
+
+
 def _graph_part(data: dict[str, Any]) -> dict[str, Any]:
     inner = data.get("graph")
     return inner if isinstance(inner, dict) else data
@@ -529,14 +533,20 @@ LOOP_TAIL, LOOP_TIMES, LOOP_MIN = 2400, 3, 8
 
 
 # A streamed answer is looked at for a loop every LOOP_CHECK_PARTS parts, and ends when its end
-# holds LOOP_STOP_TIMES copies of a piece of text (one more than a cut reply needs to be salvaged).
-LOOP_CHECK_PARTS, LOOP_STOP_TIMES = 16, LOOP_TIMES + 1
+# holds LOOP_STOP_TIMES copies of a piece of text (one more than a cut reply needs to be salvaged),
+# or when LOOP_STOP_ITEMS of its whole nodes and facts repeat ones it listed before (a model going
+# round a cycle of facts longer than the end searched for copies).
+LOOP_CHECK_PARTS, LOOP_STOP_TIMES, LOOP_STOP_ITEMS = 16, LOOP_TIMES + 1, 4
 
 
 def loops_at_end(parts: Sequence[str]) -> bool:
     """Whether a streamed answer so far ends in LOOP_STOP_TIMES copies of one piece of text (its
-    last LOOP_TAIL parts hold its last LOOP_TAIL characters, and more)."""
-    return repeats_at_end("".join(parts[-LOOP_TAIL:]), LOOP_STOP_TIMES)
+    last LOOP_TAIL parts hold its last LOOP_TAIL characters, and more), or repeats
+    LOOP_STOP_ITEMS of the items it listed."""
+    if repeats_at_end("".join(parts[-LOOP_TAIL:]), LOOP_STOP_TIMES):
+        return True
+    data = _cut_reply("".join(parts))
+    return data is not None and _repeated_items(data) >= LOOP_STOP_ITEMS
 
 
 def repeats_at_end(content: str, times: int = LOOP_TIMES) -> bool:
