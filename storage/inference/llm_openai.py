@@ -540,12 +540,12 @@ LOOP_CHECK_PARTS, LOOP_STOP_TIMES, LOOP_STOP_ITEMS = 16, LOOP_TIMES + 1, 4
 
 
 def loops_at_end(parts: Sequence[str]) -> bool:
-    """Whether a streamed answer so far ends in LOOP_STOP_TIMES copies of one piece of text (its
-    last LOOP_TAIL parts hold its last LOOP_TAIL characters, and more), or repeats
-    LOOP_STOP_ITEMS of the items it listed."""
-    if repeats_at_end("".join(parts[-LOOP_TAIL:]), LOOP_STOP_TIMES):
+    """Whether a streamed answer so far ends in LOOP_STOP_TIMES copies of one piece of text, or
+    repeats LOOP_STOP_ITEMS of the items it listed."""
+    text = "".join(parts)
+    if repeats_at_end(text, LOOP_STOP_TIMES):
         return True
-    data = _cut_reply("".join(parts))
+    data = _cut_reply(text)
     return data is not None and _repeated_items(data) >= LOOP_STOP_ITEMS
 
 
