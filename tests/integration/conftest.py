@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.cluster import Deployment, Workers, forget_keys, kenning_env, running, settings_of
+from tests.integration.cluster import (
+    Deployment,
+    RedisServer,
+    Workers,
+    forget_keys,
+    kenning_env,
+    running,
+    settings_of,
+)
 from tests.integration.test_memory_distributed import Client
+from tests.services import free_port
 from tests.simulator import Simulator, StartSimulator
 
 
@@ -76,3 +86,34 @@ def start_simulator() -> Iterator[StartSimulator]:
     yield start
     for simulator in started:
         simulator.stop()
+
+
+@pytest.fixture
+def start_workers(tmp_path: Path) -> Iterator[Callable[[Deployment], Workers]]:
+    """Start the two usual workers of a deployment; every worker started is stopped at the end."""
+    started: list[Workers] = []
+
+    def start(deployment: Deployment) -> Workers:
+        logs = tmp_path / f"logs-{len(started)}"
+        logs.mkdir()
+        workers = Workers(deployment, logs)
+        started.append(workers)
+        workers.start()
+        return workers
+
+    try:
+        yield start
+    finally:
+        for workers in started:
+            workers.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, never the machine's: its own port, folder and append-only file."""
+    server = RedisServer(tmp_path / "redis", free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(signal.SIGKILL)

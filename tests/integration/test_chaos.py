@@ -14,8 +14,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import redis
 
 from kenning.pipeline.errors import LockLost
 from kenning.pipeline.locking import lock_name
-from kenning.pipeline.models import ChunkRecord, ChunkStatus, Dataset, ItemStatus, RunStatus, Scope
+from kenning.pipeline.models import ChunkRecord, ChunkStatus, ItemStatus, PipelineRun, RunStatus, Scope
 from kenning.pipeline.plan import fail_run, start_run
 from kenning.pipeline.unit import units_of
 from kenning.storage.coordination.run_lock import Deliveries
@@ -32,15 +31,15 @@ from kenning.workers.celery.app import Resources
 from kenning.workers.celery.tasks import Message, Redelivered, check_redelivery, hold
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
-from tests.integration.cluster import ROOT, Deployment, RedisServer, Workers, small_chunks
+from tests.integration.cluster import Deployment, RedisServer, Workers, small_chunks
+from tests.integration.faults import chunk_counts, cognifying, dataset_id
 from tests.integration.test_distributed import embedded_memory, graph_of, lock_released, runs_of, vector_ids
-from tests.services import free_port
 from tests.simulator import Simulator
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 LATENCY_MS = 250  # long enough for a kill to land while a chunk's extraction is in flight
-CONCURRENCY = 2  # tasks at once per worker
+CONCURRENCY = 2  # tasks at once per worker (what `start_workers` starts)
 EXTRACT_BATCH = 2  # units to an extraction task, whose calls are in flight together
 VISIBILITY_S = 20  # the broker redelivers a dead worker's tasks after this
 LOCK_TTL_S = 10  # shorter than VISIBILITY_S: a redelivered load finds the lock expired
@@ -99,50 +98,11 @@ def shared() -> dict[str, str]:
     )
 
 
-@pytest.fixture
-def start_workers(tmp_path: Path) -> Iterator[Callable[[Deployment], Workers]]:
-    """Start the two usual workers of a deployment; every worker started is stopped at the end."""
-    started: list[Workers] = []
-
-    def start(deployment: Deployment) -> Workers:
-        logs = tmp_path / f"logs-{len(started)}"
-        logs.mkdir()
-        workers = Workers(deployment, logs, concurrency=CONCURRENCY)
-        started.append(workers)
-        workers.start()
-        return workers
-
-    try:
-        yield start
-    finally:
-        for workers in started:
-            workers.stop()
-
-
-@contextmanager
-def cognifying(deployment: Deployment, dataset: str, logs: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`kenning cognify --distributed` running in the background; killed if still running at the end."""
-    with (logs / f"cognify-{time.monotonic_ns()}.log").open("wb") as log:
-        process = subprocess.Popen(
-            deployment.cognify_command(dataset), cwd=ROOT, env=deployment.env, stdout=log, stderr=log
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-
-
 def finished(process: subprocess.Popen[bytes], workers: Workers) -> int:
     try:
         return process.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the run did not finish within {RUN_TIMEOUT_S:.0f} s\n{workers.logs()}")
-
-
-def chunk_counts(memory: Kenning, dataset_id: str) -> dict[ChunkStatus, int]:
-    return {status: len(memory.wiring.chunks.list_chunk_ids(dataset_id, status)) for status in ChunkStatus}
 
 
 def chunks_of(memory: Kenning, dataset_id: str) -> list[ChunkRecord]:
@@ -152,10 +112,6 @@ def chunks_of(memory: Kenning, dataset_id: str) -> list[ChunkRecord]:
 def units_in(chunks: list[ChunkRecord]) -> list[list[ChunkRecord]]:
     """The extraction units a run cuts from these chunks (whole documents'): one LLM call each."""
     return units_of(chunks, UNIT_TOKENS)
-
-
-def dataset_id(deployment: Deployment, dataset: str) -> str:
-    return Dataset.of(Scope(tenant=deployment.settings.tenant, dataset=dataset)).id
 
 
 def add_corpus(deployment: Deployment, corpus: Path, dataset: str) -> None:
@@ -224,6 +180,12 @@ def _timeless(value: Any) -> Any:
     if isinstance(value, list):
         return [_timeless(item) for item in value]
     return value
+
+
+def assert_resumed_by(before: list[PipelineRun], outcome: PipelineRun) -> None:
+    """Each earlier run was interrupted by the supervisor and says that `outcome` resumes its work."""
+    for run in before:
+        assert run.status == RunStatus.INTERRUPTED and outcome.id in run.error, (run.status, run.error)
 
 
 def fencing_token(deployment: Deployment, dataset: str) -> int:
@@ -308,7 +270,7 @@ def test_a_run_survives_workers_killed_during_extraction_and_load(
         workers = start_workers(chaos)
 
         # When a worker is killed five times during the run, each time replaced
-        with cognifying(chaos, "killed", tmp_path) as run, chaos.memory() as memory:
+        with cognifying(chaos, "killed", tmp_path) as (run, _), chaos.memory() as memory:
             phases = kill_five_times(workers, memory, dataset_id(chaos, "killed"), run)
             code = finished(run, workers)
         chat_calls = simulator.stats()["calls"]["chat"]
@@ -323,8 +285,7 @@ def test_a_run_survives_workers_killed_during_extraction_and_load(
     assert outcome.status == RunStatus.COMPLETED, outcome.error
     # (A run whose every lease expired while its tasks waited for redelivery on a slow machine is
     # interrupted by the supervisor and resumed by a new run: visibly, naming that run.)
-    for run in before:
-        assert run.status == RunStatus.INTERRUPTED and outcome.id in run.error, (run.status, run.error)
+    assert_resumed_by(before, outcome)
     assert {chunk.status for chunk in chunks} == {ChunkStatus.LOADED}
     assert {item.status for item in items} == {ItemStatus.DONE}
     assert lock_released(chaos, "killed")
@@ -350,17 +311,6 @@ def test_a_run_survives_workers_killed_during_extraction_and_load(
 # 2. The Redis that is broker, result backend and lock store stops mid-run and starts again.
 
 OUTAGE_S = 3.0
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of the test's own, never the machine's: its own port, folder and append-only file."""
-    server = RedisServer(tmp_path / "redis", free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -390,7 +340,7 @@ def test_a_run_survives_a_restart_of_its_redis(
 
         # When Redis stops mid-extraction (SIGTERM: it writes its append-only file and exits),
         # stays away a few seconds and starts again on the same port
-        with cognifying(chaos, "restarted", tmp_path) as run, chaos.memory() as memory:
+        with cognifying(chaos, "restarted", tmp_path) as (run, _), chaos.memory() as memory:
             wait_for_moment(memory, dataset_id(chaos, "restarted"), "extraction", 0.2, 0, run)
             private_redis.stop(signal.SIGTERM)
             time.sleep(OUTAGE_S)
@@ -414,9 +364,8 @@ def test_a_run_survives_a_restart_of_its_redis(
     # could record it as unacknowledged, is lost: the broker's transport takes and records it in
     # two steps. Nothing then works on the run, its leases expire, and the supervisor interrupts
     # it and resumes its work in a new run: visibly, naming that run.)
-    assert len(before) <= 1, [(run.status, run.error) for run in before]
-    for run in before:
-        assert run.status == RunStatus.INTERRUPTED and outcome.id in run.error, (run.status, run.error)
+    assert len(before) <= 1, [(earlier.status, earlier.error) for earlier in before]
+    assert_resumed_by(before, outcome)
     assert {chunk.status for chunk in chunks} == {ChunkStatus.LOADED}
     assert {item.status for item in items} == {ItemStatus.DONE}
     assert lock_released(chaos, "restarted")
@@ -474,7 +423,7 @@ def test_llm_faults_are_retried_within_budget_and_refused_chunks_fail_alone(
         workers = start_workers(faulty)
 
         # When the dataset is cognified
-        with cognifying(faulty, "faulty", tmp_path) as run:
+        with cognifying(faulty, "faulty", tmp_path) as (run, _):
             first_code = finished(run, workers)
         first_stats = simulator.stats()
         with faulty.memory() as memory:
@@ -484,7 +433,7 @@ def test_llm_faults_are_retried_within_budget_and_refused_chunks_fail_alone(
         simulator.fail_on = None
         simulator.error_rate = simulator.timeout_rate = simulator.malformed_rate = 0.0
         simulator.reset()
-        with cognifying(faulty, "faulty", tmp_path) as run:
+        with cognifying(faulty, "faulty", tmp_path) as (run, _):
             second_code = finished(run, workers)
         second_stats = simulator.stats()
 

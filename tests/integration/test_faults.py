@@ -57,38 +57,9 @@ def shared() -> dict[str, str]:
 
 
 @pytest.fixture
-def start_workers(tmp_path: Path) -> Iterator[Callable[[Deployment], Workers]]:
-    started: list[Workers] = []
-
-    def start(deployment: Deployment) -> Workers:
-        logs = tmp_path / f"logs-{len(started)}"
-        logs.mkdir()
-        workers = Workers(deployment, logs)
-        started.append(workers)
-        workers.start()
-        return workers
-
-    try:
-        yield start
-    finally:
-        for workers in started:
-            workers.stop()
-
-
-@pytest.fixture
 def simulator() -> Iterator[Simulator]:
     with Simulator(latency_ms=LATENCY_MS, seed=SEED) as running:
         yield running
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis", free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

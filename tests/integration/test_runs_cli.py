@@ -26,13 +26,8 @@ from kenning.pipeline.models import ChunkStatus, RunStatus
 from kenning.workers.celery.app import waiting
 from kenning.workers.cli.main import main
 from tests.integration.cluster import ROOT, Deployment, Workers
-from tests.integration.test_chaos import (
-    add_corpus,
-    chunk_counts,
-    dataset_id,
-    start_workers,  # noqa: F401  (a fixture)
-    write_corpus,
-)
+from tests.integration.faults import chunk_counts, dataset_id
+from tests.integration.test_chaos import add_corpus, write_corpus
 from tests.integration.test_distributed import lock_released
 from tests.simulator import Simulator
 
@@ -142,7 +137,7 @@ def call_task(deployment: Deployment, name: str, payload: dict[str, Any]) -> Any
 @pytest.mark.timeout(600)
 def test_a_run_with_no_worker_is_stalled_and_a_cancelled_run_stops_on_a_live_worker(
     deployment: Deployment,
-    start_workers: Callable[[Deployment], Workers],  # noqa: F811
+    start_workers: Callable[[Deployment], Workers],
     tmp_path: Path,
 ) -> None:
     corpus = write_corpus(tmp_path / "corpus", documents=16, sentences=12)

@@ -26,15 +26,8 @@ from kenning.storage.metadata.spend import SqlSpendLedger
 from kenning.workers.memory import Kenning
 from kenning.workers.runtime.settings import load_settings
 from tests.integration.cluster import ROOT, Deployment, Workers
-from tests.integration.test_chaos import (
-    add_corpus,
-    chunk_counts,
-    cognifying,
-    dataset_id,
-    finished,
-    start_workers,  # noqa: F401  (a fixture)
-    write_corpus,
-)
+from tests.integration.faults import chunk_counts, cognifying, dataset_id
+from tests.integration.test_chaos import add_corpus, finished, write_corpus
 from tests.integration.test_distributed import runs_of
 from tests.simulator import Simulator
 
@@ -131,7 +124,7 @@ RUN_TIMEOUT_S = 420.0
 @pytest.mark.timeout(600)
 def test_attempts_of_a_worker_killed_mid_call_are_counted(
     deployment: Deployment,
-    start_workers: Callable[[Deployment], Workers],  # noqa: F811
+    start_workers: Callable[[Deployment], Workers],
     tmp_path: Path,
 ) -> None:
     # Given a slow LLM, workers redelivering a dead worker's tasks soon, and a corpus of many chunks
@@ -151,7 +144,7 @@ def test_attempts_of_a_worker_killed_mid_call_are_counted(
         add_corpus(chaos, corpus, "spend")
         workers = start_workers(chaos)
         # When a worker is killed while its LLM calls are in flight, and replaced
-        with cognifying(chaos, "spend", tmp_path) as run, chaos.memory() as memory:
+        with cognifying(chaos, "spend", tmp_path) as (run, _), chaos.memory() as memory:
             killed_at = kill_mid_extraction(workers, memory, dataset_id(chaos, "spend"), run, simulator)
             code = finished(run, workers)
             [outcome] = runs_of(memory, "spend")
