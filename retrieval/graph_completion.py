@@ -10,9 +10,10 @@ facts between entities are given: the pipeline's own edges (a chunk `contains` a
 The first few of the best chunks (`passages`, by default 5 and at most half the results) also
 give their text, before their facts: what a model extracted from a paragraph is less than the
 paragraph (measured on HotpotQA, docs/real-llm.md), and the text is what a reader answers best
-from. A chunk some fact of which does not hold at the moment searched never gives its text (it
-would say what no longer holds); one no fact was ever extracted from gives its text in its turn.
-`passages` 0 gives facts alone.
+from. The chunk closest to the question is always one of them (`with_closest`). A chunk some
+fact of which does not hold at the moment searched never gives its text (it would say what no
+longer holds); one no fact was ever extracted from gives its text in its turn. `passages` 0
+gives facts alone.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.linking import document_title
-from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
+from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope, ScoredPoint
 from kenning.pipeline.ports import GraphStore
 from kenning.pipeline.validity import fact_line, holds
 from kenning.retrieval.contract import (
@@ -102,6 +103,17 @@ def in_rounds(
     return sorted(found, key=lambda item: item[1])
 
 
+def with_closest(chunks: list[str], closest: str, passages: int) -> list[str]:
+    """The walk's chunks with the one closest to the question among the first `passages`: the
+    walk ranks the chunks its names lead to above it, and a small model's graph may join the
+    names to other paragraphs than the one the question is about. It takes the last passage's
+    place (the walk's order above it kept) when the walk put it lower or left it out."""
+    if not closest or passages < 1 or closest in chunks[:passages]:
+        return chunks
+    rest = [chunk for chunk in chunks if chunk != closest]
+    return [*rest[: passages - 1], closest, *rest[passages - 1 :]][: len(chunks)]
+
+
 def chunk_facts(edges: Sequence[GraphEdge], ended: Walk, closeness: Mapping[str, float]) -> list[GraphEdge]:
     """A chunk's facts, closest to the question first (then by the walk scores of their ends); a
     fact that tells what one before it told (the same description) waits until every fact with
@@ -137,8 +149,13 @@ class GraphCompletionRetriever:
         vector = self._ports.embedder.embed([request.query])[0]
         hits: list[Hit] = []
         for scope in request.scopes:
-            ended = walk(self._ports, scope, request.query, config, vector)
-            chunks = [entry.chunk_id for entry in ended.then_closest[: min(request.top_k, top)]]
+            closest = self._closest(scope, vector, config)
+            ended = walk(self._ports, scope, request.query, config, vector, closest)
+            chunks = with_closest(
+                [entry.chunk_id for entry in ended.then_closest[: min(request.top_k, top)]],
+                closest[0].id if closest else "",
+                passages,
+            )
             fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
             ranked = in_rounds(fragment, chunks, ended, closeness, passages)[:top]
@@ -150,6 +167,12 @@ class GraphCompletionRetriever:
                 if (hit := self._hit(scope, fragment, item, score, request.as_of))
             ]
         return best_first(hits, min(top, request.top_k))
+
+    def _closest(self, scope: Scope, vector: Sequence[float], config: WalkConfig) -> list[ScoredPoint]:
+        """The scope's chunks closest to the question, as many as the walk seeds from."""
+        if not config.chunk_seeds:
+            return []
+        return self._ports.vectors.search(scope, collection.CHUNKS, vector, config.chunk_seeds, ())
 
     def _project(self, scope: Scope, chunks: list[str], as_of: str | None) -> Fragment:
         """The facts extracted from the chunks (between the entities they contain) that hold at

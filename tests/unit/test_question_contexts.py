@@ -227,6 +227,38 @@ def test_a_chunk_with_no_fact_gives_its_text_once_in_graph_completion() -> None:
     assert passages == [texts["sailing.txt"]]
 
 
+def test_graph_completion_shows_the_chunk_closest_to_the_question_among_its_passages() -> None:
+    # Given six paragraphs the question's one name leads to, and the paragraph the question is
+    # about, which names nothing the question names (as a small model's graph may leave it)
+    made = TwinServices()
+    scope = Scope(tenant="t1", dataset="airports")
+    croydon = [
+        "Croydon Airport hosted Imperial Airways from 1924.",
+        "Croydon Airport was the main airport for London before the war.",
+        "Amy Johnson flew from Croydon Airport to Australia in 1930.",
+        "The terminal of Croydon Airport is a listed building.",
+        "Croydon Airport closed in 1959 after Northolt took its flights.",
+        "Charles Lindbergh landed at Croydon Airport in 1927.",
+    ]
+    busiest = "The eighth-busiest airport of the continent, it serves the south-east with one runway."
+    texts = {**{f"croydon-{n}.txt": text for n, text in enumerate(croydon)}, "busiest.txt": busiest}
+    sources = [Source(name=name, uri=f"t:{name}", data=text.encode()) for name, text in texts.items()]
+    add(made.metadata, made.blobs, scope, sources)
+    assert LocalRunner(made, made.lock).run(scope).status.value == "completed"
+    # When GRAPH_COMPLETION is asked with room for six results (three passages)
+    request = SearchRequest(
+        query="Which airport that replaced Croydon Airport is the eighth-busiest of the continent?",
+        type=SearchType.GRAPH_COMPLETION,
+        scopes=[scope],
+        only_context=True,
+        top_k=6,
+    )
+    passages = [hit.text for hit in search(made, request).results if hit.kind == "chunk"]
+    # Then the closest paragraph is the last of the three passages, after the walk's best two
+    assert len(passages) == 3 and passages[2] == busiest
+    assert all("Croydon Airport" in text for text in passages[:2])
+
+
 def test_triplet_completion_leaves_out_a_triplet_of_a_structural_relationship(samples: TwinServices) -> None:
     # Given a triplet point whose relationship is one of the pipeline's own (as an index rebuilt
     # from an older graph may hold), worded like the question
