@@ -108,10 +108,11 @@ def with_closest(chunks: list[str], closest: str, passages: int) -> list[str]:
     walk ranks the chunks its names lead to above it, and a small model's graph may join the
     names to other paragraphs than the one the question is about. It takes the last passage's
     place (the walk's order above it kept) when the walk put it lower or left it out."""
-    if not closest or passages < 1 or closest in chunks[:passages]:
+    if not chunks or not closest or passages < 1 or closest in chunks[:passages]:
         return chunks
-    rest = [chunk for chunk in chunks if chunk != closest]
-    return [*rest[: passages - 1], closest, *rest[passages - 1 :]][: len(chunks)]
+    rest = [chunk for chunk in chunks if chunk != closest][: len(chunks) - 1]
+    place = min(passages - 1, len(rest))
+    return [*rest[:place], closest, *rest[place:]]
 
 
 def chunk_facts(edges: Sequence[GraphEdge], ended: Walk, closeness: Mapping[str, float]) -> list[GraphEdge]:

@@ -19,7 +19,7 @@ from kenning.pipeline.ingest import Source, add
 from kenning.pipeline.models import GraphEdge, Scope, ScoredPoint, VectorPoint
 from kenning.pipeline.ports import Neighbourhood
 from kenning.retrieval.contract import SearchRequest, SearchResult, SearchType
-from kenning.retrieval.graph_completion import chunk_facts
+from kenning.retrieval.graph_completion import chunk_facts, with_closest
 from kenning.retrieval.graph_ppr import Walk, WalkConfig, restart_weights, walk
 from kenning.retrieval.registry import search
 from kenning.storage.inference.embedder import LocalEmbedder
@@ -257,6 +257,23 @@ def test_graph_completion_shows_the_chunk_closest_to_the_question_among_its_pass
     # Then the closest paragraph is the last of the three passages, after the walk's best two
     assert len(passages) == 3 and passages[2] == busiest
     assert all("Croydon Airport" in text for text in passages[:2])
+
+
+@pytest.mark.parametrize(
+    ("chunks", "passages", "expected"),
+    [
+        (["a", "b", "c", "d"], 2, ["a", "c", "b", "d"]),  # ranked lower: the last passage's place
+        (["a", "b", "x", "d"], 2, ["a", "c", "b", "x"]),  # left out: the last chunk makes room
+        (["c", "a", "b"], 2, ["c", "a", "b"]),  # a passage already
+        (["a", "b"], 5, ["a", "c"]),  # fewer chunks than passages: still one of them
+        (["a", "b", "c"], 0, ["a", "b", "c"]),  # facts alone: no passage to take
+        ([], 3, []),
+    ],
+)
+def test_the_closest_chunk_takes_a_passages_place_and_the_count_stays(
+    chunks: list[str], passages: int, expected: list[str]
+) -> None:
+    assert with_closest(chunks, "c", passages) == expected
 
 
 def test_triplet_completion_leaves_out_a_triplet_of_a_structural_relationship(samples: TwinServices) -> None:
