@@ -72,10 +72,15 @@ def samples() -> TwinServices:
 
 
 def ask(
-    services: TwinServices, question: str, kind: SearchType, top_k: int = 5, **options: Any
+    services: TwinServices,
+    question: str,
+    kind: SearchType,
+    top_k: int = 5,
+    scope: Scope = DEMO,
+    **options: Any,
 ) -> SearchResult:
     request = SearchRequest(
-        query=question, type=kind, scopes=[DEMO], top_k=top_k, only_context=True, options=options
+        query=question, type=kind, scopes=[scope], top_k=top_k, only_context=True, options=options
     )
     return search(services, request)
 
@@ -192,21 +197,23 @@ def test_a_chunks_facts_come_closest_first_and_a_fact_told_by_the_same_sentence_
     assert [edge.id for edge in ordered] == ["reef", "cargo", "year"]
 
 
+def cognified(dataset: str, texts: dict[str, str]) -> tuple[TwinServices, Scope]:
+    """A fresh dataset of one document a text (by name), cognified offline."""
+    made = TwinServices()
+    scope = Scope(tenant="t1", dataset=dataset)
+    sources = [Source(name=name, uri=f"t:{name}", data=text.encode()) for name, text in texts.items()]
+    add(made.metadata, made.blobs, scope, sources)
+    assert LocalRunner(made, made.lock).run(scope).status.value == "completed"
+    return made, scope
+
+
 def test_a_chunk_with_no_fact_gives_its_text_once_in_graph_completion() -> None:
     # Given a document whose sentence joins no two names: no fact is extracted from it
-    made = TwinServices()
-    scope = Scope(tenant="t1", dataset="notes")
     texts = {
         "compiler.txt": "Grace Hopper built the first compiler at Remington Rand in 1952.",
         "sailing.txt": "Grace Hopper liked sailing on quiet mornings.",
     }
-    add(
-        made.metadata,
-        made.blobs,
-        scope,
-        [Source(name=n, uri=f"t:{n}", data=t.encode()) for n, t in texts.items()],
-    )
-    assert LocalRunner(made, made.lock).run(scope).status.value == "completed"
+    made, scope = cognified("notes", texts)
     # When GRAPH_COMPLETION answers about it, with room for more than the facts
     request = SearchRequest(
         query="What did Grace Hopper like?",
@@ -230,8 +237,6 @@ def test_a_chunk_with_no_fact_gives_its_text_once_in_graph_completion() -> None:
 def test_graph_completion_shows_the_chunk_closest_to_the_question_among_its_passages() -> None:
     # Given six paragraphs the question's one name leads to, and the paragraph the question is
     # about, which names nothing the question names (as a small model's graph may leave it)
-    made = TwinServices()
-    scope = Scope(tenant="t1", dataset="airports")
     croydon = [
         "Croydon Airport hosted Imperial Airways from 1924.",
         "Croydon Airport was the main airport for London before the war.",
@@ -242,18 +247,11 @@ def test_graph_completion_shows_the_chunk_closest_to_the_question_among_its_pass
     ]
     busiest = "The eighth-busiest airport of the continent, it serves the south-east with one runway."
     texts = {**{f"croydon-{n}.txt": text for n, text in enumerate(croydon)}, "busiest.txt": busiest}
-    sources = [Source(name=name, uri=f"t:{name}", data=text.encode()) for name, text in texts.items()]
-    add(made.metadata, made.blobs, scope, sources)
-    assert LocalRunner(made, made.lock).run(scope).status.value == "completed"
+    made, scope = cognified("airports", texts)
     # When GRAPH_COMPLETION is asked with room for six results (three passages)
-    request = SearchRequest(
-        query="Which airport that replaced Croydon Airport is the eighth-busiest of the continent?",
-        type=SearchType.GRAPH_COMPLETION,
-        scopes=[scope],
-        only_context=True,
-        top_k=6,
-    )
-    passages = [hit.text for hit in search(made, request).results if hit.kind == "chunk"]
+    question = "Which airport that replaced Croydon Airport is the eighth-busiest of the continent?"
+    result = ask(made, question, SearchType.GRAPH_COMPLETION, top_k=6, scope=scope)
+    passages = [hit.text for hit in result.results if hit.kind == "chunk"]
     # Then the closest paragraph is the last of the three passages, after the walk's best two
     assert len(passages) == 3 and passages[2] == busiest
     assert all("Croydon Airport" in text for text in passages[:2])
