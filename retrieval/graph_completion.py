@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kenning.pipeline import collection
 from kenning.pipeline.assembly import STRUCTURAL_RELATIONSHIPS
 from kenning.pipeline.linking import document_title
-from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope, ScoredPoint
+from kenning.pipeline.models import Chunk, GraphEdge, GraphNode, Scope
 from kenning.pipeline.ports import GraphStore
 from kenning.pipeline.validity import fact_line, holds
 from kenning.retrieval.contract import (
@@ -150,13 +150,9 @@ class GraphCompletionRetriever:
         vector = self._ports.embedder.embed([request.query])[0]
         hits: list[Hit] = []
         for scope in request.scopes:
-            closest = self._closest(scope, vector, config)
-            ended = walk(self._ports, scope, request.query, config, vector, closest)
-            chunks = with_closest(
-                [entry.chunk_id for entry in ended.then_closest[: min(request.top_k, top)]],
-                closest[0].id if closest else "",
-                passages,
-            )
+            ended = walk(self._ports, scope, request.query, config, vector)
+            best = [entry.chunk_id for entry in ended.then_closest[: min(request.top_k, top)]]
+            chunks = with_closest(best, ended.nearest, passages)
             fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
             ranked = in_rounds(fragment, chunks, ended, closeness, passages)[:top]
@@ -168,12 +164,6 @@ class GraphCompletionRetriever:
                 if (hit := self._hit(scope, fragment, item, score, request.as_of))
             ]
         return best_first(hits, min(top, request.top_k))
-
-    def _closest(self, scope: Scope, vector: Sequence[float], config: WalkConfig) -> list[ScoredPoint]:
-        """The scope's chunks closest to the question, as many as the walk seeds from."""
-        if not config.chunk_seeds:
-            return []
-        return self._ports.vectors.search(scope, collection.CHUNKS, vector, config.chunk_seeds, ())
 
     def _project(self, scope: Scope, chunks: list[str], as_of: str | None) -> Fragment:
         """The facts extracted from the chunks (between the entities they contain) that hold at
