@@ -19,7 +19,9 @@ over CHUNKS) and GRAPH_COMPLETION with facts alone (`passages` 0) with the same 
 chooses): exact match and token F1 against the gold answer, whether the gold answer (every key
 phrase of it) is in the context and in the answer, and seconds per answer. Results go to
 bench/results/real_llm.json. `--home DIR` keeps each set's store in DIR/<set>; a set already
-cognified there is only asked again.
+cognified there is only asked again. `--extraction offline` has kenning's offline extractor build
+the graph (no LLM, seconds), so that the model only answers: the reader compared on many
+questions in the time one model-built graph of five takes.
 """
 
 from __future__ import annotations
@@ -182,15 +184,29 @@ def evaluate(
     keep: Path | None = None,
     kinds: Sequence[str] = tuple(ASKED),
     saved: Callable[[dict[str, Any]], None] = lambda figures: None,
+    offline: bool = False,
 ) -> dict[str, Any]:
     """Cognify `sources` as dataset `name` and ask `questions`; the figures, to which each step
     adds its own and then calls `saved`. With `keep`, the home is that folder and stays; a
-    dataset it already holds is not cognified again (only asked)."""
-    figures: dict[str, Any] = {"set": name, "documents": len(sources), "questions": len(questions)}
+    dataset it already holds is not cognified again (only asked). With `offline`, kenning's
+    offline extractor builds the graph (no LLM) and the model only answers."""
+    figures: dict[str, Any] = {
+        "set": name,
+        "documents": len(sources),
+        "questions": len(questions),
+        "extractor": "offline" if offline else "model",
+    }
     with tempfile.TemporaryDirectory() as scratch:
         home = keep / name if keep else Path(scratch)
-        with Kenning(load_settings(home=home, **real_llm_overrides(url))) as memory:
-            cognified_and_asked(memory, sources, questions, kinds, figures, saved)
+        real = load_settings(home=home, **real_llm_overrides(url))
+        started = time.perf_counter()
+        with Kenning(load_settings(home=home) if offline else real) as memory:
+            reused = built(memory, sources, name)
+        with Kenning(real) as memory:
+            figures["extraction"] = extraction(memory, name, time.perf_counter() - started)
+            figures["extraction"]["reused"] = reused
+            print(f"{name}: {brief(figures['extraction'])}", flush=True)
+            asked(memory, questions, kinds, figures, saved)
     return figures
 
 
@@ -203,33 +219,34 @@ def cognified(memory: Kenning, name: str) -> bool:
     return any(run["status"] not in ("started", "queued") for run in runs)
 
 
-def cognified_and_asked(
+def built(memory: Kenning, sources: list[Source], name: str) -> bool:
+    """Add and cognify `sources` as dataset `name`, unless the home holds it already (True)."""
+    if cognified(memory, name):
+        return True
+    memory.add(sources, name)
+    memory.cognify(name)
+    return False
+
+
+def asked(
     memory: Kenning,
-    sources: list[Source],
     questions: list[Question],
     kinds: Sequence[str],
     figures: dict[str, Any],
     saved: Callable[[dict[str, Any]], None],
 ) -> None:
-    """Cognify (unless done already) and ask, adding to `figures` and calling `saved` after the
-    cognify and after each type, so that a run stopped early keeps what it measured."""
-    name, started = figures["set"], time.perf_counter()
-    reused = cognified(memory, name)
-    if not reused:
-        memory.add(sources, name)
-        memory.cognify(name)
-    figures["extraction"] = extraction(memory, name, time.perf_counter() - started)
-    figures["extraction"]["reused"] = reused
-    print(f"{name}: {brief(figures['extraction'])}", flush=True)
+    """Ask every question with each type, adding to `figures` and calling `saved` before the
+    first type and after each, so that a run stopped early keeps what it measured."""
+    name = figures["set"]
     figures["answers"] = {}
     saved(figures)
-    for asked in kinds:
+    for kind in kinds:
         rows = []
         for number, question in enumerate(questions, 1):
-            rows.append(ask(memory, name, asked, question))
-            print(f"{name} {asked} {number}/{len(questions)}: f1 {rows[-1]['f1']:.2f}", flush=True)
-        figures["answers"][asked] = answers(rows)
-        print(f"{name} {asked}: {brief(figures['answers'][asked])}", flush=True)
+            rows.append(ask(memory, name, kind, question))
+            print(f"{name} {kind} {number}/{len(questions)}: f1 {rows[-1]['f1']:.2f}", flush=True)
+        figures["answers"][kind] = answers(rows)
+        print(f"{name} {kind}: {brief(figures['answers'][kind])}", flush=True)
         saved(figures)
 
 
@@ -247,6 +264,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--types", default=",".join(ASKED), help=f"comma-separated, of {', '.join(ASKED)}")
     parser.add_argument(
         "--home", type=Path, help="keep each set's store in HOME/<set>; a set cognified there is only asked"
+    )
+    parser.add_argument(
+        "--extraction",
+        choices=("model", "offline"),
+        default="model",
+        help="who builds the graph: the model, or kenning's offline extractor (the model only answers)",
     )
     args = parser.parse_args(argv)
     url = real_llm_url()
@@ -272,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "settings": {k: v for k, v in real_llm_overrides(url).items() if k != "llm_url"},
         "environment": changed,
         "hotpot_questions": [args.first, args.first + args.questions],
+        "extraction": args.extraction,
         "complete": False,
         "sets": {},
     }
@@ -287,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for name in wanted:
         sources, questions = sets[name]()
-        evaluate(url, name, sources, questions, args.home, kinds, save)
+        evaluate(url, name, sources, questions, args.home, kinds, save, args.extraction == "offline")
     report["complete"] = True
     write()
     print(f"written to {out}")

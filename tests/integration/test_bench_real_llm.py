@@ -48,3 +48,24 @@ def test_the_real_model_bench_says_when_its_report_is_complete(
     report = json.loads(out.read_text())
     assert report["complete"] is True
     assert report["sets"]["samples"]["answers"]["RAG_COMPLETION"]["errors"] == 0
+
+
+def test_with_offline_extraction_the_model_only_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "report.json"
+    with Simulator() as simulator:
+        monkeypatch.setenv("KENNING_REAL_LLM_URL", simulator.base_url)
+        # When the bench runs with the offline extractor building the graph
+        main(
+            ["--sets", "samples", "--types", "GRAPH_COMPLETION", "--extraction", "offline", "--out", str(out)]
+        )
+        requests = simulator.received()
+    report = json.loads(out.read_text())
+    figures = report["sets"]["samples"]
+    # Then every chunk was extracted with no LLM call, and the model was asked only for answers
+    assert report["extraction"] == figures["extractor"] == "offline"
+    assert figures["extraction"]["extracted"] == figures["extraction"]["chunks"] > 0
+    assert figures["extraction"]["llm_calls"] == 0
+    assert figures["answers"]["GRAPH_COMPLETION"]["errors"] == 0
+    assert requests and not any("response_format" in body for body in requests)
