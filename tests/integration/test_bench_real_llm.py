@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.real_llm import evaluate, main, samples
-from tests.simulator import Simulator
+from tests.simulator import JSON, Simulator
 
 
 def test_the_real_model_bench_saves_its_figures_after_the_cognify_and_after_each_type(tmp_path: Path) -> None:
@@ -38,14 +38,21 @@ def test_the_real_model_bench_saves_its_figures_after_the_cognify_and_after_each
     assert len(figures["answers"]["GRAPH_COMPLETION"]["rows"]) == 1
 
 
-def test_the_real_model_bench_says_when_its_report_is_complete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def bench_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[JSON, list[JSON]]:
+    """The bench's report on the samples, run with `args` against the simulator, and the chat
+    requests the simulator received."""
     out = tmp_path / "report.json"
     with Simulator() as simulator:
         monkeypatch.setenv("KENNING_REAL_LLM_URL", simulator.base_url)
-        main(["--sets", "samples", "--types", "RAG_COMPLETION", "--out", str(out)])
-    report = json.loads(out.read_text())
+        main(["--sets", "samples", *args, "--out", str(out)])
+        requests = simulator.received()
+    return json.loads(out.read_text()), requests
+
+
+def test_the_real_model_bench_says_when_its_report_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report, _ = bench_report(tmp_path, monkeypatch, "--types", "RAG_COMPLETION")
     assert report["complete"] is True
     assert report["sets"]["samples"]["answers"]["RAG_COMPLETION"]["errors"] == 0
 
@@ -53,15 +60,10 @@ def test_the_real_model_bench_says_when_its_report_is_complete(
 def test_with_offline_extraction_the_model_only_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = tmp_path / "report.json"
-    with Simulator() as simulator:
-        monkeypatch.setenv("KENNING_REAL_LLM_URL", simulator.base_url)
-        # When the bench runs with the offline extractor building the graph
-        main(
-            ["--sets", "samples", "--types", "GRAPH_COMPLETION", "--extraction", "offline", "--out", str(out)]
-        )
-        requests = simulator.received()
-    report = json.loads(out.read_text())
+    # When the bench runs with the offline extractor building the graph
+    report, requests = bench_report(
+        tmp_path, monkeypatch, "--types", "GRAPH_COMPLETION", "--extraction", "offline"
+    )
     figures = report["sets"]["samples"]
     # Then every chunk was extracted with no LLM call, and the model was asked only for answers
     assert report["extraction"] == figures["extractor"] == "offline"
