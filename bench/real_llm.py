@@ -16,8 +16,9 @@ the endpoint's model settled on (as `kenning status` shows it), what the checks 
 replies repaired or dropped (the run's counters), LLM calls and seconds per extraction call. Then
 every question is asked with HYBRID_COMPLETION, GRAPH_COMPLETION, RAG_COMPLETION (plain RAG
 over CHUNKS) and GRAPH_COMPLETION with facts alone (`passages` 0) with the same model (`--types`
-chooses): exact match and token F1 against the gold answer, whether the gold answer (every key
-phrase of it) is in the context and in the answer, and seconds per answer. Results go to
+chooses; GRAPH_COMPLETION_PASSAGES_ONLY gives its five passages and no fact): exact match and
+token F1 against the gold answer, whether the gold answer (every key phrase of it) is in the
+context and in the answer, and seconds per answer. Results go to
 bench/results/real_llm.json. `--home DIR` keeps each set's store in DIR/<set>; a set already
 cognified there is only asked again. `--extraction offline` has kenning's offline extractor build
 the graph (no LLM, seconds), so that the model only answers: the reader compared on many
@@ -60,7 +61,11 @@ ASKED: dict[str, tuple[SearchType, dict[str, Any]]] = {
     "RAG_COMPLETION": (SearchType.RAG_COMPLETION, {}),
     # GRAPH_COMPLETION as it was before its contexts gave the best chunks' text: facts alone
     "GRAPH_COMPLETION_FACTS_ONLY": (SearchType.GRAPH_COMPLETION, {"passages": 0}),
+    # GRAPH_COMPLETION with the text of its five best chunks and no fact (`top_edges` 5)
+    "GRAPH_COMPLETION_PASSAGES_ONLY": (SearchType.GRAPH_COMPLETION, {"top_edges": 5}),
 }
+# What a run asks by default: each type, and the graph's facts alone.
+DEFAULT_TYPES = ("HYBRID_COMPLETION", "GRAPH_COMPLETION", "RAG_COMPLETION", "GRAPH_COMPLETION_FACTS_ONLY")
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,7 @@ def evaluate(
     sources: list[Source],
     questions: list[Question],
     keep: Path | None = None,
-    kinds: Sequence[str] = tuple(ASKED),
+    kinds: Sequence[str] = DEFAULT_TYPES,
     saved: Callable[[dict[str, Any]], None] = lambda figures: None,
     offline: bool = False,
 ) -> dict[str, Any]:
@@ -244,7 +249,10 @@ def asked(
         rows = []
         for number, question in enumerate(questions, 1):
             rows.append(ask(memory, name, kind, question))
-            print(f"{name} {kind} {number}/{len(questions)}: f1 {rows[-1]['f1']:.2f}", flush=True)
+            print(
+                f"{name} {kind} {number}/{len(questions)}: em {rows[-1]['em']:.0f} f1 {rows[-1]['f1']:.2f}",
+                flush=True,
+            )
         figures["answers"][kind] = answers(rows)
         print(f"{name} {kind}: {brief(figures['answers'][kind])}", flush=True)
         saved(figures)
@@ -261,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--first", type=int, default=0, help="hotpot_50 question to start at (0: the first)")
     parser.add_argument("--sets", default="samples,hotpot", help="comma-separated: samples, hotpot")
     parser.add_argument("--out", type=Path, default=RESULTS / "real_llm.json")
-    parser.add_argument("--types", default=",".join(ASKED), help=f"comma-separated, of {', '.join(ASKED)}")
+    parser.add_argument(
+        "--types", default=",".join(DEFAULT_TYPES), help=f"comma-separated, of {', '.join(ASKED)}"
+    )
     parser.add_argument(
         "--home", type=Path, help="keep each set's store in HOME/<set>; a set cognified there is only asked"
     )
