@@ -205,9 +205,10 @@ def evaluate(
         home = keep / name if keep else Path(scratch)
         real = load_settings(home=home, **real_llm_overrides(url))
         started = time.perf_counter()
-        with Kenning(load_settings(home=home) if offline else real) as memory:
-            reused = built(memory, sources, name)
+        reused = built_offline(home, sources, name) if offline else None
         with Kenning(real) as memory:
+            if reused is None:
+                reused = built(memory, sources, name)
             figures["extraction"] = extraction(memory, name, time.perf_counter() - started)
             figures["extraction"]["reused"] = reused
             print(f"{name}: {brief(figures['extraction'])}", flush=True)
@@ -231,6 +232,12 @@ def built(memory: Kenning, sources: list[Source], name: str) -> bool:
     memory.add(sources, name)
     memory.cognify(name)
     return False
+
+
+def built_offline(home: Path, sources: list[Source], name: str) -> bool:
+    """`built` by kenning's offline extractor (no LLM), in a Kenning of its own on `home`."""
+    with Kenning(load_settings(home=home)) as memory:
+        return built(memory, sources, name)
 
 
 def asked(
