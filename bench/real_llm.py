@@ -16,7 +16,8 @@ the endpoint's model settled on (as `kenning status` shows it), what the checks 
 replies repaired or dropped (the run's counters), LLM calls and seconds per extraction call. Then
 every question is asked with HYBRID_COMPLETION, GRAPH_COMPLETION, RAG_COMPLETION (plain RAG
 over CHUNKS) and GRAPH_COMPLETION with facts alone (`passages` 0) with the same model (`--types`
-chooses; GRAPH_COMPLETION_PASSAGES_ONLY gives its five passages and no fact): exact match and
+chooses; GRAPH_COMPLETION_PASSAGES_ONLY gives its five passages and no fact,
+GRAPH_COMPLETION_BELOW_FACTS the facts of the chunks below the passages too): exact match and
 token F1 against the gold answer, whether the gold answer (every key phrase of it) is in the
 context and in the answer, and seconds per answer. Results go to
 bench/results/real_llm.json. `--home DIR` keeps each set's store in DIR/<set>; a set already
@@ -63,6 +64,9 @@ ASKED: dict[str, tuple[SearchType, dict[str, Any]]] = {
     "GRAPH_COMPLETION_FACTS_ONLY": (SearchType.GRAPH_COMPLETION, {"passages": 0}),
     # GRAPH_COMPLETION with the text of its five best chunks and no fact (`top_edges` 5)
     "GRAPH_COMPLETION_PASSAGES_ONLY": (SearchType.GRAPH_COMPLETION, {"top_edges": 5}),
+    # GRAPH_COMPLETION as it was before its reader's context left out the facts of the chunks
+    # below the passages (they are among its results either way)
+    "GRAPH_COMPLETION_BELOW_FACTS": (SearchType.GRAPH_COMPLETION, {"below_facts": True}),
 }
 # What a run asks by default: each type, and the graph's facts alone.
 DEFAULT_TYPES = ("HYBRID_COMPLETION", "GRAPH_COMPLETION", "RAG_COMPLETION", "GRAPH_COMPLETION_FACTS_ONLY")

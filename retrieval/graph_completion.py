@@ -14,6 +14,13 @@ from. The chunk closest to the question is always one of them (`with_closest`). 
 fact of which does not hold at the moment searched never gives its text (it would say what no
 longer holds); one no fact was ever extracted from gives its text in its turn. `passages` 0
 gives facts alone.
+
+Beside passages, the reader's context holds the facts of the passages' chunks and of the chunks
+that cannot give their text (some fact of theirs no longer holds); what the chunks below the
+passages give (a fact, or the text of one no fact was extracted from) stays among the results
+(their sources count in the walk's recall) but is kept out of the context (`below_facts` gives
+it too): with HotpotQA's paragraphs and a 1.5B reader it led the reader astray more often than
+it helped (docs/real-llm.md).
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ class CompletionOptions(BaseModel):
     passages: int | None = Field(
         default=None, ge=0, le=1000, description="Best chunks giving their text; None: 5, at most top_k / 2"
     )
+    below_facts: bool = Field(
+        default=False, description="Give the reader what the chunks below the passages give too"
+    )
 
 
 @dataclass
@@ -74,6 +84,9 @@ class Fragment:
 def is_fact(edge: GraphEdge) -> bool:
     """Whether an edge is knowledge to give a reader, not the pipeline's structure."""
     return edge.relationship not in STRUCTURAL_RELATIONSHIPS
+
+
+BELOW = "below_passages"
 
 
 def in_rounds(
@@ -158,10 +171,11 @@ class GraphCompletionRetriever:
             ranked = in_rounds(fragment, chunks, ended, closeness, passages)[:top]
             edges = [item for item, _ in ranked if isinstance(item, GraphEdge)]
             self._add_nodes(scope, fragment, chunks, edges, passages=len(edges) < len(ranked))
+            below = below_passages(fragment, chunks, passages)
             hits += [
                 hit
                 for item, score in ranked
-                if (hit := self._hit(scope, fragment, item, score, request.as_of))
+                if (hit := self._hit(scope, fragment, item, score, request.as_of, below))
             ]
         return best_first(hits, min(top, request.top_k))
 
@@ -218,13 +232,22 @@ class GraphCompletionRetriever:
         fragment.nodes.update((node.id, node) for node in nodes)
 
     def _hit(
-        self, scope: Scope, fragment: Fragment, item: GraphEdge | str, score: float, as_of: str | None
+        self,
+        scope: Scope,
+        fragment: Fragment,
+        item: GraphEdge | str,
+        score: float,
+        as_of: str | None,
+        below: set[str],
     ) -> Hit | None:
         """A triplet's hit, saying when it held (as of `as_of`); a chunk's (its text) for a chunk
         id, unless the chunk is gone."""
         if not isinstance(item, GraphEdge):
             node = fragment.nodes.get(item)
-            return chunk_hit(scope, node, 1.0 / (1.0 + score)) if node is not None else None
+            if node is None:
+                return None
+            hit = chunk_hit(scope, node, 1.0 / (1.0 + score))
+            return hit.model_copy(update={"extra": {**hit.extra, BELOW: True}}) if item in below else hit
         edge = item
         chunk_id = _chunk_of(edge)
         chunk = fragment.nodes.get(chunk_id) if chunk_id else None
@@ -241,21 +264,40 @@ class GraphCompletionRetriever:
                 "source_id": edge.source_id,
                 "target_id": edge.target_id,
                 "relationship": edge.relationship,
+                **({BELOW: True} if chunk_id in below else {}),
             },
         )
 
     def get_context_from_objects(self, request: SearchRequest, objects: list[Hit]) -> str:
         """The chunks' texts, a blank line between them, then the triplets under `Facts:`, one a
         line; each followed by its source: `[document: title, chunk n]`. Facts alone are one a
-        line, with no heading."""
-        labels = source_labels(self._ports.graph, request.scopes, objects)
-        labelled = [(hit.kind, with_source(hit.text, labels.get(hit.chunk_id or "", ""))) for hit in objects]
+        line, with no heading. Beside passages, what the chunks below them give is left out
+        (`below_facts`)."""
+        shown = objects if options_of(CompletionOptions, request).below_facts else for_reader(objects)
+        labels = source_labels(self._ports.graph, request.scopes, shown)
+        labelled = [(hit.kind, with_source(hit.text, labels.get(hit.chunk_id or "", ""))) for hit in shown]
         passages = [text for kind, text in labelled if kind == "chunk"]
         facts = [text for kind, text in labelled if kind != "chunk"]
         return passages_and_facts(passages, facts) if passages else "\n".join(facts)
 
     def get_completion_from_context(self, request: SearchRequest, context: str) -> str:
         return answer_from_context(self._ports.completer, request.query, context)
+
+
+def below_passages(fragment: Fragment, chunks: Sequence[str], passages: int) -> set[str]:
+    """The chunks below the passages that could have given their text: not among the first
+    `passages` that do (`in_rounds`), with no fact that no longer holds. None without passages."""
+    if passages < 1:
+        return set()
+    fresh = [chunk for chunk in chunks if chunk not in fragment.stale]
+    return set(fresh[passages:])
+
+
+def for_reader(hits: Sequence[Hit]) -> list[Hit]:
+    """The hits a reader is given: beside a passage, nothing of a chunk below the passages."""
+    if not any(hit.kind == "chunk" and not hit.extra.get(BELOW) for hit in hits):
+        return list(hits)
+    return [hit for hit in hits if not hit.extra.get(BELOW)]
 
 
 def with_source(text: str, label: str) -> str:

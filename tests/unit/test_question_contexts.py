@@ -310,3 +310,21 @@ def test_graph_completion_context_gives_passages_apart_then_the_facts_under_a_he
     lines = listed.split("\n")
     assert len(lines) == len(facts)
     assert all(line.startswith(f"- {hit.text}") for line, hit in zip(lines, facts, strict=True))
+
+
+def test_beside_passages_the_reader_gets_nothing_of_the_chunks_below_them(samples: TwinServices) -> None:
+    # When a question is asked with room for ten results and two passages
+    result = ask(samples, DEMO_QUESTIONS[1], SearchType.GRAPH_COMPLETION, top_k=10, passages=2)
+    below = [hit for hit in result.results if hit.extra.get("below_passages")]
+    passages = [hit for hit in result.results if hit.kind == "chunk" and hit not in below]
+    assert len(passages) == 2 and below, result.results
+    # Then what the chunks below the two passages give is among the results, not in the context
+    assert not {hit.chunk_id for hit in below} & {hit.chunk_id for hit in passages}
+    assert not any(hit.text in result.context for hit in below), result.context
+    assert all(hit.text in result.context for hit in passages)
+    # And `below_facts` gives it too
+    both = ask(
+        samples, DEMO_QUESTIONS[1], SearchType.GRAPH_COMPLETION, top_k=10, passages=2, below_facts=True
+    )
+    assert [hit.text for hit in both.results] == [hit.text for hit in result.results]
+    assert all(hit.text in both.context for hit in below), both.context
