@@ -106,7 +106,7 @@ def in_rounds(
         owner = _chunk_of(edge)
         if owner in owned and is_fact(edge):
             owned[owner].append(edge)
-    whole = set([chunk for chunk in chunks if chunk not in fragment.stale][:passages])
+    whole = set(fresh(fragment, chunks)[:passages])
     found: list[tuple[GraphEdge | str, float]] = []
     for place, chunk in enumerate(chunks):
         facts: list[GraphEdge | str] = [*chunk_facts(owned[chunk], ended, closeness)]
@@ -287,10 +287,12 @@ class GraphCompletionRetriever:
 def below_passages(fragment: Fragment, chunks: Sequence[str], passages: int) -> set[str]:
     """The chunks below the passages that could have given their text: not among the first
     `passages` that do (`in_rounds`), with no fact that no longer holds. None without passages."""
-    if passages < 1:
-        return set()
-    fresh = [chunk for chunk in chunks if chunk not in fragment.stale]
-    return set(fresh[passages:])
+    return set(fresh(fragment, chunks)[passages:]) if passages >= 1 else set()
+
+
+def fresh(fragment: Fragment, chunks: Sequence[str]) -> list[str]:
+    """The chunks, in order, that may give their text: no fact of theirs no longer holds."""
+    return [chunk for chunk in chunks if chunk not in fragment.stale]
 
 
 def for_reader(hits: Sequence[Hit]) -> list[Hit]:
