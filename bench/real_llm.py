@@ -67,6 +67,9 @@ ASKED: dict[str, tuple[SearchType, dict[str, Any]]] = {
     # GRAPH_COMPLETION as it was before its reader's context left out the facts of the chunks
     # below the passages (they are among its results either way)
     "GRAPH_COMPLETION_BELOW_FACTS": (SearchType.GRAPH_COMPLETION, {"below_facts": True}),
+    # GRAPH_COMPLETION as it was before the question's second closest chunk gave its text
+    # wherever the walk ranked it (the closest is always a passage)
+    "GRAPH_COMPLETION_ONE_CLOSEST": (SearchType.GRAPH_COMPLETION, {"closest_passages": 1}),
 }
 # What a run asks by default: each type, and the graph's facts alone.
 DEFAULT_TYPES = ("HYBRID_COMPLETION", "GRAPH_COMPLETION", "RAG_COMPLETION", "GRAPH_COMPLETION_FACTS_ONLY")

@@ -25,7 +25,7 @@ it helped (docs/real-llm.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +51,7 @@ from kenning.retrieval.timeline import every_fact
 
 TOP_EDGES = 15
 PASSAGES = 5
+CLOSEST_PASSAGES = 2
 NODE_TEXT_CHARS = 300
 TITLE_CHARS = 120
 
@@ -66,6 +67,12 @@ class CompletionOptions(BaseModel):
     )
     below_facts: bool = Field(
         default=False, description="Give the reader what the chunks below the passages give too"
+    )
+    closest_passages: int = Field(
+        default=CLOSEST_PASSAGES,
+        ge=0,
+        le=1000,
+        description="The question's closest chunks that give their text wherever the walk ranks them",
     )
 
 
@@ -95,18 +102,20 @@ def in_rounds(
     ended: Walk,
     closeness: Mapping[str, float],
     passages: int = 0,
+    near: Collection[str] = (),
 ) -> list[tuple[GraphEdge | str, float]]:
     """Each chunk's facts in order (`chunk_facts`), taken in rounds: the first of every chunk in
-    walk order, then the second... The first `passages` chunks whose facts all hold (or that have
-    none) give their text (their id) before their facts; any other chunk no fact was ever
-    extracted from gives its text alone, and one whose facts no longer hold gives nothing. The
-    score is the round plus the chunk's place over the number of chunks: lower is closer."""
+    walk order, then the second... The chunks that show their text (`shown`: the first `passages`
+    whose facts all hold, and any of the question's closest, `near`) give it (their id) before
+    their facts; any other chunk no fact was ever extracted from gives its text alone, and one
+    whose facts no longer hold gives nothing. The score is the round plus the chunk's place over
+    the number of chunks: lower is closer."""
     owned: dict[str, list[GraphEdge]] = {chunk: [] for chunk in chunks}
     for edge in fragment.edges.values():
         owner = _chunk_of(edge)
         if owner in owned and is_fact(edge):
             owned[owner].append(edge)
-    whole = set(fresh(fragment, chunks)[:passages])
+    whole = shown(fragment, chunks, passages, near)
     found: list[tuple[GraphEdge | str, float]] = []
     for place, chunk in enumerate(chunks):
         facts: list[GraphEdge | str] = [*chunk_facts(owned[chunk], ended, closeness)]
@@ -168,10 +177,11 @@ class GraphCompletionRetriever:
             chunks = with_closest(best, ended.nearest, passages)
             fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
-            ranked = in_rounds(fragment, chunks, ended, closeness, passages)[:top]
+            near = ended.near[: own.closest_passages]
+            ranked = in_rounds(fragment, chunks, ended, closeness, passages, near)[:top]
             edges = [item for item, _ in ranked if isinstance(item, GraphEdge)]
             self._add_nodes(scope, fragment, chunks, edges, passages=len(edges) < len(ranked))
-            below = below_passages(fragment, chunks, passages)
+            below = below_passages(fragment, chunks, passages, near)
             hits += [
                 hit
                 for item, score in ranked
@@ -284,10 +294,23 @@ class GraphCompletionRetriever:
         return answer_from_context(self._ports.completer, request.query, context)
 
 
-def below_passages(fragment: Fragment, chunks: Sequence[str], passages: int) -> set[str]:
-    """The chunks below the passages that could have given their text: not among the first
-    `passages` that do (`in_rounds`), with no fact that no longer holds. None without passages."""
-    return set(fresh(fragment, chunks)[passages:]) if passages >= 1 else set()
+def shown(fragment: Fragment, chunks: Sequence[str], passages: int, near: Collection[str] = ()) -> set[str]:
+    """The chunks that give their text before their facts: the first `passages` of those that may
+    (`fresh`), and any other of them among the question's closest (`near`), wherever the walk
+    ranked it: a small model's graph may lead the walk past the paragraph that answers. None
+    without passages (facts alone)."""
+    if passages < 1:
+        return set()
+    may = fresh(fragment, chunks)
+    return set(may[:passages]) | (set(may) & set(near))
+
+
+def below_passages(
+    fragment: Fragment, chunks: Sequence[str], passages: int, near: Collection[str] = ()
+) -> set[str]:
+    """The chunks below the passages that could have given their text but do not (`shown`),
+    with no fact that no longer holds. None without passages."""
+    return set(fresh(fragment, chunks)) - shown(fragment, chunks, passages, near) if passages >= 1 else set()
 
 
 def fresh(fragment: Fragment, chunks: Sequence[str]) -> list[str]:

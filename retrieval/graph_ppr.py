@@ -116,8 +116,13 @@ class Walk:
     ranked: list[Ranked]
     scores: dict[str, float]
     closest: list[Ranked] = field(default_factory=list)
-    # The chunk closest to the query, reached or not ("" when the walk had no chunk seeds).
-    nearest: str = ""
+    # The chunks closest to the query, reached or not, closest first (none without chunk seeds).
+    near: list[str] = field(default_factory=list)
+
+    @property
+    def nearest(self) -> str:
+        """The chunk closest to the query, reached or not ("" when the walk had no chunk seeds)."""
+        return self.near[0] if self.near else ""
 
     @property
     def then_closest(self) -> list[Ranked]:
@@ -209,8 +214,8 @@ def walk(
     chunks = _chunk_ids(projected.edges) | set(chunk_seeds)
     ranked = sorted(((scores.get(c, 0.0), c) for c in chunks), key=lambda item: (-item[0], item[1]))
     reached = [Ranked(chunk_id, score) for score, chunk_id in ranked if score > 0]
-    nearest = chunk_points[0].id if chunk_points else ""
-    return Walk(ranked=reached, scores=scores, closest=closest_after(reached, chunk_points), nearest=nearest)
+    near = [point.id for point in chunk_points]
+    return Walk(ranked=reached, scores=scores, closest=closest_after(reached, chunk_points), near=near)
 
 
 def closest_after(reached: Sequence[Ranked], closest: Sequence[ScoredPoint]) -> list[Ranked]:

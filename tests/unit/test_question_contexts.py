@@ -248,9 +248,10 @@ def test_graph_completion_shows_the_chunk_closest_to_the_question_among_its_pass
     busiest = "The eighth-busiest airport of the continent, it serves the south-east with one runway."
     texts = {**{f"croydon-{n}.txt": text for n, text in enumerate(croydon)}, "busiest.txt": busiest}
     made, scope = cognified("airports", texts)
-    # When GRAPH_COMPLETION is asked with room for six results (three passages)
+    # When GRAPH_COMPLETION is asked with room for six results (three passages), the closest
+    # chunk alone giving its text wherever the walk ranks it
     question = "Which airport that replaced Croydon Airport is the eighth-busiest of the continent?"
-    result = ask(made, question, SearchType.GRAPH_COMPLETION, top_k=6, scope=scope)
+    result = ask(made, question, SearchType.GRAPH_COMPLETION, top_k=6, scope=scope, closest_passages=1)
     passages = [hit.text for hit in result.results if hit.kind == "chunk"]
     # Then the closest paragraph is the last of the three passages, after the walk's best two
     assert len(passages) == 3 and passages[2] == busiest
@@ -328,3 +329,26 @@ def test_beside_passages_the_reader_gets_nothing_of_the_chunks_below_them(sample
     )
     assert [hit.text for hit in both.results] == [hit.text for hit in result.results]
     assert all(hit.text in both.context for hit in below), both.context
+
+
+def test_the_questions_closest_chunks_give_their_text_wherever_the_walk_ranks_them(
+    samples: TwinServices,
+) -> None:
+    # Given the chunks closest to each demo question (the walk's chunk seeds, closest first)
+    shown = 0
+    for question in DEMO_QUESTIONS:
+        near = walk(samples, DEMO, question, WalkConfig()).near[:2]
+        # When it is asked with one passage, with and without the closest two giving their text
+        alone = ask(samples, question, SearchType.GRAPH_COMPLETION, top_k=10, passages=1, closest_passages=0)
+        both = ask(samples, question, SearchType.GRAPH_COMPLETION, top_k=10, passages=1)
+        # Then the results come from the same chunks in the same order either way
+        assert [hit.chunk_id for hit in both.results] == [hit.chunk_id for hit in alone.results]
+        # And every one of the two closest among the results gives its text, passage or not
+        texts = {hit.chunk_id: hit.text for hit in both.results if hit.kind == "chunk"}
+        listed = {hit.chunk_id for hit in both.results}
+        assert all(chunk in texts for chunk in near if chunk in listed), (near, both.results)
+        assert all(texts[chunk] in both.context for chunk in near if chunk in texts)
+        # Which without them only the passage and the chunks with no fact do
+        alone_texts = {hit.chunk_id for hit in alone.results if hit.kind == "chunk"}
+        shown += len(set(texts) - alone_texts)
+    assert shown, "no demo question's second closest chunk was below its passage"
