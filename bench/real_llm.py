@@ -17,7 +17,8 @@ replies repaired or dropped (the run's counters), LLM calls and seconds per extr
 every question is asked with HYBRID_COMPLETION, GRAPH_COMPLETION, RAG_COMPLETION (plain RAG
 over CHUNKS) and GRAPH_COMPLETION with facts alone (`passages` 0) with the same model (`--types`
 chooses; GRAPH_COMPLETION_PASSAGES_ONLY gives its five passages and no fact,
-GRAPH_COMPLETION_BELOW_FACTS the facts of the chunks below the passages too): exact match and
+GRAPH_COMPLETION_BELOW_FACTS the facts of the chunks below the passages too,
+GRAPH_COMPLETION_ONE_CLOSEST no text of the second closest chunk below them): exact match and
 token F1 against the gold answer, whether the gold answer (every key phrase of it) is in the
 context and in the answer, and seconds per answer. Results go to
 bench/results/real_llm.json. `--home DIR` keeps each set's store in DIR/<set>; a set already

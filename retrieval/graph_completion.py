@@ -10,7 +10,8 @@ facts between entities are given: the pipeline's own edges (a chunk `contains` a
 The first few of the best chunks (`passages`, by default 5 and at most half the results) also
 give their text, before their facts: what a model extracted from a paragraph is less than the
 paragraph (measured on HotpotQA, docs/real-llm.md), and the text is what a reader answers best
-from. The chunk closest to the question is always one of them (`with_closest`). A chunk some
+from. The chunk closest to the question is always one of them (`with_closest`), and the second
+closest gives its text too wherever the walk ranks it (`closest_passages`, `shown`). A chunk some
 fact of which does not hold at the moment searched never gives its text (it would say what no
 longer holds); one no fact was ever extracted from gives its text in its turn. `passages` 0
 gives facts alone.

@@ -112,9 +112,11 @@ start() {
   port=${KENNING_LLM_PORT:-$(free_port)}
   url="http://127.0.0.1:$port"
   say "starting the server on $url (log: $LOG)"
+  # Requests wait their turn: by default this server ends the answer it is streaming when another
+  # request comes, and two clients (a cognify and a question) then fail each other's calls.
   setsid "$VENV/bin/python" -m llama_cpp.server --model "$MODEL" --model_alias "$MODEL_NAME" \
     --host 127.0.0.1 --port "$port" --n_ctx "$CONTEXT" --n_threads "$THREADS" \
-    >"$LOG" 2>&1 </dev/null &
+    --interrupt_requests False >"$LOG" 2>&1 </dev/null &
   local pid=$!
   echo "$pid" >"$PID_FILE"
   local deadline=$((SECONDS + START_TIMEOUT_S))
