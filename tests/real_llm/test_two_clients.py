@@ -34,10 +34,13 @@ def streamed_to_the_end(url: str, started: threading.Barrier, number: int) -> st
     started.wait(timeout=60)
     with httpx.stream("POST", f"{url.rstrip('/')}/chat/completions", json=body, timeout=600) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                choice = json.loads(line.removeprefix("data: "))["choices"][0]
-                finished = choice.get("finish_reason") or finished
+        try:
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    choice = json.loads(line.removeprefix("data: "))["choices"][0]
+                    finished = choice.get("finish_reason") or finished
+        except httpx.RemoteProtocolError:
+            return None  # the server closed the stream in the middle of its answer
     return finished
 
 
