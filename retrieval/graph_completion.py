@@ -102,21 +102,18 @@ def in_rounds(
     chunks: Sequence[str],
     ended: Walk,
     closeness: Mapping[str, float],
-    passages: int = 0,
-    near: Collection[str] = (),
+    whole: Collection[str] = (),
 ) -> list[tuple[GraphEdge | str, float]]:
     """Each chunk's facts in order (`chunk_facts`), taken in rounds: the first of every chunk in
-    walk order, then the second... The chunks that show their text (`shown`: the first `passages`
-    whose facts all hold, and any of the question's closest, `near`) give it (their id) before
-    their facts; any other chunk no fact was ever extracted from gives its text alone, and one
-    whose facts no longer hold gives nothing. The score is the round plus the chunk's place over
-    the number of chunks: lower is closer."""
+    walk order, then the second... The chunks that show their text (`whole`, see `shown`) give it
+    (their id) before their facts; any other chunk no fact was ever extracted from gives its text
+    alone, and one whose facts no longer hold gives nothing. The score is the round plus the
+    chunk's place over the number of chunks: lower is closer."""
     owned: dict[str, list[GraphEdge]] = {chunk: [] for chunk in chunks}
     for edge in fragment.edges.values():
         owner = _chunk_of(edge)
         if owner in owned and is_fact(edge):
             owned[owner].append(edge)
-    whole = shown(fragment, chunks, passages, near)
     found: list[tuple[GraphEdge | str, float]] = []
     for place, chunk in enumerate(chunks):
         facts: list[GraphEdge | str] = [*chunk_facts(owned[chunk], ended, closeness)]
@@ -178,11 +175,11 @@ class GraphCompletionRetriever:
             chunks = with_closest(best, ended.nearest, passages)
             fragment = self._project(scope, chunks, request.as_of)
             closeness = self._closeness(scope, vector, list(fragment.edges))
-            near = ended.near[: own.closest_passages]
-            ranked = in_rounds(fragment, chunks, ended, closeness, passages, near)[:top]
+            whole = shown(fragment, chunks, passages, ended.near[: own.closest_passages])
+            ranked = in_rounds(fragment, chunks, ended, closeness, whole)[:top]
             edges = [item for item, _ in ranked if isinstance(item, GraphEdge)]
             self._add_nodes(scope, fragment, chunks, edges, passages=len(edges) < len(ranked))
-            below = below_passages(fragment, chunks, passages, near)
+            below = below_passages(fragment, chunks, whole)
             hits += [
                 hit
                 for item, score in ranked
@@ -306,12 +303,10 @@ def shown(fragment: Fragment, chunks: Sequence[str], passages: int, near: Collec
     return set(may[:passages]) | (set(may) & set(near))
 
 
-def below_passages(
-    fragment: Fragment, chunks: Sequence[str], passages: int, near: Collection[str] = ()
-) -> set[str]:
-    """The chunks below the passages that could have given their text but do not (`shown`),
-    with no fact that no longer holds. None without passages."""
-    return set(fresh(fragment, chunks)) - shown(fragment, chunks, passages, near) if passages >= 1 else set()
+def below_passages(fragment: Fragment, chunks: Sequence[str], whole: Collection[str]) -> set[str]:
+    """The chunks below the passages that could have given their text but do not (not in
+    `whole`, the chunks `shown`), with no fact that no longer holds. None without passages."""
+    return set(fresh(fragment, chunks)) - set(whole) if whole else set()
 
 
 def fresh(fragment: Fragment, chunks: Sequence[str]) -> list[str]:
